@@ -1,0 +1,113 @@
+//! The 4 KiB instance block of a channel (or of BAR1/BAR3): RAMFC at 0x000-0x1ff, then the page
+//! directory base, VM limit and engine context pointers.
+//!
+//! Sources: NV-GPFIFO `engine/fifo/gpfifogf100.c` and NV-FIFO-NEW `gf100_chan_ramfc_write` (RAMFC
+//! values), NV-VMM `gf100_vmm_join_` (PDB and limit), GXEN `channel.cc::shadow` (what GPUvm
+//! rewrites). The RAMFC offsets coincide with PBDMA register offsets (an inference, see the
+//! research notes §5.4).
+
+use crate::Target;
+
+/// Size and alignment of an instance block.
+pub const SIZE: u64 = 0x1000;
+
+/// RAMFC: USERD address low word (bits 0-1 target, 12-31 address).
+pub const RAMFC_USERD_LO: u64 = 0x08;
+/// RAMFC: USERD address high word.
+pub const RAMFC_USERD_HI: u64 = 0x0c;
+/// RAMFC: signature; the low 16 bits must read 0xface (PBDMA SIG_MISMATCH otherwise).
+pub const RAMFC_SIGNATURE: u64 = 0x10;
+/// RAMFC: IB (GPFIFO) GET.
+pub const RAMFC_IB_GET: u64 = 0x14;
+/// RAMFC: semaphore configuration.
+pub const RAMFC_SEMAPHORE_CFG: u64 = 0x30;
+/// RAMFC: GPFIFO ring base VA, low 32 bits.
+pub const RAMFC_IB_BASE_LO: u64 = 0x48;
+/// RAMFC: bits 0-7 GPFIFO base VA bits 32-39; bits 16-31 log2(number of entries).
+pub const RAMFC_IB_CONFIG: u64 = 0x4c;
+/// RAMFC 0x54 (nouveau writes 2).
+pub const RAMFC_54: u64 = 0x54;
+/// RAMFC 0x84, DMA_STATE (nouveau writes 0x20400000).
+pub const RAMFC_DMA_STATE: u64 = 0x84;
+/// RAMFC 0x94, SLI (nouveau writes 0x30000001).
+pub const RAMFC_SLI: u64 = 0x94;
+/// RAMFC 0x9c, FEATURE_ENABLE (nouveau writes 0x100 = new command formats).
+pub const RAMFC_FEATURE_ENABLE: u64 = 0x9c;
+/// RAMFC 0xa4, ENGINE (four 5-bit engine ids, 0x1f = none).
+pub const RAMFC_ENGINE_A4: u64 = 0xa4;
+/// RAMFC 0xa8, ENGINE.
+pub const RAMFC_ENGINE_A8: u64 = 0xa8;
+/// RAMFC 0xac, CUR_ENGINE.
+pub const RAMFC_CUR_ENGINE: u64 = 0xac;
+/// RAMFC 0xb8.
+pub const RAMFC_B8: u64 = 0xb8;
+/// RAMFC 0xf8, copy of PFIFO 0x2310.
+pub const RAMFC_F8: u64 = 0xf8;
+/// RAMFC 0xfc, copy of PFIFO 0x2350.
+pub const RAMFC_FC: u64 = 0xfc;
+
+/// The RAMFC words nouveau writes besides USERD and the IB base, as (offset, value) pairs.
+pub const RAMFC_NOUVEAU_DEFAULTS: [(u64, u32); 12] = [
+    (RAMFC_SIGNATURE, 0x0000_face),
+    (RAMFC_SEMAPHORE_CFG, 0xffff_f902),
+    (RAMFC_54, 0x0000_0002),
+    (RAMFC_DMA_STATE, 0x2040_0000),
+    (RAMFC_SLI, 0x3000_0001),
+    (RAMFC_FEATURE_ENABLE, 0x0000_0100),
+    (RAMFC_ENGINE_A4, 0x1f1f_1f1f),
+    (RAMFC_ENGINE_A8, 0x1f1f_1f1f),
+    (RAMFC_CUR_ENGINE, 0x0000_001f),
+    (RAMFC_B8, 0xf800_0000),
+    (RAMFC_F8, 0x1000_3080),
+    (RAMFC_FC, 0x1000_0010),
+];
+
+/// The value the low 16 bits of [`RAMFC_SIGNATURE`] must hold.
+pub const SIGNATURE: u32 = 0xface;
+
+/// Page-directory base, low word: bits 0-1 target, bit 2 VOL, bits 12-31 address bits 12-31.
+pub const PDB_LO: u64 = 0x200;
+/// Page-directory base, high word: address bits 32-39.
+pub const PDB_HI: u64 = 0x204;
+/// VM limit (highest valid VA), low word.
+pub const LIMIT_LO: u64 = 0x208;
+/// VM limit, high word.
+pub const LIMIT_HI: u64 = 0x20c;
+/// PGRAPH context pointer (`lo = va | 4`, `hi`).
+pub const GR_CTX: u64 = 0x210;
+/// PCOPY0 context pointer.
+pub const CE0_CTX: u64 = 0x230;
+/// PCOPY1 context pointer.
+pub const CE1_CTX: u64 = 0x240;
+
+/// Encodes the 64-bit PDB (`PDB_LO` | `PDB_HI << 32`) for a page directory at `pd`.
+pub const fn pdb_encode(pd: u64, target: Target) -> u64 {
+    let vol = if target.is_sysram() { 4 } else { 0 };
+    (pd & 0xff_ffff_f000) | target.bits() as u64 | vol
+}
+
+/// Decodes the 64-bit PDB into (page-directory address, target); `None` for target 1.
+pub const fn pdb_decode(value: u64) -> Option<(u64, Target)> {
+    match Target::from_bits(value as u32) {
+        Some(t) => Some((value & 0xff_ffff_f000, t)),
+        None => None,
+    }
+}
+
+/// Encodes RAMFC_IB_CONFIG for a ring at `ib_va` with `entries` entries (a power of two).
+pub const fn ib_config_encode(ib_va: u64, entries: u32) -> u32 {
+    ((ib_va >> 32) as u32 & 0xff) | (entries.trailing_zeros() << 16)
+}
+
+/// Encodes the 64-bit USERD pointer (`RAMFC_USERD_LO` | `HI << 32`) for a USERD page at `addr`.
+pub const fn userd_encode(addr: u64, target: Target) -> u64 {
+    (addr & 0xff_ffff_f000) | target.bits() as u64
+}
+
+/// Decodes the 64-bit USERD pointer; `None` for target 1.
+pub const fn userd_decode(value: u64) -> Option<(u64, Target)> {
+    match Target::from_bits(value as u32) {
+        Some(t) => Some((value & 0xff_ffff_f000, t)),
+        None => None,
+    }
+}

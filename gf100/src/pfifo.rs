@@ -1,0 +1,211 @@
+//! PFIFO on GF100 (BAR0 0x002000-0x003fff, PBDMAs at 0x040000): the channel table, runlist
+//! ("playlist") submission, the USERD poll area, channel kick, interrupts and MMU fault reports.
+//!
+//! Sources: ENVY `fifo/gf100_pfifo.xml`; NV-FIFO-OLD/NEW `engine/fifo/gf100.c`;
+//! GXEN `tools/a3/pfifo.cc`, `playlist.cc`.
+
+/// Number of hardware channels (ENVY `CHAN_TABLE length="128"`, nouveau, GXEN `A3_CHANNELS`).
+pub const CHANNELS: u32 = 128;
+/// Number of PBDMAs ("subfifos") on GF100 (ENVY `docs/hw/gpu.rst`).
+pub const PBDMAS: u32 = 3;
+
+/// PFIFO INTR: pending interrupt bits (write 1 to clear the edge-type bits).
+pub const INTR: u32 = 0x002100;
+/// PFIFO INTR_EN.
+pub const INTR_EN: u32 = 0x002140;
+/// CTRL: bit 0 enable.
+pub const CTRL: u32 = 0x002200;
+/// SUBFIFO_ENABLE: PBDMA enables (nouveau writes 0xffffffff and popcounts the read-back).
+pub const SUBFIFO_ENABLE: u32 = 0x002204;
+/// ENG_SUBFIFO_MASK[e] at 0x2208 + e*4, e = 0..5.
+pub const ENG_SUBFIFO_MASK: u32 = 0x002208;
+/// BAR1_BASE / USERD poll area: bits 0-27 BAR1 VA >> 12, bit 28 enable.
+pub const USERD_POLL_BASE: u32 = 0x002254;
+/// PLAYLIST_WR: runlist base, bits 0-27 address >> 12, bits 28-29 target.
+pub const RUNLIST_BASE: u32 = 0x002270;
+/// PLAYLIST_WR_LEN: bits 0-11 entry count, bits 20-24 unknown (nouveau 0x1f). A write submits.
+pub const RUNLIST_SUBMIT: u32 = 0x002274;
+/// PLAYLIST_RD: the runlist base in use (read-only copy).
+pub const RUNLIST_RD_BASE: u32 = 0x002278;
+/// PLAYLIST_RD_LEN: bit 20 = update pending.
+pub const RUNLIST_RD_LEN: u32 = 0x00227c;
+/// CHAN_TABLE_ERROR code (PFIFO INTR bit 0).
+pub const CHAN_TABLE_ERROR: u32 = 0x00252c;
+/// SCHED_ERROR code (PFIFO INTR bit 8).
+pub const SCHED_ERROR: u32 = 0x00254c;
+/// VM_FAULT_SOURCE: bit x = fault unit x has a pending fault; write the bit to acknowledge.
+pub const VM_FAULT_SOURCE: u32 = 0x00259c;
+/// SUBFIFO_INTR_SOURCE: bit i = PBDMA i has a pending interrupt.
+pub const SUBFIFO_INTR_SOURCE: u32 = 0x0025a0;
+/// ENGINE_INTR_SOURCE: bit e = engine e has a pending non-stall interrupt.
+pub const ENGINE_INTR_SOURCE: u32 = 0x0025a4;
+/// ENGINE_INTR[e] at 0x25a8 + e*4: 4 bits per engine (bit 0 NOTIFY).
+pub const ENGINE_INTR: u32 = 0x0025a8;
+/// ENGINE_INTR_ENABLE (nouveau writes 1).
+pub const ENGINE_INTR_ENABLE: u32 = 0x002628;
+/// KICK_CHID / preempt: write a channel id; bit 20 reads 1 while pending.
+pub const KICK: u32 = 0x002634;
+/// ENG_STATE[e] at 0x2640 + e*4 (busy bit 28 in new nouveau, chid bits 0-6).
+pub const ENG_STATE: u32 = 0x002640;
+/// VM_FAULT[u] at 0x2800 + u*0x10: +0 instance, +4 VA low, +8 VA high, +0xc flags.
+pub const VM_FAULT: u32 = 0x002800;
+/// Stride of the VM_FAULT array.
+pub const VM_FAULT_STRIDE: u32 = 0x10;
+/// Number of VM_FAULT units.
+pub const VM_FAULT_UNITS: u32 = 32;
+/// INTR_RUNLIST: bit 28 = runlist update done; write 1 to clear.
+pub const INTR_RUNLIST: u32 = 0x002a00;
+/// PFIFO's copy of PTIMER TIME_LOW / TIME_HIGH.
+pub const TIME_LOW: u32 = 0x002a10;
+/// See [`TIME_LOW`].
+pub const TIME_HIGH: u32 = 0x002a14;
+/// Channel table: CHAN word of channel c at `CHAN_TABLE + c*8`, STATE word at `+4`.
+pub const CHAN_TABLE: u32 = 0x003000;
+/// Stride of the channel table.
+pub const CHAN_TABLE_STRIDE: u32 = 8;
+
+/// PBDMA register block of PBDMA i at `PBDMA_BASE + i*PBDMA_STRIDE`.
+pub const PBDMA_BASE: u32 = 0x040000;
+/// Stride of the PBDMA register blocks.
+pub const PBDMA_STRIDE: u32 = 0x2000;
+/// PBDMA INTR (write 1 to clear), relative to a PBDMA block.
+pub const PBDMA_INTR: u32 = 0x108;
+/// PBDMA INTR_EN, relative to a PBDMA block.
+pub const PBDMA_INTR_EN: u32 = 0x10c;
+/// PBDMA CH: bits 0-6 the channel id that caused the last error, bit 8 active.
+pub const PBDMA_CHID: u32 = 0x120;
+
+/// PFIFO INTR bit 0: channel table error (code in [`CHAN_TABLE_ERROR`]).
+pub const INTR_CHAN_TABLE_ERROR: u32 = 1 << 0;
+/// PFIFO INTR bit 8: scheduling error (code in [`SCHED_ERROR`]).
+pub const INTR_SCHED_ERROR: u32 = 1 << 8;
+/// PFIFO INTR bit 28: MMU fault (level; sources in [`VM_FAULT_SOURCE`]).
+pub const INTR_VM_FAULT: u32 = 1 << 28;
+/// PFIFO INTR bit 29: PBDMA interrupt (level; sources in [`SUBFIFO_INTR_SOURCE`]).
+pub const INTR_PBDMA: u32 = 1 << 29;
+/// PFIFO INTR bit 30: runlist update done (level; see [`INTR_RUNLIST`]).
+pub const INTR_RUNLIST_DONE: u32 = 1 << 30;
+/// PFIFO INTR bit 31: non-stall engine interrupt (level; see [`ENGINE_INTR_SOURCE`]).
+pub const INTR_NON_STALL: u32 = 1 << 31;
+/// INTR_EN value nouveau writes at init (everything but the non-stall interrupt).
+pub const INTR_EN_DEFAULT: u32 = 0x7fff_ffff;
+
+/// INTR_RUNLIST bit 28: runlist update done.
+pub const INTR_RUNLIST_EVENT: u32 = 1 << 28;
+/// RUNLIST_RD_LEN bit 20: update pending.
+pub const RUNLIST_PENDING: u32 = 1 << 20;
+/// RUNLIST_SUBMIT bits 20-24 as nouveau writes them (`0x01f00000 | count`).
+pub const RUNLIST_SUBMIT_UNK20: u32 = 0x01f0_0000;
+/// Mask of the entry count in RUNLIST_SUBMIT.
+pub const RUNLIST_LEN_MASK: u32 = 0xfff;
+/// Size of one runlist entry (word0 = chid, word1 = 4).
+pub const RUNLIST_ENTRY_SIZE: u64 = 8;
+/// Word 1 of a runlist entry as nouveau writes it (`gf100_runl_insert_chan`).
+pub const RUNLIST_ENTRY_WORD1: u32 = 0x0000_0004;
+
+/// KICK bit 20: preempt pending.
+pub const KICK_PENDING: u32 = 1 << 20;
+
+/// CHAN word bit 30: poll (USERD) enable.
+pub const CHAN_POLL_ENABLE: u32 = 1 << 30;
+/// CHAN word bit 31: valid (bound).
+pub const CHAN_VALID: u32 = 1 << 31;
+/// STATE word bit 0: runnable (enabled).
+pub const STATE_RUNNABLE: u32 = 1 << 0;
+/// STATE word bit 4: semaphore acquire pending.
+pub const STATE_ACQUIRE_PENDING: u32 = 1 << 4;
+/// STATE word bit 12: loaded on a PBDMA.
+pub const STATE_LOADED: u32 = 1 << 12;
+/// STATE word bit 28: work pending.
+pub const STATE_PENDING: u32 = 1 << 28;
+/// STATE value nouveau writes to start a channel (`0x001f0001`).
+pub const STATE_START: u32 = 0x001f_0001;
+
+/// USERD_POLL_BASE bit 28: poll area enabled.
+pub const USERD_POLL_ENABLE: u32 = 1 << 28;
+
+/// CHAN_TABLE_ERROR code 2: a channel was validated with POLL_ENABLE but no poll area.
+pub const CHAN_ERR_NO_POLL: u32 = 2;
+/// CHAN_TABLE_ERROR code 6: invalid target.
+pub const CHAN_ERR_INVALID_TARGET: u32 = 6;
+/// SCHED_ERROR code 1: the runlist names an inactive (unbound) channel.
+pub const SCHED_ERR_INACTIVE_CHANNEL: u32 = 1;
+/// SCHED_ERROR code 0x0a: context-switch timeout (used by the watchdog for a hung engine).
+pub const SCHED_ERR_CTXSW_TIMEOUT: u32 = 0x0a;
+
+/// PBDMA INTR bit 14: IB_PUT beyond the ring.
+pub const PBDMA_INTR_IB_PUT_OVERFLOW: u32 = 1 << 14;
+/// PBDMA INTR bit 15: invalid GPFIFO (IB) entry.
+pub const PBDMA_INTR_IB_ENTRY_INVALID: u32 = 1 << 15;
+/// PBDMA INTR bit 18: illegal command (unknown method-header opcode).
+pub const PBDMA_INTR_ILLEGAL_CMD: u32 = 1 << 18;
+/// PBDMA INTR bit 21: illegal method (no such method on the bound class, or no class bound).
+pub const PBDMA_INTR_ILLEGAL_MTHD: u32 = 1 << 21;
+/// PBDMA INTR bit 25: illegal semaphore operation.
+pub const PBDMA_INTR_ILLEGAL_SEM: u32 = 1 << 25;
+/// PBDMA INTR bit 26: semaphore acquire timed out.
+pub const PBDMA_INTR_SEM_TIMEOUT: u32 = 1 << 26;
+
+/// Offset of the CHAN word of channel `chid`.
+pub const fn chan_table(chid: u32) -> u32 {
+    CHAN_TABLE + chid * CHAN_TABLE_STRIDE
+}
+
+/// Offset of the STATE word of channel `chid`.
+pub const fn chan_state(chid: u32) -> u32 {
+    CHAN_TABLE + chid * CHAN_TABLE_STRIDE + 4
+}
+
+/// Offset of VM_FAULT register `reg` (0 instance, 4 VA low, 8 VA high, 0xc flags) of unit `unit`.
+pub const fn vm_fault(unit: u32, reg: u32) -> u32 {
+    VM_FAULT + unit * VM_FAULT_STRIDE + reg
+}
+
+/// Offset of register `reg` of PBDMA `i`.
+pub const fn pbdma(i: u32, reg: u32) -> u32 {
+    PBDMA_BASE + i * PBDMA_STRIDE + reg
+}
+
+/// Encodes a CHAN word binding an instance block at `inst` (`0xc0000000 | inst >> 12` for VRAM).
+pub const fn chan_encode(inst: u64, target: crate::Target) -> u32 {
+    CHAN_VALID | CHAN_POLL_ENABLE | ((inst >> 12) as u32 & 0x0fff_ffff) | (target.bits() << 28)
+}
+
+/// Decodes a CHAN word: `Some((instance address, target))` when VALID is set and the target is
+/// valid, `None` otherwise.
+pub const fn chan_decode(value: u32) -> Option<(u64, crate::Target)> {
+    if value & CHAN_VALID == 0 {
+        return None;
+    }
+    match crate::Target::from_bits(value >> 28) {
+        Some(t) => Some((((value & 0x0fff_ffff) as u64) << 12, t)),
+        None => None,
+    }
+}
+
+/// Encodes RUNLIST_BASE for a runlist at `addr` in `target`.
+pub const fn runlist_base_encode(addr: u64, target: crate::Target) -> u32 {
+    ((addr >> 12) as u32 & 0x0fff_ffff) | (target.bits() << 28)
+}
+
+/// Decodes RUNLIST_BASE into (address, target); `None` for target 1.
+pub const fn runlist_base_decode(value: u32) -> Option<(u64, crate::Target)> {
+    match crate::Target::from_bits(value >> 28) {
+        Some(t) => Some((((value & 0x0fff_ffff) as u64) << 12, t)),
+        None => None,
+    }
+}
+
+/// Encodes USERD_POLL_BASE for a poll area at BAR1 virtual address `bar1_va`.
+pub const fn userd_poll_encode(bar1_va: u64) -> u32 {
+    USERD_POLL_ENABLE | ((bar1_va >> 12) as u32 & 0x0fff_ffff)
+}
+
+/// Decodes USERD_POLL_BASE into the BAR1 virtual address of the poll area, if enabled.
+pub const fn userd_poll_decode(value: u32) -> Option<u64> {
+    if value & USERD_POLL_ENABLE == 0 {
+        None
+    } else {
+        Some(((value & 0x0fff_ffff) as u64) << 12)
+    }
+}

@@ -1,0 +1,136 @@
+//! The physical GPU underneath every virtual one: the [`PhysicalGpu`] trait and its backends.
+//!
+//! - [`sim`]: a software GF100 (the embedded default, used by every test).
+//! - `vfio` (later): a real GF100 passed through with VFIO.
+//!
+//! Everything above this module (MMIO trapping, shadow page tables, shadow channels, the
+//! scheduler) talks to the GPU only through this trait. All methods take `&self`: backends are
+//! internally synchronized so that many vCPU threads may call them at once.
+
+pub mod sim;
+
+use std::sync::Arc;
+
+use vm_memory::GuestMemoryMmap;
+
+pub use gf100::pci::Bar;
+
+use crate::addr::{Gpa, HostVram, Iova};
+use crate::irq::IrqLine;
+
+/// Why a DMA window could not be registered.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DmaError {
+    /// The window is empty or its end overflows.
+    #[error("DMA window of {len:#x} bytes at IOVA {iova} is empty or wraps")]
+    Empty {
+        /// Start of the window.
+        iova: Iova,
+        /// Length of the window.
+        len: u64,
+    },
+    /// The window overlaps one already registered.
+    #[error("DMA window at IOVA {iova} overlaps an existing window")]
+    Overlap {
+        /// Start of the rejected window.
+        iova: Iova,
+    },
+    /// The guest-physical range is not entirely backed by the guest memory.
+    #[error("guest range at {gpa} of {len:#x} bytes is not backed by guest memory")]
+    NotBacked {
+        /// Start of the guest range.
+        gpa: Gpa,
+        /// Length of the guest range.
+        len: u64,
+    },
+    /// No window starts at that IOVA.
+    #[error("no DMA window at IOVA {0}")]
+    NoSuchWindow(Iova),
+}
+
+/// Counters every backend keeps. Read with [`PhysicalGpu::stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct GpuStats {
+    /// BAR0 register reads.
+    pub mmio_reads: u64,
+    /// BAR0 register writes.
+    pub mmio_writes: u64,
+    /// BAR1/BAR3 aperture reads.
+    pub aperture_reads: u64,
+    /// BAR1/BAR3 aperture writes.
+    pub aperture_writes: u64,
+    /// Reads of registers the GPU does not implement (answered with the bad-register code).
+    pub bad_register_reads: u64,
+    /// Writes to registers the GPU does not implement (dropped).
+    pub bad_register_writes: u64,
+    /// MMU faults reported (channel, BAR1 and BAR3 accesses).
+    pub mmu_faults: u64,
+    /// PBDMA errors (invalid GPFIFO entries, illegal commands/methods, bad semaphores).
+    pub pbdma_errors: u64,
+    /// Runlist / channel-table errors.
+    pub sched_errors: u64,
+    /// System-memory accesses that hit no DMA window (dropped writes, reads of all-ones).
+    pub dma_errors: u64,
+    /// MMU translations answered from the TLB.
+    pub tlb_hits: u64,
+    /// MMU translations that walked the page tables.
+    pub tlb_misses: u64,
+    /// TLB flushes performed (register or MEM_OP).
+    pub tlb_flushes: u64,
+    /// GPFIFO entries fetched.
+    pub gpfifo_entries: u64,
+    /// Methods executed.
+    pub methods: u64,
+    /// Engine operations (copies, kernel launches) completed.
+    pub engine_ops: u64,
+    /// Modeled time the GPU spent executing engine operations, in ns.
+    pub busy_ns: u64,
+}
+
+/// A GF100, real or simulated.
+pub trait PhysicalGpu: Send + Sync {
+    /// Reads a 32-bit BAR0 register. Unknown registers read as [`gf100::BAD_REGISTER`].
+    fn read_reg(&self, offset: u32) -> u32;
+
+    /// Writes a 32-bit BAR0 register. Writes to unknown registers are dropped and counted.
+    fn write_reg(&self, offset: u32, value: u32);
+
+    /// Reads `data.len()` (1, 2, 4 or 8) bytes from BAR1 or BAR3 at `offset`, through that BAR's
+    /// VM. A faulting access reads as all-ones bytes and raises an MMU fault.
+    fn read_aperture(&self, bar: Bar, offset: u64, data: &mut [u8]);
+
+    /// Writes `data` (1, 2, 4 or 8 bytes) to BAR1 or BAR3 at `offset`, through that BAR's VM.
+    fn write_aperture(&self, bar: Bar, offset: u64, data: &[u8]);
+
+    /// Size of the GPU's VRAM in bytes.
+    fn vram_size(&self) -> u64;
+
+    /// Reads VRAM directly (the hypervisor's own path: shadow tables, scrubbing). Bytes beyond
+    /// the end of VRAM read as zero.
+    fn read_vram(&self, addr: HostVram, data: &mut [u8]);
+
+    /// Writes VRAM directly. Bytes beyond the end of VRAM are dropped.
+    fn write_vram(&self, addr: HostVram, data: &[u8]);
+
+    /// Makes guest RAM `[gpa, gpa + len)` of `mem` reachable by the GPU at `[iova, iova + len)`.
+    fn map_dma(&self, iova: Iova, len: u64, mem: GuestMemoryMmap, gpa: Gpa) -> Result<(), DmaError>;
+
+    /// Removes the DMA window starting at `iova`.
+    fn unmap_dma(&self, iova: Iova) -> Result<(), DmaError>;
+
+    /// Connects the GPU's interrupt line (PMC INTR aggregated and enabled).
+    fn set_irq_line(&self, line: Arc<dyn IrqLine>);
+
+    /// Lets the GPU make progress up to the current time of its clock: completes engine work
+    /// whose modeled duration has elapsed, fetches and executes further work. Every other method
+    /// also does this first, so calling it is only needed while nothing else touches the GPU.
+    fn poll(&self);
+
+    /// The time at which the GPU will next change state on its own (an engine operation
+    /// finishing), or `None` when it is idle. A simulated-clock caller that waits for the GPU
+    /// advances its clock to this time.
+    fn next_event_ns(&self) -> Option<u64>;
+
+    /// A snapshot of the counters.
+    fn stats(&self) -> GpuStats;
+}
