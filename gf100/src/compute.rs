@@ -173,7 +173,11 @@ impl Kernel {
                 w[6] = n;
                 7
             }
-            Kernel::Loop { dst, iterations, seed } => {
+            Kernel::Loop {
+                dst,
+                iterations,
+                seed,
+            } => {
                 let (h, l) = split(dst);
                 w[0] = h;
                 w[1] = l;
@@ -189,11 +193,35 @@ impl Kernel {
     /// Decodes and validates a launch from the KERNEL value and the argument words.
     pub const fn decode(kernel: u32, w: &[u32; MAX_ARGS]) -> Result<Kernel, KernelError> {
         let k = match kernel {
-            0 => Kernel::Memset { dst: va(w[0], w[1]), bytes: w[2], value: w[3] },
-            1 => Kernel::Madd { a: va(w[0], w[1]), b: va(w[2], w[3]), c: va(w[4], w[5]), n: w[6] },
-            2 => Kernel::Mmul { a: va(w[0], w[1]), b: va(w[2], w[3]), c: va(w[4], w[5]), n: w[6] },
-            3 => Kernel::Fmadd { a: va(w[0], w[1]), b: va(w[2], w[3]), c: va(w[4], w[5]), n: w[6] },
-            4 => Kernel::Fmmul { a: va(w[0], w[1]), b: va(w[2], w[3]), c: va(w[4], w[5]), n: w[6] },
+            0 => Kernel::Memset {
+                dst: va(w[0], w[1]),
+                bytes: w[2],
+                value: w[3],
+            },
+            1 => Kernel::Madd {
+                a: va(w[0], w[1]),
+                b: va(w[2], w[3]),
+                c: va(w[4], w[5]),
+                n: w[6],
+            },
+            2 => Kernel::Mmul {
+                a: va(w[0], w[1]),
+                b: va(w[2], w[3]),
+                c: va(w[4], w[5]),
+                n: w[6],
+            },
+            3 => Kernel::Fmadd {
+                a: va(w[0], w[1]),
+                b: va(w[2], w[3]),
+                c: va(w[4], w[5]),
+                n: w[6],
+            },
+            4 => Kernel::Fmmul {
+                a: va(w[0], w[1]),
+                b: va(w[2], w[3]),
+                c: va(w[4], w[5]),
+                n: w[6],
+            },
             5 => Kernel::Loop {
                 dst: va(w[0], w[1]),
                 iterations: (w[2] as u64) << 32 | w[3] as u64,
@@ -202,7 +230,9 @@ impl Kernel {
             other => return Err(KernelError::UnknownKernel(other)),
         };
         let ok = match k {
-            Kernel::Memset { bytes, .. } => bytes != 0 && bytes % 4 == 0 && bytes <= MAX_MEMSET_BYTES,
+            Kernel::Memset { bytes, .. } => {
+                bytes != 0 && bytes % 4 == 0 && bytes <= MAX_MEMSET_BYTES
+            }
             Kernel::Madd { n, .. } | Kernel::Fmadd { n, .. } => n != 0 && n <= MAX_ELEMENTS,
             Kernel::Mmul { n, .. } | Kernel::Fmmul { n, .. } => n != 0 && n <= MAX_MATRIX_DIM,
             Kernel::Loop { .. } => true,

@@ -1,7 +1,8 @@
 //! The copy engine class 0x90B5 (GF100_DMA_COPY), run by PCOPY0/PCOPY1.
 //!
 //! Source: OGD `classes/dma-copy/cl90b5.h` (method offsets and LAUNCH_DMA fields); nouveau/NVK
-//! `nouveau_copy_linear` (pitch copies of up to 128 KiB per line).
+//! `nouveau_copy_linear` (pitch copies of up to 128 KiB per line). Every method offset and
+//! LAUNCH_DMA field value below was checked against the text of `cl90b5.h` (GF100_DMA_COPY).
 
 /// Class number.
 pub const CLASS: u32 = 0x90b5;
@@ -39,7 +40,9 @@ pub const LAUNCH_TRANSFER_PIPELINED: u32 = 1;
 pub const LAUNCH_FLUSH_ENABLE: u32 = 1 << 2;
 /// LAUNCH_DMA bits 4:3 SEMAPHORE_TYPE: 1 one-word release.
 pub const LAUNCH_SEMAPHORE_ONE_WORD: u32 = 1 << 3;
-/// LAUNCH_DMA bits 4:3 SEMAPHORE_TYPE: 2 four-word release (payload, 0, timestamp).
+/// LAUNCH_DMA bits 4:3 SEMAPHORE_TYPE: 2 four-word release (cl90b5.h
+/// RELEASE_FOUR_WORD_SEMAPHORE; the payload / 0 / 64-bit timestamp layout is the usual one but
+/// **(UNCERTAIN)**: cl90b5.h does not spell it out).
 pub const LAUNCH_SEMAPHORE_FOUR_WORD: u32 = 2 << 3;
 /// LAUNCH_DMA bits 6:5 INTERRUPT_TYPE: 2 non-blocking (raises the non-stall interrupt).
 pub const LAUNCH_INTERRUPT_NON_BLOCKING: u32 = 2 << 5;

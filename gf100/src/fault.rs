@@ -1,7 +1,10 @@
 //! MMU fault reporting: reasons, fault units ("engines"), clients, and the VM_FAULT flags word.
 //!
 //! Sources: NV-FIFO-OLD/NEW `gf100_fifo_mmu_fault_reason`, `_engine`, `_hubclient`,
-//! `_gpcclient`; ENVY `fifo/gf100_pfifo.xml` (`VM_FAULT[32]` at 0x2800, stride 0x10).
+//! `_gpcclient`; ENVY `fifo/gf100_pfifo.xml` (`VM_FAULT[32]` at 0x2800, stride 0x10). All values
+//! checked against the nouveau enum tables, `gf100_fifo_intr_fault` (gpc `0x1f000000 >> 24`,
+//! client `0x1f00 >> 8`, write 0x80, hub 0x40, reason 0xf) and ENVY `memory/gf100_vm.xml`
+//! (`GF100_VM_ENGINE`, `_HUBCLIENT`, `_GPCCLIENT`, `_FAULT`).
 
 /// Reason 0: the PDE has no page table for the address.
 pub const REASON_PT_NOT_PRESENT: u32 = 0x0;

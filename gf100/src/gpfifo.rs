@@ -1,6 +1,9 @@
 //! GPFIFO ("IB") entries: the 8-byte ring entries that point PFIFO at pushbuffer segments.
 //!
 //! Sources: OGD `cl906f.h` `NV906F_GP_ENTRY0/1`; ENVY `docs/hw/fifo/dma-pusher.rst` ("IB mode").
+//! Field positions checked against the text of `cl906f.h` (FETCH 0:0, NO_CONTEXT_SWITCH 1:1,
+//! GET 31:2; GET_HI 7:0, PRIV 8:8, LEVEL 9:9, LENGTH 30:10, SYNC 31:31, OPCODE 7:0 for LENGTH 0)
+//! and NV-DMA `nv50_dma_push` (`hi = upper_32_bits(va) | length_bytes << 8`).
 //!
 //! word0: bit 0 FETCH (conditional), bit 1 NO_CONTEXT_SWITCH, bits 31:2 pushbuffer VA bits 31:2.
 //! word1: bits 7:0 VA bits 39:32, bit 8 PRIV, bit 9 LEVEL (subroutine), bits 30:10 LENGTH in
@@ -62,7 +65,8 @@ impl GpEntry {
         if self.no_context_switch {
             w0 |= 2;
         }
-        let mut w1 = ((self.va >> 32) as u32 & 0xff) | ((self.length_dwords & MAX_LENGTH_DWORDS) << 10);
+        let mut w1 =
+            ((self.va >> 32) as u32 & 0xff) | ((self.length_dwords & MAX_LENGTH_DWORDS) << 10);
         if self.privileged {
             w1 |= 1 << 8;
         }

@@ -3,7 +3,9 @@
 //! below 0x100 and are valid on every subchannel.
 //!
 //! Sources: OGD `classes/host/cl906f.h`; nouveau `nvc0_fence_emit32` (fence sequence); ENVY
-//! `docs/hw/fifo/intro.rst` (engine ids of SET_OBJECT).
+//! `docs/hw/fifo/intro.rst` (engine ids of SET_OBJECT). Every method offset and field below was
+//! checked against the text of `NVIDIA/open-gpu-doc:classes/host/cl906f.h` (identical to
+//! nouveau's `include/nvhw/class/cl906f.h`).
 
 /// Class number of the GF100 GPFIFO channel.
 pub const CLASS: u32 = 0x906f;
@@ -28,9 +30,18 @@ pub const SEMAPHORE_D: u32 = 0x01c;
 pub const NON_STALL_INTERRUPT: u32 = 0x020;
 /// FB_FLUSH.
 pub const FB_FLUSH: u32 = 0x024;
-/// MEM_OP_A: bits 29:2 TLB_INVALIDATE_ADDR (page directory >> 12), bits 31:30 target.
+/// MEM_OP_A: bits 29:2 TLB_INVALIDATE_ADDR, bits 31:30 TLB_INVALIDATE_TARGET (0 VID_MEM,
+/// 2 SYS_MEM_COHERENT, 3 SYS_MEM_NONCOHERENT) (OGD `cl906f.h`). The address field holds the
+/// page-directory address >> 12 (28 bits = a 40-bit, 4 KiB-aligned PDB): cl906f.h does not say
+/// so, but NVIDIA's UVM driver fills the identical A06F/A16F field with `pdb.address >>= 12`
+/// (`open-gpu-kernel-modules:kernel-open/nvidia-uvm/uvm_maxwell_host.c`,
+/// `uvm_hal_maxwell_host_tlb_invalidate_all_a16f`). The same 31:2 bits are OPERAND_LOW for other
+/// operations.
 pub const MEM_OP_A: u32 = 0x028;
-/// MEM_OP_B: bits 31:27 operation; for TLB invalidate bit 0 PDB (0 one, 1 all), bit 1 GPC.
+/// MEM_OP_B: bits 31:27 OPERATION, bits 7:0 OPERAND_HIGH; for MMU_TLB_INVALIDATE bit 0 PDB
+/// (0 ONE, 1 ALL) and bit 1 GPC (0 ENABLE, 1 DISABLE) (OGD `cl906f.h`). The operation executes
+/// on the MEM_OP_B write, using the MEM_OP_A value written before it (**(INFERRED)**: UVM always
+/// pushes A then B).
 pub const MEM_OP_B: u32 = 0x02c;
 /// SET_REFERENCE: sets USERD REFERENCE.
 pub const SET_REFERENCE: u32 = 0x050;
@@ -53,21 +64,44 @@ pub const SEM_OP_MASK: u32 = 0xf;
 pub const SEM_ACQUIRE_SWITCH: u32 = 1 << 12;
 /// SEMAPHORED bit 20: 1 = release without waiting for idle (WFI disabled).
 pub const SEM_RELEASE_WFI_DISABLE: u32 = 1 << 20;
-/// SEMAPHORED bit 24: 1 = 4-byte release (payload only); 0 = 16-byte (payload, 0, timestamp).
+/// SEMAPHORED bit 24 RELEASE_SIZE: 1 = 4BYTE (payload only); 0 = 16BYTE (OGD `cl906f.h`). The
+/// 16-byte layout (payload at +0, zero at +4, 64-bit PTIMER timestamp at +8) is the usual NVIDIA
+/// semaphore layout but is not spelled out in cl906f.h — **(UNCERTAIN)** in its details for GF100.
 pub const SEM_RELEASE_4BYTE: u32 = 1 << 24;
 
-/// MEM_OP_B operation (bits 31:27) 9: MMU TLB invalidate.
+/// MEM_OP_B operation (bits 31:27) 9: MMU TLB invalidate (OGD `cl906f.h`).
 pub const MEM_OP_MMU_TLB_INVALIDATE: u32 = 9;
-/// MEM_OP_B TLB invalidate bit 0: all page directories.
+/// MEM_OP_B TLB invalidate bit 0: all page directories (OGD `MMU_TLB_INVALIDATE_PDB_ALL`).
 pub const MEM_OP_TLB_PDB_ALL: u32 = 1 << 0;
+/// MEM_OP_B TLB invalidate bit 1: do not invalidate the GPC TLBs (OGD
+/// `MMU_TLB_INVALIDATE_GPC_DISABLE`; 0 = ENABLE, the hub and GPC TLBs are both invalidated).
+pub const MEM_OP_TLB_GPC_DISABLE: u32 = 1 << 1;
+/// MEM_OP_B operation 5: SYSMEMBAR_FLUSH (OGD `cl906f.h`).
+pub const MEM_OP_SYSMEMBAR_FLUSH: u32 = 5;
+/// MEM_OP_B operation 6: SOFT_FLUSH (OGD `cl906f.h`).
+pub const MEM_OP_SOFT_FLUSH: u32 = 6;
+/// MEM_OP_B operation 0xd: L2_PEERMEM_INVALIDATE (OGD `cl906f.h`).
+pub const MEM_OP_L2_PEERMEM_INVALIDATE: u32 = 0xd;
+/// MEM_OP_B operation 0xe: L2_SYSMEM_INVALIDATE (OGD `cl906f.h`).
+pub const MEM_OP_L2_SYSMEM_INVALIDATE: u32 = 0xe;
+/// MEM_OP_B operation 0xf: L2_CLEAN_COMPTAGS (OGD `cl906f.h`).
+pub const MEM_OP_L2_CLEAN_COMPTAGS: u32 = 0xf;
+/// MEM_OP_B operation 0x10: L2_FLUSH_DIRTY (OGD `cl906f.h`).
+pub const MEM_OP_L2_FLUSH_DIRTY: u32 = 0x10;
 
-/// SET_OBJECT engine 0: PGRAPH (ENVY `fifo/intro.rst`).
+/// The OPERATION field (bits 31:27) of a MEM_OP_B value.
+pub const fn mem_op_b_operation(value: u32) -> u32 {
+    value >> 27
+}
+
+/// SET_OBJECT engine 0: PGRAPH (ENVY `fifo/intro.rst`, `gf100_pfifo_engine` in
+/// `fifo/gf100_pfifo.xml`).
 pub const ENGINE_PGRAPH: u32 = 0x00;
 /// SET_OBJECT engine 4: PCOPY0.
 pub const ENGINE_PCOPY0: u32 = 0x04;
 /// SET_OBJECT engine 5: PCOPY1.
 pub const ENGINE_PCOPY1: u32 = 0x05;
-/// SET_OBJECT engine 0x1f: software.
+/// SET_OBJECT engine 0x1f: software (OGD `NV906F_SET_OBJECT_ENGINE_SW`).
 pub const ENGINE_SW: u32 = 0x1f;
 
 /// Encodes SET_OBJECT data.

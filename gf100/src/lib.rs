@@ -37,7 +37,14 @@ pub mod userd;
 
 /// Memory target ("aperture") of an address, in the encoding used by PTEs, instance pointers
 /// (`g80_mem_target`), the PMEM window and the runlist base: 0 VRAM, 2 coherent (snooped) system
-/// memory, 3 non-coherent system memory. Value 1 is invalid. (ENVY `g80_defs.xml`, NV-VMM.)
+/// memory, 3 non-coherent system memory. (ENVY `rnndb/g80_defs.xml` `g80_mem_target`; NV-VMM
+/// `gf100_vmm_aper`: VRAM 0, HOST 2, NCOH 3.)
+///
+/// Value 1: this crate (and the model) treats it as invalid everywhere. That is confirmed only for
+/// channel instance pointers (ENVY `fifo/gf100_pfifo.xml` CHAN_TABLE_ERROR 6 INVALID_TARGET:
+/// "write a channel instance with target == INVALID \[1\]"); `g80_defs.xml` itself only comments
+/// "1 is some other sysram", and nouveau never writes 1. **(UNCERTAIN)** for PTEs and the other
+/// registers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Target {
     /// Video memory on the card.

@@ -1,7 +1,16 @@
 //! Pushbuffer method headers (GF100 "new" formats plus the legacy NV4-style ones).
 //!
 //! Sources: OGD `cl906f.h` "dma method formats"; ENVY `docs/hw/fifo/dma-pusher.rst`
-//! ("GF100 commands"); nouveau `BEGIN_NVC0` / `BEGIN_IMC0`.
+//! ("GF100 commands"); nouveau `BEGIN_NVC0` / `BEGIN_IMC0`. Checked against the text of
+//! `cl906f.h`: SEC_OP 31:29, COUNT/IMMD_DATA 28:16, SUBCHANNEL 15:13, ADDRESS 11:0, TERT_OP 17:16;
+//! legacy `NV906F_DMA_ADDRESS` 12:2, `DMA_COUNT` 28:18, `DMA_OPCODE` 0 METHOD / 2 NONINC_METHOD;
+//! and nouveau `nouveau_dma.h` (`BEGIN_NVC0` = `0x20000000 | size << 16 | subc << 13 |
+//! mthd >> 2`, `BEGIN_NIC0` 0x60000000, `BEGIN_IMC0` 0x80000000, `BEGIN_NV04` legacy
+//! `size << 18 | subc << 13 | mthd`, `BEGIN_NI04` 0x40000000).
+//!
+//! **(UNCERTAIN)** what hardware does with a SEC_OP 0 / TERT_OP 1-3 header whose bits 28:18 are
+//! nonzero (cl906f.h defines those as a 16-bit opcode in 31:16); the decoder accepts it as a
+//! sub-device mask operation.
 //!
 //! New format: bits 31:29 SEC_OP, 28:16 COUNT (or 13-bit immediate data), 15:13 SUBCHANNEL,
 //! 11:0 METHOD ADDRESS in dwords. SEC_OP 1 incrementing, 3 non-incrementing, 4 immediate,
@@ -85,7 +94,12 @@ impl Header {
                 }),
                 _ => Ok(Header::SubDeviceMask),
             },
-            1 => Ok(Header::Methods { mode: Mode::Incrementing, subchannel, method, count }),
+            1 => Ok(Header::Methods {
+                mode: Mode::Incrementing,
+                subchannel,
+                method,
+                count,
+            }),
             2 => match (word >> 16) & 3 {
                 0 => Ok(Header::Methods {
                     mode: Mode::NonIncrementing,
@@ -95,9 +109,23 @@ impl Header {
                 }),
                 _ => Err(HeaderError::ReservedTertiary),
             },
-            3 => Ok(Header::Methods { mode: Mode::NonIncrementing, subchannel, method, count }),
-            4 => Ok(Header::Immediate { subchannel, method, data: count }),
-            5 => Ok(Header::Methods { mode: Mode::IncrementOnce, subchannel, method, count }),
+            3 => Ok(Header::Methods {
+                mode: Mode::NonIncrementing,
+                subchannel,
+                method,
+                count,
+            }),
+            4 => Ok(Header::Immediate {
+                subchannel,
+                method,
+                data: count,
+            }),
+            5 => Ok(Header::Methods {
+                mode: Mode::IncrementOnce,
+                subchannel,
+                method,
+                count,
+            }),
             6 => Err(HeaderError::ReservedOpcode),
             _ => Ok(Header::EndSegment),
         }
@@ -107,16 +135,31 @@ impl Header {
     /// format is never produced. `SubDeviceMask` encodes as SET_SUB_DEV_MASK with mask 0.
     pub const fn encode(&self) -> u32 {
         match *self {
-            Header::Methods { mode, subchannel, method, count } => {
+            Header::Methods {
+                mode,
+                subchannel,
+                method,
+                count,
+            } => {
                 let op = match mode {
                     Mode::Incrementing => 1,
                     Mode::NonIncrementing => 3,
                     Mode::IncrementOnce => 5,
                 };
-                op << 29 | (count & MAX_COUNT) << 16 | (subchannel & 7) << 13 | ((method >> 2) & 0xfff)
+                op << 29
+                    | (count & MAX_COUNT) << 16
+                    | (subchannel & 7) << 13
+                    | ((method >> 2) & 0xfff)
             }
-            Header::Immediate { subchannel, method, data } => {
-                4 << 29 | (data & MAX_IMMEDIATE) << 16 | (subchannel & 7) << 13 | ((method >> 2) & 0xfff)
+            Header::Immediate {
+                subchannel,
+                method,
+                data,
+            } => {
+                4 << 29
+                    | (data & MAX_IMMEDIATE) << 16
+                    | (subchannel & 7) << 13
+                    | ((method >> 2) & 0xfff)
             }
             Header::SubDeviceMask => 1 << 16,
             Header::EndSegment => 7 << 29,
@@ -134,15 +177,32 @@ impl Header {
 
 /// Incrementing header for `count` words from `method` on `subchannel` (nouveau `BEGIN_NVC0`).
 pub const fn incr(subchannel: u32, method: u32, count: u32) -> u32 {
-    Header::Methods { mode: Mode::Incrementing, subchannel, method, count }.encode()
+    Header::Methods {
+        mode: Mode::Incrementing,
+        subchannel,
+        method,
+        count,
+    }
+    .encode()
 }
 
 /// Non-incrementing header (nouveau `BEGIN_NIC0`).
 pub const fn non_incr(subchannel: u32, method: u32, count: u32) -> u32 {
-    Header::Methods { mode: Mode::NonIncrementing, subchannel, method, count }.encode()
+    Header::Methods {
+        mode: Mode::NonIncrementing,
+        subchannel,
+        method,
+        count,
+    }
+    .encode()
 }
 
 /// Immediate header (nouveau `BEGIN_IMC0`).
 pub const fn immediate(subchannel: u32, method: u32, data: u32) -> u32 {
-    Header::Immediate { subchannel, method, data }.encode()
+    Header::Immediate {
+        subchannel,
+        method,
+        data,
+    }
+    .encode()
 }

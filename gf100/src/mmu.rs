@@ -12,31 +12,34 @@
 
 use crate::Target;
 
-/// Width of a GPU virtual address.
+/// Width of a GPU virtual address (NV-VMOLD `limit = 1ULL << 40`; NV-VMM `gf100_vmm_desc_17_12`:
+/// PGD 13 + SPT 15 + page 12 bits).
 pub const VA_BITS: u32 = 40;
 /// Largest GPU virtual address + 1.
 pub const VA_LIMIT: u64 = 1 << VA_BITS;
-/// Bytes covered by one PDE (128 MiB).
+/// Bytes covered by one PDE (128 MiB; NV-VMM `gf100_vmm_desc_17_*`, GXEN
+/// `kPAGE_DIRECTORY_COVERED_SIZE = 0x8000000`).
 pub const PDE_COVERAGE: u64 = 1 << 27;
-/// PDEs in a page directory.
+/// PDEs in a page directory (NV-VMM `{ PGD, 13, 8, 0x1000 }`; GXEN `kMAX_PAGE_DIRECTORIES`).
 pub const PD_ENTRIES: u64 = 1 << 13;
 /// Size of a page directory in bytes (64 KiB).
 pub const PD_SIZE: u64 = PD_ENTRIES * ENTRY_SIZE;
-/// Size of a PDE or PTE in bytes.
+/// Size of a PDE or PTE in bytes (NV-VMM descriptors: entry size 8).
 pub const ENTRY_SIZE: u64 = 8;
 /// log2 of the small page size (4 KiB).
 pub const SMALL_PAGE_SHIFT: u32 = 12;
 /// Small page size.
 pub const SMALL_PAGE_SIZE: u64 = 1 << SMALL_PAGE_SHIFT;
-/// log2 of the large page size (128 KiB).
+/// log2 of the large page size (128 KiB, the GF100 default: NV-FB `default_bigpage = 17`,
+/// VM_CFG bit 0 = 0; 64 KiB pages are not modelled).
 pub const LARGE_PAGE_SHIFT: u32 = 17;
 /// Large page size.
 pub const LARGE_PAGE_SIZE: u64 = 1 << LARGE_PAGE_SHIFT;
-/// Entries in a full small-page table.
+/// Entries in a full small-page table (NV-VMM `{ SPT, 15, 8, 0x1000 }`: 32768).
 pub const SPT_ENTRIES: u64 = PDE_COVERAGE >> SMALL_PAGE_SHIFT;
 /// Size of a full small-page table in bytes (256 KiB).
 pub const SPT_SIZE: u64 = SPT_ENTRIES * ENTRY_SIZE;
-/// Entries in a full large-page table.
+/// Entries in a full large-page table (NV-VMM `{ LPT, 10, 8, 0x1000 }`: 1024).
 pub const LPT_ENTRIES: u64 = PDE_COVERAGE >> LARGE_PAGE_SHIFT;
 /// Size of a full large-page table in bytes (8 KiB).
 pub const LPT_SIZE: u64 = LPT_ENTRIES * ENTRY_SIZE;
@@ -114,6 +117,20 @@ impl PtSize {
 
 /// A page-directory entry: a large-page table in the low word, a small-page table in the high
 /// word (ENVY `GF100_PDE`; nouveau writes `(pt_addr >> 8) | target` into each word).
+///
+/// Confirmed in NV-VMM `vmmgf100.c` `gf100_vmm_pgd_pde`: `pgt->pt[0]` goes in the low word
+/// (target in bits 1:0, `addr >> 8`, VOL = bit 35 for HOST) and `pgt->pt[1]` in the high word
+/// (target in bits 33:32, `addr << 24`, VOL = bit 34 for HOST); `nvkm/subdev/mmu/vmm.c` indexes
+/// `pt[desc->type == SPT]`, so `pt[0]` is the LPT and `pt[1]` the SPT. Old nouveau
+/// (`nvc0_vm_map_pgt`: `pde[1] = small`, `pde[0] = large`) and envytools `demmio` (BAR3 walks
+/// `pd + 4` for 4 KiB pages) agree on which word is which.
+///
+/// Target encoding 0 absent / 1 VRAM / 2 coherent / 3 non-coherent sysmem is nouveau's. ENVY
+/// instead names bit 0 `LPT_PRESENT` and bit 32 `SPT_PRESENT` and leaves bits 1 and 33-35
+/// unknown, so under ENVY's reading a table with target 2 would look absent. **(UNCERTAIN)**
+/// which is right for sysmem page tables (nouveau keeps GF100 page tables in VRAM in practice,
+/// target 1, which both readings agree on). The VOL bits (35 for the LPT, 34 for the SPT) look
+/// swapped relative to the targets they go with, but that is what nouveau writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pde {
     /// The large-page table, if present.
@@ -144,7 +161,11 @@ const fn pde_target(bits: u64) -> Option<Target> {
 
 impl Pde {
     /// An entry with no tables.
-    pub const EMPTY: Pde = Pde { large: None, small: None, size: PtSize::Full };
+    pub const EMPTY: Pde = Pde {
+        large: None,
+        small: None,
+        size: PtSize::Full,
+    };
 
     /// Encodes the entry as the 64-bit little-endian value stored in the page directory.
     pub const fn encode(&self) -> u64 {
@@ -182,11 +203,21 @@ impl Pde {
             }),
             None => None,
         };
-        Pde { large, small, size: PtSize::from_bits((raw >> 2) as u32) }
+        Pde {
+            large,
+            small,
+            size: PtSize::from_bits((raw >> 2) as u32),
+        }
     }
 }
 
 /// A present page-table entry (ENVY `GF100_PTE`; nouveau `gf100_vmm_valid`).
+///
+/// Layout confirmed in ENVY `rnndb/memory/gf100_vm.xml` `GF100_PTE` (0 PRESENT, 1
+/// SUPERVISOR_ONLY, 2 READ_ONLY, 3 ENCRYPTED, 31:4 ADDRESS `shr=12`, 34:33 TARGET, 43:36
+/// STORAGE_TYPE, 60:44 TAG) and NV-VMM `gf100_vmm_valid` (`BIT(0)`, `priv << 1`, `ro << 2`,
+/// `vol << 32`, `aper << 33`, `kind << 36`, comptag `tags << 44`). Bit 32 (VOL) is only named by
+/// nouveau (ENVY: "32?"); bit 35 is unknown and ignored here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Pte {
     /// Physical address of the page (4 KiB aligned, 40 bits).
@@ -215,12 +246,14 @@ pub const PTE_SUPERVISOR: u64 = 1 << 1;
 pub const PTE_READ_ONLY: u64 = 1 << 2;
 /// PTE bit 3: encrypted.
 pub const PTE_ENCRYPTED: u64 = 1 << 3;
-/// PTE bit 32: volatile.
+/// PTE bit 32: volatile (nouveau `gf100_vmm_valid`: `vol << 32`; unnamed in ENVY).
 pub const PTE_VOL: u64 = 1 << 32;
 
 impl Pte {
-    /// A plain read-write pitch-kind page at `addr` in `target` (VOL set for system memory, as
-    /// nouveau does).
+    /// A plain read-write pitch-kind page at `addr` in `target`, with VOL set for both system
+    /// memory targets as the nouveau of GPUvm's era did (NV-VMOLD `nvc0_vm_map_sg` /
+    /// `gf100_vm_map_sg`: bits 34:32 = 5 for snooped, 7 for non-snooped). Current nouveau
+    /// (`gf100_vmm_valid`, default args) sets VOL only for the coherent HOST target.
     pub const fn new(addr: u64, target: Target) -> Pte {
         Pte {
             addr,

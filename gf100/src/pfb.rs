@@ -3,6 +3,9 @@
 //! Source: NV-FB `nvkm/subdev/fb/ramgf100.c` / `gf100.c` (`gf100_fb_vidmem_probe_fbp`,
 //! `gf100_fb_vidmem_probe_fbpa_amount`): VRAM = sum over enabled FBPs of
 //! `rd32(0x11020c + fbp*0x1000)` MiB; GXEN `context_bar0.cc` fakes 0x022438 and 0x11020c.
+//! Checked against nouveau (`gf100_fb_vidmem_size`: `fbps = rd32(0x022438)`,
+//! `gf100_fb_vidmem_probe_fbp`: `fbpao = rd32(0x022554)`, `_probe_fbpa_amount`:
+//! `rd32(0x11020c + fbpa * 0x1000)`) and the 3.x `nvc0_vram_init` (same registers, `psize << 20`).
 
 /// Number of frame-buffer partitions (FBPs).
 pub const FBP_COUNT: u32 = 0x022438;

@@ -9,18 +9,25 @@ pub const SYSMEM_FLUSH_PAGE: u32 = 0x100c10;
 /// VM.CFG / flush status. Bit 0: large page size (0 = 128 KiB, 1 = 64 KiB). Bits 16-23 read as
 /// free flush slots (nonzero when a flush may be queued); bit 15 reads 1 once a flush was queued.
 pub const VM_CFG: u32 = 0x100c80;
-/// TLB_FLUSH_PAGE: bits 4-31 virtual address >> 12 (single-page flush; unused by nouveau).
+/// TLB_FLUSH_PAGE: bits 4-31 virtual address >> 12 (ENVY; single-page flush; unused by nouveau).
 pub const TLB_FLUSH_PAGE: u32 = 0x100cb4;
-/// TLB_FLUSH_VSPACE: bits 4-31 page-directory address >> 12, bits 0-1 target.
+/// TLB_FLUSH_VSPACE: bits 4-31 page-directory address >> 12, bits 0-1 target as nouveau writes
+/// it (NV-VMM `gf100_vmm_invalidate`: `((pd >> 12) << 4) | 0/2/3`). ENVY
+/// `memory/gf100_pffb.xml` only names bit 1 TARGET (0 VRAM, 1 SYSRAM, "matches both SNOOP and
+/// NOSNOOP"), consistent with nouveau's 2/3.
 pub const TLB_FLUSH_VSPACE: u32 = 0x100cb8;
-/// TLB_FLUSH_TRIGGER: bit 0 all pages, bit 1 all page directories, bit 2 hub only, bit 31 trigger.
+/// TLB_FLUSH_TRIGGER: bit 0 all pages, bit 1 all page directories, bit 2 hub only, bit 31 trigger
+/// (ENVY PAGE / VSPACE / SET / TRIGGER; NV-VMM writes `0x80000000 | type`).
 pub const TLB_FLUSH_TRIGGER: u32 = 0x100cbc;
 
-/// VM_CFG bit 0: large page size is 64 KiB (0 = 128 KiB, the GF100 default).
+/// VM_CFG bit 0: large page size is 64 KiB (0 = 128 KiB, the GF100 default) (ENVY
+/// LARGE_PAGE_SIZE; NV-FB `gf100_fb_init_page`).
 pub const VM_CFG_LARGE_PAGE_64K: u32 = 1 << 0;
-/// VM_CFG bits 16-23: free flush slots, polled by nouveau before a flush.
+/// VM_CFG bits 16-23: free flush slots, polled by nouveau before a flush (NV-VMM: "Looks like
+/// maybe a 'free flush slots' counter"; **(UNCERTAIN)**, ENVY does not name these bits).
 pub const VM_CFG_FLUSH_SLOTS_MASK: u32 = 0x00ff_0000;
-/// VM_CFG bit 15: flush queued, polled by nouveau after a flush.
+/// VM_CFG bit 15: flush queued, polled by nouveau after a flush (NV-VMM: "Wait for flush to be
+/// queued?"; **(UNCERTAIN)**).
 pub const VM_CFG_FLUSH_QUEUED: u32 = 1 << 15;
 
 /// Trigger type bit: flush all pages (nouveau `PAGE_ALL`).

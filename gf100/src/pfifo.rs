@@ -2,7 +2,10 @@
 //! ("playlist") submission, the USERD poll area, channel kick, interrupts and MMU fault reports.
 //!
 //! Sources: ENVY `fifo/gf100_pfifo.xml`; NV-FIFO-OLD/NEW `engine/fifo/gf100.c`;
-//! GXEN `tools/a3/pfifo.cc`, `playlist.cc`.
+//! GXEN `tools/a3/pfifo.cc`, `playlist.cc`. Every offset and bit here was re-checked against the
+//! text of envytools `rnndb/fifo/gf100_pfifo.xml` and both nouveau versions of
+//! `nvkm/engine/fifo/gf100.c` (channel bind/start, runlist commit, interrupt handlers, init);
+//! the few that are inferences or where sources disagree say so.
 
 /// Number of hardware channels (ENVY `CHAN_TABLE length="128"`, nouveau, GXEN `A3_CHANNELS`).
 pub const CHANNELS: u32 = 128;
@@ -17,13 +20,18 @@ pub const INTR_EN: u32 = 0x002140;
 pub const CTRL: u32 = 0x002200;
 /// SUBFIFO_ENABLE: PBDMA enables (nouveau writes 0xffffffff and popcounts the read-back).
 pub const SUBFIFO_ENABLE: u32 = 0x002204;
-/// ENG_SUBFIFO_MASK[e] at 0x2208 + e*4, e = 0..5.
+/// `ENG_SUBFIFO_MASK[e]` at 0x2208 + e*4, e = 0..5.
 pub const ENG_SUBFIFO_MASK: u32 = 0x002208;
-/// BAR1_BASE / USERD poll area: bits 0-27 BAR1 VA >> 12, bit 28 enable.
+/// USERD poll area (ENVY `POLL_AREA`): bits 0-27 BAR1 VA >> 12, bit 28 (ENVY `UNK28`), bit 31
+/// (ENVY `UNK31`, GF100 only). nouveau writes `0x10000000 | (userd_bar1_va >> 12)`
+/// (NV-FIFO-OLD `gf100_fifo_init`). That bit 28 is the enable is **(INFERRED)** (ENVY
+/// CHAN_TABLE_ERROR 2 NO_POLL: "validated a channel with POLL_ENABLE, but poll area is disabled").
 pub const USERD_POLL_BASE: u32 = 0x002254;
-/// PLAYLIST_WR: runlist base, bits 0-27 address >> 12, bits 28-29 target.
+/// PLAYLIST_WR: runlist base, bits 0-27 address >> 12, bits 28-29 target (ENVY; NV-FIFO-NEW
+/// `gf100_runl_commit`: `(target << 28) | (addr >> 12)`, target 0 VRAM or 3 NCOH).
 pub const RUNLIST_BASE: u32 = 0x002270;
-/// PLAYLIST_WR_LEN: bits 0-11 entry count, bits 20-24 unknown (nouveau 0x1f). A write submits.
+/// PLAYLIST_WR_LEN: bits 0-11 entry count, bits 20-24 unknown (nouveau 0x1f). A write submits
+/// (ENVY; nouveau `0x01f00000 | count`).
 pub const RUNLIST_SUBMIT: u32 = 0x002274;
 /// PLAYLIST_RD: the runlist base in use (read-only copy).
 pub const RUNLIST_RD_BASE: u32 = 0x002278;
@@ -39,21 +47,28 @@ pub const VM_FAULT_SOURCE: u32 = 0x00259c;
 pub const SUBFIFO_INTR_SOURCE: u32 = 0x0025a0;
 /// ENGINE_INTR_SOURCE: bit e = engine e has a pending non-stall interrupt.
 pub const ENGINE_INTR_SOURCE: u32 = 0x0025a4;
-/// ENGINE_INTR[e] at 0x25a8 + e*4: 4 bits per engine (bit 0 NOTIFY).
+/// `ENGINE_INTR[e]` at 0x25a8 + e*4: 4 bits per engine (bit 0 NOTIFY).
 pub const ENGINE_INTR: u32 = 0x0025a8;
 /// ENGINE_INTR_ENABLE (nouveau writes 1).
 pub const ENGINE_INTR_ENABLE: u32 = 0x002628;
-/// KICK_CHID / preempt: write a channel id; bit 20 reads 1 while pending.
+/// KICK_CHID / preempt: write a channel id; bit 20 reads 1 while pending (NV-FIFO-NEW
+/// `gf100_runl_preempt_pending`). Old nouveau (`gf100_fifo_context_detach`) instead polls until
+/// the register reads back exactly the chid, so a model must return the chid with bit 20 clear
+/// once the preempt is done to satisfy both.
 pub const KICK: u32 = 0x002634;
-/// ENG_STATE[e] at 0x2640 + e*4 (busy bit 28 in new nouveau, chid bits 0-6).
+/// `ENG_STATE[e]` at 0x2640 + e*4, chid in bits 0-6. **(UNCERTAIN)** busy bit: new nouveau
+/// (`gf100_engn_status`) reads busy as 0x10000000 and unk0 as 0x00004000; old nouveau
+/// (`gf100_fifo_intr_sched_ctxsw`) reads busy as 0x80000000 and unk0 as 0x00040000; both read
+/// save 0x00100000 and unk1 0x00001000. ENVY only names bit 24 FAULTED.
 pub const ENG_STATE: u32 = 0x002640;
-/// VM_FAULT[u] at 0x2800 + u*0x10: +0 instance, +4 VA low, +8 VA high, +0xc flags.
+/// `VM_FAULT[u]` at 0x2800 + u*0x10: +0 instance, +4 VA low, +8 VA high, +0xc flags.
 pub const VM_FAULT: u32 = 0x002800;
 /// Stride of the VM_FAULT array.
 pub const VM_FAULT_STRIDE: u32 = 0x10;
 /// Number of VM_FAULT units.
 pub const VM_FAULT_UNITS: u32 = 32;
-/// INTR_RUNLIST: bit 28 = runlist update done; write 1 to clear.
+/// INTR_RUNLIST: bit 28 = runlist update done; write 1 to clear (nouveau
+/// `gf100_fifo_intr_runlist`; ENVY `UNKINTR30_INTR` bit 28 "playlist related... walk done?").
 pub const INTR_RUNLIST: u32 = 0x002a00;
 /// PFIFO's copy of PTIMER TIME_LOW / TIME_HIGH.
 pub const TIME_LOW: u32 = 0x002a10;
@@ -118,10 +133,10 @@ pub const STATE_ACQUIRE_PENDING: u32 = 1 << 4;
 pub const STATE_LOADED: u32 = 1 << 12;
 /// STATE word bit 28: work pending.
 pub const STATE_PENDING: u32 = 1 << 28;
-/// STATE value nouveau writes to start a channel (`0x001f0001`).
+/// STATE value nouveau writes to start a channel (`0x001f0001`: RUNNABLE, ENGINE = 0x1f none).
 pub const STATE_START: u32 = 0x001f_0001;
 
-/// USERD_POLL_BASE bit 28: poll area enabled.
+/// USERD_POLL_BASE bit 28: poll area enabled (**(INFERRED)**, see [`USERD_POLL_BASE`]).
 pub const USERD_POLL_ENABLE: u32 = 1 << 28;
 
 /// CHAN_TABLE_ERROR code 2: a channel was validated with POLL_ENABLE but no poll area.
@@ -209,3 +224,57 @@ pub const fn userd_poll_decode(value: u32) -> Option<u64> {
         Some(((value & 0x0fff_ffff) as u64) << 12)
     }
 }
+
+/// PBDMA METHOD0 (ENVY `CACHE[0].ADDR`), relative to a PBDMA block: the method the PBDMA stopped
+/// on, bits 18:16 subchannel, bits 13:2 method byte offset (NV-FIFO-OLD `gf100_fifo_intr_pbdma`
+/// reads `subc = (addr & 0x70000) >> 16`, `mthd = addr & 0x3ffc`, then writes 0x80600008 to
+/// replace it with a NOP).
+pub const PBDMA_METHOD0: u32 = 0x0c0;
+/// PBDMA DATA0 (ENVY `CACHE[0].DATA`), relative to a PBDMA block: the data of [`PBDMA_METHOD0`]
+/// (NV-FIFO-OLD `gf100_fifo_intr_pbdma`).
+pub const PBDMA_DATA0: u32 = 0x0c4;
+/// PBDMA CH bit 8: a channel is active on the PBDMA (ENVY; nouveau masks the chid with 0x7f).
+pub const PBDMA_CHID_ACTIVE: u32 = 1 << 8;
+
+/// Number of PFIFO engines, i.e. of ENGINE_INTR / ENG_STATE / ENG_SUBFIFO_MASK slots: 0 PGRAPH,
+/// 1 PPDEC, 2 PPPP, 3 PVLD, 4 PCOPY0, 5 PCOPY1 (ENVY `docs/hw/fifo/intro.rst` and
+/// `gf100_pfifo_engine`; NV-FIFO-OLD `gf100_fifo_engidx` swaps 1 and 3 — MSVLD 1, MSPDEC 3 —
+/// although its own `gf100_fifo_init` comments follow ENVY's order, so ids 1 and 3 are
+/// **(UNCERTAIN)**; NV-FIFO-OLD `gf100_fifo_intr_sched_ctxsw` and `gf100_fifo_init` loop over
+/// 6 engines).
+pub const ENGINES: u32 = 6;
+/// `ENGINE_INTR[e]`: 8 groups of 4 bits; bit 0 of a group is NOTIFY, the non-stall interrupt.
+/// Write the value back to acknowledge (NV-FIFO-OLD `gf100_fifo_intr_engine_unit`).
+pub const ENGINE_INTR_NOTIFY: u32 = 1 << 0;
+
+/// PBDMA 0x13c (research notes §6.4 "INTR_HALT_MASK"), relative to a PBDMA block. nouveau's
+/// `gf100_fifo_init` clears [`PBDMA_HALT_MASK_NOUVEAU_CLEAR`] in it for every PBDMA
+/// (`nvkm_mask(0x04013c + i*0x2000, 0x10000100, 0)`, NV-FIFO-OLD).
+pub const PBDMA_INTR_HALT_MASK: u32 = 0x13c;
+/// The bits of [`PBDMA_INTR_HALT_MASK`] nouveau clears at init (NV-FIFO-OLD `gf100_fifo_init`).
+pub const PBDMA_HALT_MASK_NOUVEAU_CLEAR: u32 = 0x1000_0100;
+/// PBDMA INTR_EN value nouveau writes at init: everything but bit 8 (ENGINE_PULL_TIMEOUT)
+/// (NV-FIFO-OLD `gf100_fifo_init`: `wr32(0x04010c + i*0x2000, 0xfffffeff)`).
+pub const PBDMA_INTR_EN_NOUVEAU: u32 = 0xffff_feff;
+/// ENG_SUBFIFO_MASK values nouveau writes when at least 3 PBDMAs exist, for engines 0..6 in
+/// order PGRAPH, PVP, PMSPP, PMSVLD, PCE0, PCE1: `~(1 << 0)`, `~(1 << 1)` x3, `~(1 << 2)`,
+/// `~(1 << 1)` (NV-FIFO-OLD `gf100_fifo_init`, "assign engines to PBDMAs").
+pub const ENG_SUBFIFO_MASK_NOUVEAU: [u32; 6] = [
+    !(1 << 0),
+    !(1 << 1),
+    !(1 << 1),
+    !(1 << 1),
+    !(1 << 2),
+    !(1 << 1),
+];
+/// ENGINE_INTR_ENABLE value nouveau writes at init (NV-FIFO-OLD `gf100_fifo_init`:
+/// `wr32(0x002628, 1) /* ENGINE_INTR_EN */`).
+pub const ENGINE_INTR_ENABLE_NOUVEAU: u32 = 0x0000_0001;
+/// Value nouveau writes to INTR (and the PBDMA INTR registers) at init to clear everything
+/// (NV-FIFO-OLD `gf100_fifo_init`).
+pub const INTR_CLEAR_ALL: u32 = 0xffff_ffff;
+/// CTRL bit 0: PFIFO enable (nouveau `nvkm_mask(0x002200, 1, 1)`).
+pub const CTRL_ENABLE: u32 = 1 << 0;
+/// Value nouveau writes to PMC SPOON_ENABLE and SUBFIFO_ENABLE at init before counting PBDMAs
+/// by popcount of the read-back (NV-FIFO-OLD `gf100_fifo_init`).
+pub const SUBFIFO_ENABLE_ALL: u32 = 0xffff_ffff;

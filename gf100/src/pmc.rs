@@ -1,6 +1,9 @@
 //! PMC, the master control block at BAR0 0x000000: identity, engine enables, interrupt aggregation.
 //!
 //! Sources: ENVY `bus/pmc.xml`, `docs/hw/bus/pmc.rst`; NV-MC `nvkm/subdev/mc/gf100.c`, `nv50.c`.
+//! The INTR bits below were checked against nouveau's `gf100_mc_intr` table (0x20 CE0, 0x40 CE1,
+//! 0x100 FIFO, 0x1000 GR, 0x100000 TIMER, 0x10000000 BUS, 0x80000000 SW) and
+//! `gf100_mc_msi_rearm` (`wr32(0x088704, 0)`).
 
 /// BOOT_0 / ID: chip identity.
 pub const BOOT_0: u32 = 0x000000;

@@ -2,7 +2,9 @@
 //! poll area). PFIFO reacts to writes of GP_PUT there: that is the doorbell.
 //!
 //! Sources: OGD/NV-906F `Nv906fControl`; ENVY `docs/hw/fifo/dma-pusher.rst`; NV-DMA
-//! `nv50_dma_push`; GXEN `context_bar1.cc` (offset 0x8c = "FIRE").
+//! `nv50_dma_push`; GXEN `context_bar1.cc` (offset 0x8c = "FIRE"). Offsets checked against the
+//! `Nv906fControl` struct in `cl906f.h` and nouveau `gf100_chan_userd_clear`. How the GP_PUT write
+//! reaches PFIFO (BAR1 snoop vs. polling the VRAM copy) is **(UNCERTAIN)**.
 
 /// Size of one channel's USERD page.
 pub const SIZE: u64 = 0x1000;
