@@ -49,7 +49,9 @@ impl std::str::FromStr for ClockKind {
         match s {
             "sim" => Ok(ClockKind::Sim),
             "real" => Ok(ClockKind::Real),
-            other => Err(format!("unknown clock '{other}' (expected 'sim' or 'real')")),
+            other => Err(format!(
+                "unknown clock '{other}' (expected 'sim' or 'real')"
+            )),
         }
     }
 }
@@ -100,7 +102,9 @@ pub struct RealClock {
 impl RealClock {
     /// A clock whose epoch is now.
     pub fn new() -> RealClock {
-        RealClock { epoch: Instant::now() }
+        RealClock {
+            epoch: Instant::now(),
+        }
     }
 }
 

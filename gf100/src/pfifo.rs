@@ -278,3 +278,19 @@ pub const CTRL_ENABLE: u32 = 1 << 0;
 /// Value nouveau writes to PMC SPOON_ENABLE and SUBFIFO_ENABLE at init before counting PBDMAs
 /// by popcount of the read-back (NV-FIFO-OLD `gf100_fifo_init`).
 pub const SUBFIFO_ENABLE_ALL: u32 = 0xffff_ffff;
+
+/// VM_FAULT register +0x0: the faulting context's instance block, `g80_channel` layout (nouveau
+/// `gf100_fifo_intr_mmu_fault_unit`: `inst = rd32(0x2800 + unit*0x10) << 12`).
+pub const VM_FAULT_INST: u32 = 0x0;
+/// VM_FAULT register +0x4: faulting VA bits 0-31 (nouveau reads it as `valo`).
+pub const VM_FAULT_ADDR_LO: u32 = 0x4;
+/// VM_FAULT register +0x8: faulting VA bits 32-63 (nouveau reads it as `vahi`).
+pub const VM_FAULT_ADDR_HI: u32 = 0x8;
+/// VM_FAULT register +0xc: the flags word, see `fault::FaultFlags`.
+pub const VM_FAULT_FLAGS: u32 = 0xc;
+/// Mask of the error code in CHAN_TABLE_ERROR and SCHED_ERROR (nouveau `gf100_fifo_intr_bind` /
+/// `_sched`: `code = intr & 0x000000ff`).
+pub const ERROR_CODE_MASK: u32 = 0xff;
+/// Mask of the channel id in PBDMA CH (nouveau `gf100_fifo_intr_pbdma`: `chid = rd32(0x040120 +
+/// unit*0x2000) & 0x7f`).
+pub const PBDMA_CHID_MASK: u32 = 0x7f;

@@ -69,7 +69,8 @@ pub struct GpuStats {
     pub pbdma_errors: u64,
     /// Runlist / channel-table errors.
     pub sched_errors: u64,
-    /// System-memory accesses that hit no DMA window (dropped writes, reads of all-ones).
+    /// Physical accesses that reached no memory: system memory outside every DMA window, VRAM
+    /// beyond its end (dropped writes, reads of all-ones).
     pub dma_errors: u64,
     /// MMU translations answered from the TLB.
     pub tlb_hits: u64,
@@ -83,7 +84,7 @@ pub struct GpuStats {
     pub methods: u64,
     /// Engine operations (copies, kernel launches) completed.
     pub engine_ops: u64,
-    /// Modeled time the GPU spent executing engine operations, in ns.
+    /// Modeled time the GPU was busy (command fetch and engine operations), in ns.
     pub busy_ns: u64,
 }
 
@@ -113,7 +114,8 @@ pub trait PhysicalGpu: Send + Sync {
     fn write_vram(&self, addr: HostVram, data: &[u8]);
 
     /// Makes guest RAM `[gpa, gpa + len)` of `mem` reachable by the GPU at `[iova, iova + len)`.
-    fn map_dma(&self, iova: Iova, len: u64, mem: GuestMemoryMmap, gpa: Gpa) -> Result<(), DmaError>;
+    fn map_dma(&self, iova: Iova, len: u64, mem: GuestMemoryMmap, gpa: Gpa)
+        -> Result<(), DmaError>;
 
     /// Removes the DMA window starting at `iova`.
     fn unmap_dma(&self, iova: Iova) -> Result<(), DmaError>;

@@ -1,0 +1,290 @@
+//! One hardware channel as PFIFO sees it: its channel-table words, the context loaded from its
+//! instance block (page directory, USERD, GPFIFO ring), and the PBDMA state that survives
+//! between scheduling turns (GP_GET, the pushbuffer segment being executed, the method being
+//! assembled, subchannel bindings, semaphore and engine method registers).
+//!
+//! The context is (re)loaded from the instance block every time the channel starts a GPFIFO
+//! entry, so a device model that rewrites an instance block (PDB, USERD, IB base) before kicking
+//! the channel is seen, as GPUvm's shadow channels require.
+
+use gf100::method::Mode;
+use gf100::{inst, pfifo, Target};
+
+use super::compute::ComputeRegs;
+use super::copy::CopyRegs;
+use super::mem::Memory;
+use super::mmu::Vspace;
+
+/// Number of subchannels.
+pub(crate) const SUBCHANNELS: usize = gf100::method::SUBCHANNELS as usize;
+
+/// The engine a subchannel's object belongs to (from the class given to SET_OBJECT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EngineClass {
+    /// Class 0x906f: only host methods are valid.
+    Host,
+    /// Class 0x90b5: the copy engine.
+    Copy,
+    /// Class 0x90c0: the compute engine's fixed kernels.
+    Compute,
+}
+
+impl EngineClass {
+    /// The engine of `class`, if the model implements it.
+    pub(crate) fn of(class: u32) -> Option<EngineClass> {
+        match class {
+            gf100::host::CLASS => Some(EngineClass::Host),
+            gf100::copy::CLASS => Some(EngineClass::Copy),
+            gf100::compute::CLASS => Some(EngineClass::Compute),
+            _ => None,
+        }
+    }
+}
+
+/// What a channel's instance block says, read when the channel starts a GPFIFO entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ChannelCtx {
+    /// The channel's address space.
+    pub vspace: Vspace,
+    /// USERD page (RAMFC 0x08/0x0c); `None` for the invalid target.
+    pub userd: Option<(u64, Target)>,
+    /// GPFIFO ring base VA (RAMFC 0x48/0x4c).
+    pub ib_base: u64,
+    /// GPFIFO ring size in entries (`1 << order`, RAMFC 0x4c bits 16-31, at most 2^32).
+    pub ib_entries: u64,
+}
+
+impl ChannelCtx {
+    /// Reads the context of the instance block at `inst`.
+    pub(crate) fn load(mem: &mut Memory, inst: u64, target: Target) -> ChannelCtx {
+        let vspace = Vspace::load(mem, inst, target);
+        let userd = mem
+            .read_u64(target, inst + inst::RAMFC_USERD_LO)
+            .and_then(inst::userd_decode);
+        let ib_lo = mem
+            .read_u32(target, inst + inst::RAMFC_IB_BASE_LO)
+            .unwrap_or(0);
+        let ib_cfg = mem
+            .read_u32(target, inst + inst::RAMFC_IB_CONFIG)
+            .unwrap_or(0);
+        let order = (ib_cfg >> 16).min(32);
+        ChannelCtx {
+            vspace,
+            userd,
+            ib_base: ((ib_cfg & 0xff) as u64) << 32 | ib_lo as u64,
+            ib_entries: 1u64 << order,
+        }
+    }
+}
+
+/// The USERD page named by the instance block at `inst` (for the doorbell map).
+pub(crate) fn userd_of(mem: &mut Memory, inst: u64, target: Target) -> Option<(u64, Target)> {
+    mem.read_u64(target, inst + inst::RAMFC_USERD_LO)
+        .and_then(inst::userd_decode)
+}
+
+/// A pushbuffer segment being executed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Segment {
+    /// VA of the next dword not yet fetched.
+    pub va: u64,
+    /// Dwords not yet fetched.
+    pub unfetched: u32,
+    /// Fetched dwords (at most up to the end of one page).
+    pub buf: Vec<u32>,
+    /// Next dword of `buf` to execute.
+    pub pos: usize,
+}
+
+impl Segment {
+    /// True when every dword has been executed.
+    pub(crate) fn done(&self) -> bool {
+        self.unfetched == 0 && self.pos >= self.buf.len()
+    }
+}
+
+/// A method header whose data words are still arriving.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MethodRun {
+    pub mode: Mode,
+    pub subchannel: u32,
+    pub method: u32,
+    pub remaining: u32,
+}
+
+/// Host semaphore registers (SEMAPHOREA-C).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct HostSem {
+    pub addr_hi: u32,
+    pub addr_lo: u32,
+    pub payload: u32,
+}
+
+impl HostSem {
+    /// The semaphore VA.
+    pub(crate) fn va(&self) -> u64 {
+        ((self.addr_hi & 0xff) as u64) << 32 | (self.addr_lo & !3) as u64
+    }
+}
+
+/// A semaphore acquire the channel is waiting on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Acquire {
+    pub va: u64,
+    pub payload: u32,
+    pub op: u32,
+}
+
+impl Acquire {
+    /// True if `value` satisfies the acquire.
+    pub(crate) fn satisfied_by(&self, value: u32) -> bool {
+        match self.op {
+            gf100::host::SEM_OP_ACQUIRE => value == self.payload,
+            gf100::host::SEM_OP_ACQ_GEQ => value >= self.payload,
+            _ => value & self.payload != 0,
+        }
+    }
+}
+
+/// One of the 128 channels.
+#[derive(Debug, Default)]
+pub(crate) struct Channel {
+    /// CHAN word as written (0x3000 + chid*8).
+    pub chan_word: u32,
+    /// STATE word (0x3004 + chid*8); RUNNABLE is cleared by the model when the channel stops.
+    pub state_word: u32,
+    /// The bound instance block, if the CHAN word was accepted.
+    pub inst: Option<(u64, Target)>,
+    /// Context loaded at the start of the current GPFIFO entry.
+    pub ctx: Option<ChannelCtx>,
+    /// USERD page this channel is registered under in the doorbell map.
+    pub doorbell_key: Option<(bool, u64)>,
+    /// Index of the next GPFIFO entry to fetch.
+    pub gp_get: u32,
+    /// A doorbell / kick / enable happened: PFIFO must look at GP_PUT.
+    pub pending: bool,
+    /// In the current runlist.
+    pub in_runlist: bool,
+    /// The pushbuffer segment being executed.
+    pub seg: Option<Segment>,
+    /// The method header being executed.
+    pub run: Option<MethodRun>,
+    /// Objects bound to the subchannels.
+    pub subch: [Option<EngineClass>; SUBCHANNELS],
+    /// Host semaphore registers.
+    pub sem: HostSem,
+    /// MEM_OP_A as last written.
+    pub mem_op_a: u32,
+    /// Copy-engine method registers.
+    pub copy: CopyRegs,
+    /// Compute method registers.
+    pub compute: ComputeRegs,
+    /// Waiting on a semaphore acquire.
+    pub acquire: Option<Acquire>,
+    /// Modeled GPU time this channel has occupied, in ns.
+    pub busy_ns: u64,
+}
+
+impl Channel {
+    /// Forgets all PBDMA state (a fresh bind); keeps the table words, runlist membership and
+    /// the busy-time account.
+    pub(crate) fn reset_pbdma(&mut self) {
+        let (chan_word, state_word, busy_ns, in_runlist) = (
+            self.chan_word,
+            self.state_word,
+            self.busy_ns,
+            self.in_runlist,
+        );
+        *self = Channel {
+            chan_word,
+            state_word: state_word & !pfifo::STATE_ACQUIRE_PENDING,
+            busy_ns,
+            in_runlist,
+            ..Channel::default()
+        };
+    }
+
+    /// The instance block encoded as in the channel table, for VM_FAULT reports.
+    pub(crate) fn inst_word(&self) -> u32 {
+        self.chan_word & 0x3fff_ffff
+    }
+
+    /// Bound, in the runlist, runnable and not waiting on a semaphore.
+    pub(crate) fn schedulable(&self) -> bool {
+        self.inst.is_some()
+            && self.in_runlist
+            && self.state_word & pfifo::STATE_RUNNABLE != 0
+            && self.acquire.is_none()
+    }
+
+    /// Has (or may have) work: a doorbell was seen or an entry is in progress.
+    pub(crate) fn has_work(&self) -> bool {
+        self.pending || self.seg.is_some()
+    }
+
+    /// Blocks on `acq` (sets STATE ACQUIRE_PENDING).
+    pub(crate) fn block(&mut self, acq: Acquire) {
+        self.acquire = Some(acq);
+        self.state_word |= pfifo::STATE_ACQUIRE_PENDING;
+    }
+
+    /// Ends a wait.
+    pub(crate) fn unblock(&mut self) {
+        self.acquire = None;
+        self.state_word &= !pfifo::STATE_ACQUIRE_PENDING;
+    }
+
+    /// Stops the channel after an error: clears STATE RUNNABLE (as nouveau's recovery does).
+    pub(crate) fn stop(&mut self) {
+        self.state_word &= !pfifo::STATE_RUNNABLE;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn acquire_operations() {
+        let a = |op, payload| Acquire { va: 0, payload, op };
+        assert!(a(gf100::host::SEM_OP_ACQUIRE, 5).satisfied_by(5));
+        assert!(!a(gf100::host::SEM_OP_ACQUIRE, 5).satisfied_by(6));
+        assert!(a(gf100::host::SEM_OP_ACQ_GEQ, 5).satisfied_by(6));
+        assert!(!a(gf100::host::SEM_OP_ACQ_GEQ, 5).satisfied_by(4));
+        assert!(a(gf100::host::SEM_OP_ACQ_AND, 6).satisfied_by(2));
+        assert!(!a(gf100::host::SEM_OP_ACQ_AND, 6).satisfied_by(1));
+    }
+
+    #[test]
+    fn context_is_read_from_the_instance_block() {
+        let mut m = Memory::new(1 << 20);
+        let inst = 0x1000;
+        let w =
+            |m: &mut Memory, off: u64, v: u32| assert!(m.write_u32(Target::Vram, inst + off, v));
+        w(&mut m, inst::PDB_LO, 0x5_0000);
+        w(&mut m, inst::LIMIT_LO, 0xffff_ffff);
+        w(&mut m, inst::LIMIT_HI, 0xff);
+        w(&mut m, inst::RAMFC_USERD_LO, 0x7_0000);
+        w(&mut m, inst::RAMFC_IB_BASE_LO, 0x2000);
+        w(
+            &mut m,
+            inst::RAMFC_IB_CONFIG,
+            inst::ib_config_encode(0x12_0000_2000, 512),
+        );
+        let c = ChannelCtx::load(&mut m, inst, Target::Vram);
+        assert_eq!(
+            c.vspace,
+            Vspace {
+                pd: Some((0x5_0000, Target::Vram)),
+                limit: (1 << 40) - 1
+            }
+        );
+        assert_eq!(c.userd, Some((0x7_0000, Target::Vram)));
+        assert_eq!((c.ib_base, c.ib_entries), (0x12_0000_2000, 512));
+        w(&mut m, inst::RAMFC_IB_CONFIG, 0xffff_0000);
+        assert_eq!(
+            ChannelCtx::load(&mut m, inst, Target::Vram).ib_entries,
+            1 << 32
+        );
+    }
+}

@@ -1,0 +1,207 @@
+//! The copy engine, class 0x90B5 (GF100_DMA_COPY) as run by PCOPY0: pitch-linear copies between
+//! GPU virtual addresses, with an optional semaphore release and non-stall interrupt when the copy
+//! completes.
+//!
+//! Modelled: OFFSET_IN/OUT, PITCH_IN/OUT, LINE_LENGTH_IN, LINE_COUNT, SET_SEMAPHORE_A/B/PAYLOAD
+//! and LAUNCH_DMA with pitch layouts on both sides, single or multi-line, DATA_TRANSFER_TYPE none
+//! / pipelined / non-pipelined (the same here), SEMAPHORE_TYPE none / one-word / four-word,
+//! INTERRUPT_TYPE none / non-blocking. Rejected with PBDMA ILLEGAL_MTHD (nothing is copied):
+//! block-linear layouts, REMAP, the blocking interrupt, reserved field values, and copies larger
+//! than [`MAX_COPY_BYTES`]. Data moves page by page through the channel's MMU; a fault stops the
+//! copy where it happened (MMU fault unit PCOPY0, client PCOPY0).
+
+use gf100::copy as c;
+
+use super::mem::Traffic;
+use super::mmu::{VaFault, Vspace};
+use super::Core;
+
+/// Largest number of bytes one LAUNCH_DMA may move (MODEL limit: bounds the simulator's work
+/// per method; nouveau splits large copies into lines of at most 128 KiB anyway).
+pub(crate) const MAX_COPY_BYTES: u64 = 1 << 30;
+
+/// Bytes staged per step of a copy.
+const STAGE: usize = 64 * 1024;
+
+/// Copy-engine method registers of one channel.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CopyRegs {
+    offset_in: u64,
+    offset_out: u64,
+    pitch_in: u32,
+    pitch_out: u32,
+    line_length: u32,
+    line_count: u32,
+    sem_hi: u32,
+    sem_lo: u32,
+    sem_payload: u32,
+}
+
+/// The semaphore a copy releases when it completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SemRelease {
+    /// Semaphore VA.
+    pub va: u64,
+    /// Value written.
+    pub payload: u32,
+    /// Four-word release (payload, 0, 64-bit timestamp) instead of the payload alone.
+    pub four_word: bool,
+}
+
+/// What must happen when a copy completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CopyDone {
+    /// Semaphore release, if requested.
+    pub sem: Option<SemRelease>,
+    /// Raise the non-stall interrupt.
+    pub non_stall: bool,
+}
+
+/// Why a launch failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CopyError {
+    /// Unsupported or reserved LAUNCH_DMA settings, or too large: PBDMA ILLEGAL_MTHD.
+    Illegal,
+    /// The copy faulted.
+    Fault(VaFault),
+}
+
+/// A method the copy class does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct UnknownMethod;
+
+impl CopyRegs {
+    /// Stores a method; returns `Ok(true)` for LAUNCH_DMA (the caller then calls [`launch`]).
+    pub(crate) fn method(&mut self, mthd: u32, data: u32) -> Result<bool, UnknownMethod> {
+        let hi = |v: u64| (v & 0xffff_ffff) | ((data & 0xff) as u64) << 32;
+        let lo = |v: u64| (v & !0xffff_ffff) | data as u64;
+        match mthd {
+            c::OFFSET_IN_UPPER => self.offset_in = hi(self.offset_in),
+            c::OFFSET_IN_LOWER => self.offset_in = lo(self.offset_in),
+            c::OFFSET_OUT_UPPER => self.offset_out = hi(self.offset_out),
+            c::OFFSET_OUT_LOWER => self.offset_out = lo(self.offset_out),
+            c::PITCH_IN => self.pitch_in = data,
+            c::PITCH_OUT => self.pitch_out = data,
+            c::LINE_LENGTH_IN => self.line_length = data,
+            c::LINE_COUNT => self.line_count = data,
+            c::SET_SEMAPHORE_A => self.sem_hi = data,
+            c::SET_SEMAPHORE_B => self.sem_lo = data,
+            c::SET_SEMAPHORE_PAYLOAD => self.sem_payload = data,
+            c::LAUNCH_DMA => return Ok(true),
+            _ => return Err(UnknownMethod),
+        }
+        Ok(false)
+    }
+
+    /// Decodes LAUNCH_DMA: what to do on completion, or `Illegal`.
+    fn completion(&self, launch: u32) -> Result<CopyDone, CopyError> {
+        let four_word = match c::launch_semaphore_type(launch) {
+            0 => None,
+            1 => Some(false),
+            2 => Some(true),
+            _ => return Err(CopyError::Illegal),
+        };
+        let non_stall = match c::launch_interrupt_type(launch) {
+            0 => false,
+            2 => true,
+            _ => return Err(CopyError::Illegal),
+        };
+        let va = ((self.sem_hi & 0xff) as u64) << 32 | self.sem_lo as u64;
+        let sem = four_word.map(|four_word| SemRelease {
+            va,
+            payload: self.sem_payload,
+            four_word,
+        });
+        Ok(CopyDone { sem, non_stall })
+    }
+}
+
+/// Executes LAUNCH_DMA in `vs`: moves the data now and returns (duration, completion actions).
+pub(crate) fn launch(
+    core: &mut Core,
+    vs: &Vspace,
+    regs: &CopyRegs,
+    launch: u32,
+) -> Result<(u64, CopyDone), CopyError> {
+    let done = regs.completion(launch)?;
+    let transfer = c::launch_transfer_type(launch);
+    if transfer == 3 || launch & c::LAUNCH_REMAP != 0 {
+        return Err(CopyError::Illegal);
+    }
+    core.mem.take_traffic();
+    if transfer != 0 {
+        let pitch = c::LAUNCH_SRC_PITCH | c::LAUNCH_DST_PITCH;
+        if launch & pitch != pitch {
+            return Err(CopyError::Illegal);
+        }
+        let lines = if launch & c::LAUNCH_MULTI_LINE != 0 {
+            regs.line_count as u64
+        } else {
+            1
+        };
+        if regs.line_length as u64 * lines > MAX_COPY_BYTES {
+            return Err(CopyError::Illegal);
+        }
+        copy_lines(core, vs, regs, lines).map_err(CopyError::Fault)?;
+    }
+    let traffic: Traffic = core.mem.take_traffic();
+    Ok((core.cost.copy(traffic), done))
+}
+
+fn copy_lines(core: &mut Core, vs: &Vspace, regs: &CopyRegs, lines: u64) -> Result<(), VaFault> {
+    let mut stage = vec![0u8; STAGE.min(regs.line_length as usize)];
+    for line in 0..lines {
+        let src = regs.offset_in.wrapping_add(line * regs.pitch_in as u64);
+        let dst = regs.offset_out.wrapping_add(line * regs.pitch_out as u64);
+        let mut done = 0u64;
+        while done < regs.line_length as u64 {
+            let n = (regs.line_length as u64 - done).min(STAGE as u64) as usize;
+            core.read_va(vs, src.wrapping_add(done), &mut stage[..n])?;
+            core.write_va(vs, dst.wrapping_add(done), &stage[..n])?;
+            done += n as u64;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn methods_are_stored_and_unknown_ones_rejected() {
+        let mut r = CopyRegs::default();
+        assert_eq!(r.method(c::OFFSET_IN_UPPER, 0x1ff), Ok(false));
+        assert_eq!(r.method(c::OFFSET_IN_LOWER, 0x1000), Ok(false));
+        assert_eq!(r.offset_in, 0xff_0000_1000);
+        assert_eq!(r.method(c::LAUNCH_DMA, 0), Ok(true));
+        assert_eq!(r.method(0x500, 0), Err(UnknownMethod));
+    }
+
+    #[test]
+    fn launch_fields_are_validated() {
+        let r = CopyRegs {
+            sem_hi: 1,
+            sem_lo: 0x20,
+            sem_payload: 7,
+            ..CopyRegs::default()
+        };
+        let d = r.completion(c::LAUNCH_SEMAPHORE_FOUR_WORD | c::LAUNCH_INTERRUPT_NON_BLOCKING);
+        assert_eq!(
+            d,
+            Ok(CopyDone {
+                sem: Some(SemRelease {
+                    va: 0x1_0000_0020,
+                    payload: 7,
+                    four_word: true
+                }),
+                non_stall: true
+            })
+        );
+        assert_eq!(r.completion(3 << 3), Err(CopyError::Illegal));
+        assert_eq!(
+            r.completion(c::LAUNCH_INTERRUPT_BLOCKING),
+            Err(CopyError::Illegal)
+        );
+    }
+}

@@ -1,0 +1,568 @@
+//! PFIFO: the channel table (0x3000 + chid*8), runlist submission (0x2270/0x2274), the USERD
+//! doorbell, channel kick (0x2634), and the scheduler that feeds the single GPU timeline.
+//!
+//! **Doorbell.** A write through BAR1, BAR3 or the PRAMIN window that lands on the GP_PUT word
+//! (USERD + 0x8c) of a bound channel marks that channel pending; a map from USERD page to channel
+//! ids (rebuilt on bind, unbind, runlist submission, kick, and when a channel's instance block
+//! names a new USERD) keeps this O(1) per write. KICK and setting STATE RUNNABLE also make PFIFO
+//! look at the channel's GP_PUT, which is always read from USERD memory.
+//!
+//! **Timeline.** All work runs on one GPU timeline (real Fermi overlaps its copy engines with
+//! PGRAPH; serializing them is a deliberate simplification so "GPU time" is well defined for the
+//! scheduling experiments). PFIFO picks runnable channels with pending work from the runlist in
+//! round-robin order and lets each run one GPFIFO entry at a time (switching at entry
+//! boundaries). Fetching an entry and every engine operation occupy the timeline for their
+//! modeled duration; the channel continues only once the clock has reached the end. A channel
+//! blocked on a semaphore acquire gives the GPU to the others and is re-checked on every poll.
+
+use std::collections::HashMap;
+
+use gf100::{fault, host, pfifo};
+
+use super::bar::Written;
+use super::channel::{self, Channel};
+use super::mem::Memory;
+use super::pbdma::{self, Exec, Outcome, Work};
+use super::Core;
+
+const CHANNELS: usize = pfifo::CHANNELS as usize;
+const ENGINES: usize = pfifo::ENGINES as usize;
+
+/// Most channel turns one `advance` runs before returning (bounds the work done inside one
+/// register access when the cost model makes work free); the rest continues on the next poll.
+const MAX_TURNS: usize = 1 << 16;
+
+/// Timed work occupying the GPU.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    chid: usize,
+    start: u64,
+    end: u64,
+    work: Work,
+}
+
+/// PFIFO state.
+#[derive(Debug)]
+pub(crate) struct Fifo {
+    channels: Vec<Channel>,
+    runlist: Vec<u32>,
+    runlist_base: u32,
+    runlist_len: u32,
+    runlist_rd_base: u32,
+    poll_base: u32,
+    ctrl: u32,
+    subfifo_enable: u32,
+    eng_subfifo_mask: [u32; ENGINES],
+    kick: u32,
+    doorbells: HashMap<(bool, u64), Vec<u32>>,
+    rr_next: usize,
+    current: Option<usize>,
+    inflight: Option<InFlight>,
+    gpu_time: u64,
+    dirty: bool,
+    n_blocked: usize,
+    more_work: bool,
+}
+
+impl Default for Fifo {
+    fn default() -> Self {
+        let mut channels = Vec::with_capacity(CHANNELS);
+        channels.resize_with(CHANNELS, Channel::default);
+        Fifo {
+            channels,
+            runlist: Vec::new(),
+            runlist_base: 0,
+            runlist_len: 0,
+            runlist_rd_base: 0,
+            poll_base: 0,
+            ctrl: 0,
+            subfifo_enable: 0,
+            eng_subfifo_mask: [0; ENGINES],
+            kick: 0,
+            doorbells: HashMap::new(),
+            rr_next: 0,
+            current: None,
+            inflight: None,
+            gpu_time: 0,
+            dirty: false,
+            n_blocked: 0,
+            more_work: false,
+        }
+    }
+}
+
+/// Channel-table index and word (0 CHAN, 4 STATE) of `offset`.
+fn chan_index(offset: u32) -> Option<(usize, u32)> {
+    let rel = offset.checked_sub(pfifo::CHAN_TABLE)?;
+    let chid = (rel / pfifo::CHAN_TABLE_STRIDE) as usize;
+    (rel % 4 == 0 && chid < CHANNELS).then_some((chid, rel % pfifo::CHAN_TABLE_STRIDE))
+}
+
+/// ENG_SUBFIFO_MASK index of `offset`.
+fn eng_mask_index(offset: u32) -> Option<usize> {
+    let rel = offset.checked_sub(pfifo::ENG_SUBFIFO_MASK)?;
+    (rel % 4 == 0 && rel / 4 < pfifo::ENGINES).then_some((rel / 4) as usize)
+}
+
+impl Fifo {
+    /// Reads a PFIFO control register; `None` if `offset` is not one.
+    pub(crate) fn read_reg(&self, offset: u32) -> Option<u32> {
+        Some(match offset {
+            pfifo::CTRL => self.ctrl,
+            pfifo::SUBFIFO_ENABLE => self.subfifo_enable,
+            pfifo::USERD_POLL_BASE => self.poll_base,
+            pfifo::RUNLIST_BASE => self.runlist_base,
+            pfifo::RUNLIST_SUBMIT => self.runlist_len,
+            pfifo::RUNLIST_RD_BASE => self.runlist_rd_base,
+            pfifo::RUNLIST_RD_LEN => self.runlist_len & !pfifo::RUNLIST_PENDING,
+            pfifo::KICK => self.kick,
+            o => match (chan_index(o), eng_mask_index(o)) {
+                (Some((chid, 0)), _) => self.channels[chid].chan_word,
+                (Some((chid, _)), _) => self.channels[chid].state_word,
+                (None, Some(e)) => self.eng_subfifo_mask[e],
+                (None, None) => return None,
+            },
+        })
+    }
+
+    /// Writes a PFIFO control register; false if `offset` is not one.
+    pub(crate) fn write_reg(&mut self, core: &mut Core, offset: u32, value: u32) -> bool {
+        match offset {
+            pfifo::CTRL => self.ctrl = value & 1,
+            pfifo::SUBFIFO_ENABLE => self.subfifo_enable = value & ((1 << pfifo::PBDMAS) - 1),
+            pfifo::USERD_POLL_BASE => self.poll_base = value,
+            pfifo::RUNLIST_BASE => self.runlist_base = value,
+            pfifo::RUNLIST_SUBMIT => self.submit_runlist(core, value),
+            pfifo::RUNLIST_RD_BASE | pfifo::RUNLIST_RD_LEN => {}
+            pfifo::KICK => self.kick(core, value),
+            o => match (chan_index(o), eng_mask_index(o)) {
+                (Some((chid, 0)), _) => self.write_chan(core, chid, value),
+                (Some((chid, _)), _) => self.write_state(chid, value),
+                (None, Some(e)) => self.eng_subfifo_mask[e] = value,
+                (None, None) => return false,
+            },
+        }
+        true
+    }
+
+    /// Binds or unbinds channel `chid` (CHAN word).
+    fn write_chan(&mut self, core: &mut Core, chid: usize, value: u32) {
+        let new_inst = if value & pfifo::CHAN_VALID == 0 {
+            None
+        } else if let Some(inst) = pfifo::chan_decode(value) {
+            if value & pfifo::CHAN_POLL_ENABLE != 0
+                && pfifo::userd_poll_decode(self.poll_base).is_none()
+            {
+                core.report_chan_table_error(pfifo::CHAN_ERR_NO_POLL);
+                None
+            } else {
+                Some(inst)
+            }
+        } else {
+            core.report_chan_table_error(pfifo::CHAN_ERR_INVALID_TARGET);
+            None
+        };
+        let ch = &mut self.channels[chid];
+        ch.chan_word = value;
+        if ch.inst != new_inst {
+            ch.reset_pbdma();
+            if self.current == Some(chid) {
+                self.current = None;
+            }
+        }
+        ch.inst = new_inst;
+        ch.pending = new_inst.is_some();
+        self.rebuild_doorbells(&mut core.mem);
+        self.recount_blocked();
+        self.dirty = true;
+    }
+
+    /// Writes channel `chid`'s STATE word; RUNNABLE makes PFIFO look at GP_PUT.
+    fn write_state(&mut self, chid: usize, value: u32) {
+        let ch = &mut self.channels[chid];
+        let acquire = ch.state_word & pfifo::STATE_ACQUIRE_PENDING;
+        ch.state_word = (value & !pfifo::STATE_ACQUIRE_PENDING) | acquire;
+        if value & pfifo::STATE_RUNNABLE != 0 {
+            ch.pending = true;
+            self.dirty = true;
+        }
+    }
+
+    /// KICK: PFIFO re-reads the channel's instance block and GP_PUT. Reads back the chid with the
+    /// pending bit clear (the kick completes at once).
+    fn kick(&mut self, core: &mut Core, value: u32) {
+        let chid = (value & 0x7f) as usize;
+        self.kick = chid as u32;
+        if self.channels[chid].inst.is_some() {
+            self.channels[chid].pending = true;
+            self.dirty = true;
+        }
+        self.rebuild_doorbells(&mut core.mem);
+    }
+
+    /// Submits the runlist at RUNLIST_BASE with `value & 0xfff` entries.
+    fn submit_runlist(&mut self, core: &mut Core, value: u32) {
+        self.runlist_len = value;
+        self.runlist_rd_base = self.runlist_base;
+        let count = (value & pfifo::RUNLIST_LEN_MASK) as u64;
+        let base = pfifo::runlist_base_decode(self.runlist_base);
+        let mut list = Vec::new();
+        let mut seen = [false; CHANNELS];
+        for i in 0..count {
+            let chid = base
+                .and_then(|(addr, target)| {
+                    core.mem
+                        .read_u32(target, addr + i * pfifo::RUNLIST_ENTRY_SIZE)
+                })
+                .unwrap_or(u32::MAX) as usize;
+            if chid >= CHANNELS || self.channels[chid].inst.is_none() {
+                core.report_sched_error(pfifo::SCHED_ERR_INACTIVE_CHANNEL);
+                continue;
+            }
+            if !seen[chid] {
+                seen[chid] = true;
+                list.push(chid as u32);
+            }
+        }
+        for (ch, &listed) in self.channels.iter_mut().zip(seen.iter()) {
+            ch.in_runlist = listed;
+            ch.pending |= listed;
+        }
+        self.runlist = list;
+        self.rr_next = 0;
+        core.intr.runlist_done();
+        self.rebuild_doorbells(&mut core.mem);
+        self.dirty = true;
+    }
+
+    /// Rebuilds the USERD page -> channels map from the bound channels' instance blocks.
+    fn rebuild_doorbells(&mut self, mem: &mut Memory) {
+        self.doorbells.clear();
+        for (chid, ch) in self.channels.iter_mut().enumerate() {
+            ch.doorbell_key = ch
+                .inst
+                .and_then(|(inst, target)| channel::userd_of(mem, inst, target))
+                .map(|(addr, target)| pbdma::userd_key(addr, target));
+            if let Some(key) = ch.doorbell_key {
+                self.doorbells.entry(key).or_default().push(chid as u32);
+            }
+        }
+    }
+
+    /// Snoops a write through BAR1/BAR3/PRAMIN: a write covering a bound channel's GP_PUT word
+    /// rings its doorbell.
+    pub(crate) fn snoop(&mut self, w: Written) {
+        let end = w.addr.saturating_add(w.len);
+        let mut page = w.addr & !(gf100::userd::SIZE - 1);
+        while page < end {
+            let word = page + gf100::userd::GP_PUT;
+            if w.addr < word + 4 && end > word {
+                if let Some(chids) = self.doorbells.get(&pbdma::userd_key(page, w.target)) {
+                    for &c in chids {
+                        self.channels[c as usize].pending = true;
+                    }
+                    self.dirty = true;
+                }
+            }
+            page += gf100::userd::SIZE;
+        }
+    }
+
+    /// Runs everything due at `now`: completes timed work whose end has come, re-checks blocked
+    /// acquires, and lets channels run until the GPU is busy past `now` or has nothing to do.
+    pub(crate) fn advance(&mut self, core: &mut Core, now: u64) {
+        if self.inflight.is_none() && !self.dirty && self.n_blocked == 0 {
+            self.gpu_time = self.gpu_time.max(now);
+            return;
+        }
+        self.more_work = false;
+        for _ in 0..MAX_TURNS {
+            if let Some(f) = self.inflight {
+                if f.end > now {
+                    return;
+                }
+                self.inflight = None;
+                self.gpu_time = f.end;
+                self.finish(core, f);
+            }
+            self.recheck_blocked(core);
+            let Some(chid) = self.pick() else {
+                self.dirty = false;
+                self.gpu_time = self.gpu_time.max(now);
+                return;
+            };
+            self.turn(core, chid);
+        }
+        self.more_work = true;
+    }
+
+    /// When the GPU next changes state on its own.
+    pub(crate) fn next_event(&self) -> Option<u64> {
+        match self.inflight {
+            Some(f) => Some(f.end),
+            None => self.more_work.then_some(self.gpu_time),
+        }
+    }
+
+    /// Modeled GPU time channel `chid` has occupied.
+    pub(crate) fn channel_busy_ns(&self, chid: usize) -> Option<u64> {
+        self.channels.get(chid).map(|c| c.busy_ns)
+    }
+
+    /// The next channel to run: the one in the middle of an entry, else round-robin over the
+    /// runlist among schedulable channels with pending work.
+    fn pick(&mut self) -> Option<usize> {
+        if let Some(c) = self.current {
+            let ch = &self.channels[c];
+            if ch.schedulable() && ch.has_work() {
+                return Some(c);
+            }
+            self.current = None;
+        }
+        let n = self.runlist.len();
+        for i in 0..n {
+            let idx = (self.rr_next + i) % n;
+            let c = self.runlist[idx] as usize;
+            let ch = &self.channels[c];
+            if ch.schedulable() && ch.has_work() {
+                self.rr_next = (idx + 1) % n;
+                self.current = Some(c);
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Gives channel `chid` a turn at the current GPU time.
+    fn turn(&mut self, core: &mut Core, chid: usize) {
+        let now = self.gpu_time;
+        let ch = &mut self.channels[chid];
+        let outcome = Exec {
+            core: &mut *core,
+            ch: &mut *ch,
+            chid: chid as u32,
+            now,
+        }
+        .run();
+        match outcome {
+            Outcome::Busy { duration, work } => {
+                self.inflight = Some(InFlight {
+                    chid,
+                    start: now,
+                    end: now.saturating_add(duration),
+                    work,
+                });
+            }
+            Outcome::Idle => {
+                ch.pending = false;
+                self.current = None;
+            }
+            Outcome::Blocked => {
+                self.n_blocked += 1;
+                self.current = None;
+            }
+            Outcome::EntryDone | Outcome::Stopped => self.current = None,
+        }
+        let key = ch
+            .ctx
+            .and_then(|c| c.userd)
+            .map(|(a, t)| pbdma::userd_key(a, t));
+        if ch.ctx.is_some() && key != ch.doorbell_key {
+            self.rebuild_doorbells(&mut core.mem);
+        }
+    }
+
+    /// Accounts finished timed work and performs its completion actions.
+    fn finish(&mut self, core: &mut Core, f: InFlight) {
+        let duration = f.end - f.start;
+        core.stats.busy_ns = core.stats.busy_ns.saturating_add(duration);
+        let ch = &mut self.channels[f.chid];
+        ch.busy_ns = ch.busy_ns.saturating_add(duration);
+        self.dirty = true;
+        let Work::Copy { done, vspace } = f.work else {
+            if f.work == Work::Kernel {
+                core.stats.engine_ops += 1;
+            }
+            return;
+        };
+        core.stats.engine_ops += 1;
+        if let Some(s) = done.sem {
+            if let Err(e) = pbdma::release(core, &vspace, s.va, s.payload, s.four_word, f.end) {
+                let ch = &mut self.channels[f.chid];
+                pbdma::report_channel_fault(
+                    core,
+                    ch.inst_word(),
+                    e,
+                    fault::UNIT_PCOPY0,
+                    fault::HUB_CLIENT_PCOPY0,
+                    true,
+                );
+                ch.stop();
+                return;
+            }
+        }
+        if done.non_stall {
+            core.intr.non_stall(host::ENGINE_PCOPY0);
+        }
+    }
+
+    /// Re-checks every blocked acquire; satisfied ones resume, faulting ones stop.
+    fn recheck_blocked(&mut self, core: &mut Core) {
+        if self.n_blocked == 0 {
+            return;
+        }
+        for ch in self.channels.iter_mut().filter(|c| c.acquire.is_some()) {
+            let runnable =
+                ch.inst.is_some() && ch.in_runlist && ch.state_word & pfifo::STATE_RUNNABLE != 0;
+            if !runnable {
+                continue;
+            }
+            match pbdma::acquire_ready(core, ch) {
+                Ok(true) => {
+                    ch.unblock();
+                    self.dirty = true;
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    pbdma::report_channel_fault(
+                        core,
+                        ch.inst_word(),
+                        e,
+                        fault::UNIT_PFIFO,
+                        fault::HUB_CLIENT_PFIFO,
+                        true,
+                    );
+                    ch.unblock();
+                    ch.stop();
+                }
+            }
+        }
+        self.recount_blocked();
+    }
+
+    fn recount_blocked(&mut self) {
+        self.n_blocked = self.channels.iter().filter(|c| c.acquire.is_some()).count();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::phys::sim::cost::CostModel;
+    use gf100::{inst, Target};
+
+    fn core() -> Core {
+        Core::new(16 << 20, CostModel::instant())
+    }
+
+    #[test]
+    fn binding_needs_a_poll_area_and_a_valid_target() {
+        let (mut c, mut f) = (core(), Fifo::default());
+        assert!(f.write_reg(
+            &mut c,
+            pfifo::chan_table(3),
+            pfifo::chan_encode(0x1000, Target::Vram)
+        ));
+        assert_eq!(
+            c.intr.read(pfifo::CHAN_TABLE_ERROR),
+            Some(pfifo::CHAN_ERR_NO_POLL)
+        );
+        assert!(f.channels[3].inst.is_none());
+        f.write_reg(&mut c, pfifo::USERD_POLL_BASE, pfifo::userd_poll_encode(0));
+        f.write_reg(
+            &mut c,
+            pfifo::chan_table(3),
+            pfifo::CHAN_VALID | 1 << 28 | 1,
+        );
+        assert_eq!(
+            c.intr.read(pfifo::CHAN_TABLE_ERROR),
+            Some(pfifo::CHAN_ERR_INVALID_TARGET)
+        );
+        f.write_reg(
+            &mut c,
+            pfifo::chan_table(3),
+            pfifo::chan_encode(0x1000, Target::Vram),
+        );
+        assert_eq!(f.channels[3].inst, Some((0x1000, Target::Vram)));
+        assert_eq!(
+            f.read_reg(pfifo::chan_table(3)),
+            Some(pfifo::chan_encode(0x1000, Target::Vram))
+        );
+        assert_eq!(c.stats.sched_errors, 2);
+    }
+
+    #[test]
+    fn runlist_rejects_unknown_and_unbound_channels() {
+        let (mut c, mut f) = (core(), Fifo::default());
+        f.write_reg(&mut c, pfifo::USERD_POLL_BASE, pfifo::userd_poll_encode(0));
+        f.write_reg(
+            &mut c,
+            pfifo::chan_table(1),
+            pfifo::chan_encode(0x1000, Target::Vram),
+        );
+        for (i, chid) in [1u32, 200, 2, 1].iter().enumerate() {
+            assert!(c.mem.write_u32(Target::Vram, 0x8000 + i as u64 * 8, *chid));
+        }
+        f.write_reg(
+            &mut c,
+            pfifo::RUNLIST_BASE,
+            pfifo::runlist_base_encode(0x8000, Target::Vram),
+        );
+        f.write_reg(
+            &mut c,
+            pfifo::RUNLIST_SUBMIT,
+            pfifo::RUNLIST_SUBMIT_UNK20 | 4,
+        );
+        assert_eq!(f.runlist, vec![1]);
+        assert_eq!(c.stats.sched_errors, 2);
+        assert_eq!(
+            c.intr.read(pfifo::SCHED_ERROR),
+            Some(pfifo::SCHED_ERR_INACTIVE_CHANNEL)
+        );
+        assert_eq!(
+            f.read_reg(pfifo::RUNLIST_RD_LEN)
+                .map(|v| v & pfifo::RUNLIST_PENDING),
+            Some(0)
+        );
+        assert_ne!(c.intr.pfifo_intr() & pfifo::INTR_RUNLIST_DONE, 0);
+    }
+
+    #[test]
+    fn doorbell_map_follows_the_instance_block() {
+        let (mut c, mut f) = (core(), Fifo::default());
+        assert!(c.mem.write(
+            Target::Vram,
+            0x1000 + inst::RAMFC_USERD_LO,
+            &inst::userd_encode(0x9000, Target::Vram).to_le_bytes()
+        ));
+        f.write_reg(&mut c, pfifo::USERD_POLL_BASE, pfifo::userd_poll_encode(0));
+        f.write_reg(
+            &mut c,
+            pfifo::chan_table(5),
+            pfifo::chan_encode(0x1000, Target::Vram),
+        );
+        f.channels[5].pending = false;
+        f.snoop(Written {
+            target: Target::Vram,
+            addr: 0x9088,
+            len: 4,
+        });
+        assert!(!f.channels[5].pending, "GP_GET is not the doorbell");
+        f.snoop(Written {
+            target: Target::Vram,
+            addr: 0x908c,
+            len: 4,
+        });
+        assert!(f.channels[5].pending);
+        f.channels[5].pending = false;
+        f.snoop(Written {
+            target: Target::SysCoherent,
+            addr: 0x908c,
+            len: 4,
+        });
+        assert!(
+            !f.channels[5].pending,
+            "same address in system memory is another page"
+        );
+    }
+}
