@@ -1,1 +1,48 @@
-fn main() {}
+//! `gpuvm`: the command-line front end of the gpuvm device model.
+//!
+//! Today it runs the guest driver's workload suite natively on the simulated GF100
+//! (`gpuvm native`). Later subcommands add virtual GPUs, the KVM VMM and the experiments.
+
+mod native;
+mod table;
+
+use clap::{Parser, Subcommand};
+
+/// gpuvm — many VMs sharing one NVIDIA Fermi GPU through full virtualization (GPUvm-style).
+///
+/// Every command runs on the embedded simulated GF100 (a software Quadro 6000) unless told
+/// otherwise. Set RUST_LOG=debug for a trace of what the device and driver do.
+#[derive(Parser, Debug)]
+#[command(name = "gpuvm", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run every workload with the guest driver straight on the simulated GPU (no
+    /// virtualization): the baseline that virtualized runs are compared to.
+    ///
+    /// Each workload (madd, mmul, fmadd, fmmul, memcpy_htod, memcpy_dtoh, loop) moves its inputs
+    /// from guest RAM to VRAM with the copy engine, runs its kernel, copies the result back and
+    /// checks it against a CPU reference. The table shows bytes, modeled GPU time, host wall
+    /// time, BAR accesses and whether the result verified. Exit status 1 if any workload failed.
+    Native(native::NativeArgs),
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Native(args) => native::run(&args),
+    };
+    match result {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(1),
+        Err(e) => {
+            eprintln!("gpuvm: error: {e:#}");
+            std::process::exit(2);
+        }
+    }
+}
