@@ -15,7 +15,8 @@ pub struct NativeArgs {
     /// Print one JSON object (with a `workloads` array) instead of the table.
     #[arg(long)]
     json: bool,
-    /// Problem size: matrix dimension N (N x N elements; memcpy moves N*N*4 bytes).
+    /// Problem size N: matrices are N x N (madd, mmul, fmadd, fmmul), memcpy moves N*N*4 bytes,
+    /// loop runs N*N*64 iterations.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1024))]
     size: u32,
     /// Time base: `sim` is deterministic simulated time (fast), `real` follows the host clock.
