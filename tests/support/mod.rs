@@ -1,0 +1,4 @@
+//! Code shared by the integration tests and the benchmarks.
+
+#[allow(dead_code)]
+pub mod sim_rig;
