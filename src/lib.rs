@@ -9,8 +9,13 @@
 
 pub mod addr;
 pub mod clock;
+pub mod guest_mem;
 pub mod harness;
 pub mod irq;
+pub mod mmio;
 pub mod phys;
+pub mod profile;
+pub mod shadow_pt;
+pub mod vram_alloc;
 
 pub use gf100;

@@ -33,6 +33,7 @@ pub mod pffb;
 pub mod pfifo;
 pub mod pmc;
 pub mod ptimer;
+pub mod pv;
 pub mod userd;
 
 /// Memory target ("aperture") of an address, in the encoding used by PTEs, instance pointers
@@ -45,7 +46,7 @@ pub mod userd;
 /// "write a channel instance with target == INVALID \[1\]"); `g80_defs.xml` itself only comments
 /// "1 is some other sysram", and nouveau never writes 1. **(UNCERTAIN)** for PTEs and the other
 /// registers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Target {
     /// Video memory on the card.
     Vram,

@@ -629,3 +629,11 @@ fn loop_kernel_edges() {
     assert_eq!(used, 5);
     assert_eq!(Kernel::decode(KernelId::Loop as u32, &w), Ok(k));
 }
+
+proptest! {
+    #[test]
+    fn pv_op_round_trips(op in any::<u32>(), target in any::<u32>(), table in any::<u64>(), index in any::<u64>(), value in any::<u64>()) {
+        let o = gf100::pv::Op { op, target, table, index, value };
+        prop_assert_eq!(gf100::pv::Op::from_bytes(&o.to_bytes()), o);
+    }
+}

@@ -1,0 +1,268 @@
+//! A VM's memory as the device model sees it: its slice of the physical GPU's VRAM and its guest
+//! RAM (reachable by the GPU through the VM's own DMA window). Every guest-supplied address goes
+//! through here, so this is where "the guest can only reach its own memory" is enforced: a guest
+//! VRAM address must lie in `[0, slice size)`, a system-memory address in the VM's RAM.
+
+use gf100::Target;
+use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::addr::{Gpa, GuestVram, HostVram, Iova};
+use crate::phys::PhysicalGpu;
+
+/// A guest-supplied address or range the VM does not own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Violation {
+    /// A guest VRAM range beyond the VM's slice.
+    #[error("guest VRAM range {addr}+{len:#x} is outside the VM's {slice:#x}-byte slice")]
+    VramOutOfSlice {
+        /// Start of the range.
+        addr: GuestVram,
+        /// Length of the range.
+        len: u64,
+        /// Size of the slice.
+        slice: u64,
+    },
+    /// A system-memory range not entirely inside the VM's RAM.
+    #[error("guest RAM range {gpa}+{len:#x} is not inside the VM's RAM")]
+    SysramOutOfRam {
+        /// Start of the range.
+        gpa: Gpa,
+        /// Length of the range.
+        len: u64,
+    },
+    /// System memory named before the VM attached any guest RAM.
+    #[error("system memory used but the VM has no guest RAM attached")]
+    NoGuestRam,
+    /// An invalid target encoding.
+    #[error("invalid memory target")]
+    InvalidTarget,
+}
+
+/// The VM's slice of physical VRAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VramSlice {
+    /// Where guest VRAM address 0 lives in physical VRAM.
+    pub base: HostVram,
+    /// Size of the slice (the VRAM size the guest sees).
+    pub size: u64,
+}
+
+impl VramSlice {
+    /// Translates a guest VRAM range to physical VRAM, if it lies entirely inside the slice.
+    pub fn translate(&self, addr: GuestVram, len: u64) -> Result<HostVram, Violation> {
+        match addr.raw().checked_add(len) {
+            Some(end) if end <= self.size => Ok(self.base.offset(addr.raw())),
+            _ => Err(Violation::VramOutOfSlice {
+                addr,
+                len,
+                slice: self.size,
+            }),
+        }
+    }
+
+    /// The guest VRAM address of a physical VRAM address inside the slice.
+    pub fn to_guest(&self, addr: HostVram) -> Option<GuestVram> {
+        let off = addr.raw().checked_sub(self.base.raw())?;
+        (off < self.size).then_some(GuestVram(off))
+    }
+}
+
+/// The VM's RAM and the IOVA window at which the physical GPU reaches it (GPA `g` is at IOVA
+/// `iova_base + g`).
+#[derive(Debug, Clone)]
+pub struct GuestRam {
+    /// The memory.
+    pub mem: GuestMemoryMmap,
+    /// IOVA of guest-physical address 0.
+    pub iova_base: Iova,
+}
+
+impl GuestRam {
+    /// True if `[gpa, gpa + len)` lies inside one region of guest RAM.
+    pub fn contains(&self, gpa: Gpa, len: u64) -> bool {
+        let Some(end) = gpa.raw().checked_add(len) else {
+            return false;
+        };
+        self.mem.iter().any(|r| {
+            let start = r.start_addr().raw_value();
+            gpa.raw() >= start && end <= start + r.len()
+        })
+    }
+
+    /// The IOVA of a guest RAM range, if it lies inside guest RAM.
+    pub fn to_iova(&self, gpa: Gpa, len: u64) -> Result<Iova, Violation> {
+        if self.contains(gpa, len) {
+            Ok(self.iova_base.offset(gpa.raw()))
+        } else {
+            Err(Violation::SysramOutOfRam { gpa, len })
+        }
+    }
+}
+
+/// A VM's memory, for reading and writing what the guest owns.
+#[derive(Clone, Copy)]
+pub struct GuestMem<'a> {
+    /// The physical GPU (whose VRAM holds the slice).
+    pub phys: &'a dyn PhysicalGpu,
+    /// The VM's VRAM slice.
+    pub slice: VramSlice,
+    /// The VM's RAM, once attached.
+    pub ram: Option<&'a GuestRam>,
+}
+
+impl GuestMem<'_> {
+    /// Reads `buf.len()` bytes of guest memory at `addr` in `target` (guest VRAM address or GPA).
+    pub fn read(&self, target: Target, addr: u64, buf: &mut [u8]) -> Result<(), Violation> {
+        let len = buf.len() as u64;
+        match target {
+            Target::Vram => {
+                let host = self.slice.translate(GuestVram(addr), len)?;
+                self.phys.read_vram(host, buf);
+                Ok(())
+            }
+            Target::SysCoherent | Target::SysNonCoherent => {
+                let ram = self.ram.ok_or(Violation::NoGuestRam)?;
+                ram.to_iova(Gpa(addr), len)?;
+                ram.mem
+                    .read_slice(buf, GuestAddress(addr))
+                    .map_err(|_| Violation::SysramOutOfRam {
+                        gpa: Gpa(addr),
+                        len,
+                    })
+            }
+        }
+    }
+
+    /// Writes `data` to guest memory at `addr` in `target`.
+    pub fn write(&self, target: Target, addr: u64, data: &[u8]) -> Result<(), Violation> {
+        let len = data.len() as u64;
+        match target {
+            Target::Vram => {
+                let host = self.slice.translate(GuestVram(addr), len)?;
+                self.phys.write_vram(host, data);
+                Ok(())
+            }
+            Target::SysCoherent | Target::SysNonCoherent => {
+                let ram = self.ram.ok_or(Violation::NoGuestRam)?;
+                ram.to_iova(Gpa(addr), len)?;
+                ram.mem.write_slice(data, GuestAddress(addr)).map_err(|_| {
+                    Violation::SysramOutOfRam {
+                        gpa: Gpa(addr),
+                        len,
+                    }
+                })
+            }
+        }
+    }
+
+    /// Reads a little-endian u32.
+    pub fn read_u32(&self, target: Target, addr: u64) -> Result<u32, Violation> {
+        let mut b = [0u8; 4];
+        self.read(target, addr, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// Reads a little-endian u64.
+    pub fn read_u64(&self, target: Target, addr: u64) -> Result<u64, Violation> {
+        let mut b = [0u8; 8];
+        self.read(target, addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// Translates a guest page-table target address to what the physical GPU must be given:
+    /// physical VRAM for `Vram`, an IOVA for system memory. Validates the whole range.
+    pub fn to_phys(&self, target: Target, addr: u64, len: u64) -> Result<u64, Violation> {
+        match target {
+            Target::Vram => Ok(self.slice.translate(GuestVram(addr), len)?.raw()),
+            Target::SysCoherent | Target::SysNonCoherent => Ok(self
+                .ram
+                .ok_or(Violation::NoGuestRam)?
+                .to_iova(Gpa(addr), len)?
+                .raw()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::phys::sim::{SimConfig, SimGpu};
+
+    fn ram() -> GuestRam {
+        GuestRam {
+            mem: GuestMemoryMmap::<()>::from_ranges(&[
+                (GuestAddress(0), 1 << 20),
+                (GuestAddress(4 << 20), 1 << 20),
+            ])
+            .unwrap(),
+            iova_base: Iova(1 << 36),
+        }
+    }
+
+    #[test]
+    fn vram_stays_inside_the_slice() {
+        let s = VramSlice {
+            base: HostVram(0x1000_0000),
+            size: 0x100_0000,
+        };
+        assert_eq!(
+            s.translate(GuestVram(0x10), 0x10).unwrap(),
+            HostVram(0x1000_0010)
+        );
+        assert_eq!(
+            s.translate(GuestVram(0xff_fff0), 0x10).unwrap(),
+            HostVram(0x10ff_fff0)
+        );
+        assert!(s.translate(GuestVram(0xff_fff8), 0x10).is_err());
+        assert!(s.translate(GuestVram(u64::MAX - 4), 0x10).is_err());
+        assert_eq!(s.to_guest(HostVram(0x1000_0020)), Some(GuestVram(0x20)));
+        assert_eq!(s.to_guest(HostVram(0x1100_0000)), None);
+    }
+
+    #[test]
+    fn sysram_must_be_inside_one_ram_region() {
+        let r = ram();
+        assert_eq!(
+            r.to_iova(Gpa(0x1000), 0x1000).unwrap(),
+            Iova((1 << 36) + 0x1000)
+        );
+        assert!(
+            r.to_iova(Gpa((1 << 20) - 8), 16).is_err(),
+            "crosses into the hole"
+        );
+        assert!(r.to_iova(Gpa(2 << 20), 4).is_err(), "in the hole");
+        assert!(r.to_iova(Gpa(4 << 20), 4).is_ok());
+    }
+
+    #[test]
+    fn reads_and_writes_reach_only_the_vm() {
+        let gpu = SimGpu::new(SimConfig {
+            vram_size: 64 << 20,
+            ..SimConfig::default()
+        });
+        let r = ram();
+        let m = GuestMem {
+            phys: &gpu,
+            slice: VramSlice {
+                base: HostVram(16 << 20),
+                size: 1 << 20,
+            },
+            ram: Some(&r),
+        };
+        m.write(Target::Vram, 0x100, &7u32.to_le_bytes()).unwrap();
+        let mut b = [0u8; 4];
+        gpu.read_vram(HostVram((16 << 20) + 0x100), &mut b);
+        assert_eq!(u32::from_le_bytes(b), 7);
+        assert_eq!(m.read_u32(Target::Vram, 0x100).unwrap(), 7);
+        assert!(m.write(Target::Vram, 1 << 20, &[1]).is_err());
+        m.write(Target::SysCoherent, 0x2000, &9u64.to_le_bytes())
+            .unwrap();
+        assert_eq!(m.read_u64(Target::SysNonCoherent, 0x2000).unwrap(), 9);
+        assert!(m.read_u32(Target::SysCoherent, 3 << 20).is_err());
+        let no_ram = GuestMem { ram: None, ..m };
+        assert_eq!(
+            no_ram.read_u32(Target::SysCoherent, 0),
+            Err(Violation::NoGuestRam)
+        );
+    }
+}

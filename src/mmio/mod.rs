@@ -1,0 +1,4 @@
+//! The guest-facing side of a vGPU: PCI configuration space, the BAR layout, and the BAR0 region
+//! table with its trap policy.
+
+pub mod regions;
