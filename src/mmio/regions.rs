@@ -77,9 +77,9 @@ pub enum Handler {
     RunlistStatus,
     /// PFIFO channel-table and scheduler error codes: the VM's own.
     FifoErrorCodes,
-    /// PFIFO VM_FAULT_SOURCE and VM_FAULT[u]: the VM's own fault reports.
+    /// PFIFO `VM_FAULT_SOURCE` and `VM_FAULT[u]`: the VM's own fault reports.
     FaultReports,
-    /// PFIFO SUBFIFO / ENGINE interrupt sources and ENGINE_INTR[e]: the VM's own.
+    /// PFIFO SUBFIFO / ENGINE interrupt sources and `ENGINE_INTR[e]`: the VM's own.
     FifoIntrSources,
     /// PFIFO KICK: guest channel id translated to the physical one.
     Kick,

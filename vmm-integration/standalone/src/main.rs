@@ -4,6 +4,7 @@
 //! (`gpuvm native`). Later subcommands add virtual GPUs, the KVM VMM and the experiments.
 
 mod native;
+mod regs;
 mod table;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,15 @@ enum Command {
     /// checks it against a CPU reference. The table shows bytes, modeled GPU time, host wall
     /// time, BAR accesses and whether the result verified. Exit status 1 if any workload failed.
     Native(native::NativeArgs),
+    /// Print the virtual GPU's BAR0 region table: offset, size, name and trap policy of every
+    /// register or range the device model knows.
+    ///
+    /// Policies: `virtual` (emulated from per-VM state), `shadowed` (translated and validated,
+    /// then applied), `forwarded` (passed to the GPU as is; read-only global state), `denied`
+    /// (refused). Deny by default: an offset in no region reads 0xbad00100 and writes to it are
+    /// dropped and counted, never forwarded to the physical GPU. `--json` prints an array of
+    /// objects with `offset`, `offset_hex`, `size`, `name` and `policy`.
+    Regs(regs::RegsArgs),
 }
 
 fn main() {
@@ -36,6 +46,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Native(args) => native::run(&args),
+        Command::Regs(args) => regs::run(&args),
     };
     match result {
         Ok(true) => {}

@@ -96,3 +96,81 @@ fn bad_arguments_are_clear_errors() {
     let out = gpuvm(&["native", "--size", "0"]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn regs_json_is_the_sorted_region_table_with_policies() {
+    let out = gpuvm(&["regs", "--json"]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let regions = v.as_array().expect("a JSON array");
+    assert!(regions.len() > 10, "{v}");
+    let mut prev_end = 0u64;
+    for r in regions {
+        let offset = r["offset"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("offset in {r}"));
+        let size = r["size"].as_u64().unwrap_or_else(|| panic!("size in {r}"));
+        let hex = r["offset_hex"].as_str().expect("offset_hex");
+        assert_eq!(
+            u64::from_str_radix(hex.trim_start_matches("0x"), 16).unwrap(),
+            offset,
+            "{r}"
+        );
+        assert!(!r["name"].as_str().expect("name").is_empty(), "{r}");
+        let policy = r["policy"].as_str().expect("policy");
+        assert!(
+            ["virtual", "shadowed", "forwarded", "denied"].contains(&policy),
+            "{r}"
+        );
+        assert!(size > 0 && offset + size <= 32 << 20, "{r}");
+        assert!(offset >= prev_end, "sorted and non-overlapping at {r}");
+        prev_end = offset + size;
+    }
+    let find = |offset: u64| {
+        regions
+            .iter()
+            .find(|r| r["offset"].as_u64() == Some(offset))
+            .unwrap_or_else(|| panic!("no region at {offset:#x}"))
+    };
+    let boot0 = find(0x000000);
+    assert_eq!(boot0["name"], "PMC.BOOT_0");
+    assert_eq!(boot0["policy"], "virtual");
+    let chan = find(0x003000);
+    assert!(
+        chan["name"].as_str().unwrap().contains("CHAN_TABLE"),
+        "{chan}"
+    );
+    assert_eq!(chan["size"], 128 * 8);
+    assert_eq!(chan["policy"], "shadowed");
+    let pramin = find(0x700000);
+    assert!(
+        pramin["name"].as_str().unwrap().contains("PRAMIN"),
+        "{pramin}"
+    );
+    assert_eq!(pramin["size"], 1 << 20);
+    assert_eq!(pramin["policy"], "shadowed");
+    let pgraph = find(0x400000);
+    assert!(
+        pgraph["name"].as_str().unwrap().contains("PGRAPH"),
+        "{pgraph}"
+    );
+    assert_eq!(pgraph["policy"], "denied");
+    assert_eq!(find(0x1f00000)["policy"], "virtual");
+}
+
+#[test]
+fn regs_table_explains_deny_by_default() {
+    let out = gpuvm(&["regs"]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("PMC.BOOT_0"), "{text}");
+    assert!(text.contains("Deny by default"), "{text}");
+    assert!(text.contains("0xbad00100"), "{text}");
+    for policy in ["virtual", "shadowed", "forwarded", "denied"] {
+        assert!(text.contains(policy), "{policy} in {text}");
+    }
+}
