@@ -7,16 +7,61 @@
 //! `eager` rebuilds on every guest TLB flush; `lazy` marks dirty and rebuilds before the next
 //! submission; `incremental` write-tracks the guest's table pages and updates one shadow entry
 //! per guest entry write; `pv` applies batches of entry writes sent through the para-virtual
-//! interface (`gf100::pv`).
+//! interface (`gf100::pv`). In every mode [`ShadowPt::attach`] builds a shadow fully on first use.
 //!
-//! PLACEHOLDER API — being implemented; every body below is replaced by the real mechanism.
+//! Parts (each names the piece of GPUvm's GXEN prototype it models):
+//! - `walk` — reading guest tables, resolving VAs through shadows (`shadow_page_table.cc`,
+//!   `software_page_table.cc::resolve`);
+//! - `translate` — validating and translating one entry (`context::guest_to_host`);
+//! - `build` — allocating and writing shadow tables (`shadow_page_table.cc`);
+//! - `track` — write tracking of table pages (`barrier.h`);
+//! - `pv` — para-virtual batches (`context_bar4.cc`).
+//!
+//! Decisions (see also each part):
+//! - **Validation.** A present guest PTE is shadowed only if its whole page (4 KiB or 128 KiB)
+//!   is inside the VM's VRAM slice, or inside one region of its RAM for system memory (GPUvm
+//!   left that unchecked). Rejected entries become not-present and count one violation each
+//!   time they are shadowed — so an eager VM recounts a bad entry at every rebuild, an
+//!   incremental one once per write; the counter measures work refused, not distinct entries.
+//!   A table or directory not entirely inside the VM's memory is treated as absent. Violations
+//!   are logged with `log::warn!`, rate-limited by count (no clock involved).
+//! - **Compression tags are cleared** in every shadow PTE (comptag lines are a GPU-wide resource
+//!   the model does not partition); kinds and the other flags are kept.
+//! - **Incremental mode sees CPU writes only.** Writes the GPU itself makes into guest tables
+//!   (a copy engine or kernel targeting a table page) do not pass through
+//!   [`ShadowPt::guest_wrote`] and are not shadowed until the PDE naming the table changes (a
+//!   rewrite with the same value keeps the shadow table) or [`ShadowPt::resync`] is called. The same holds for tables in guest RAM: the CPU writes them
+//!   without an exit unless the VMM write-protects the pages [`ShadowPt::is_tracked`] reports
+//!   (eager and lazy modes have neither limit: they re-read everything at flush time).
+//! - **PV mode is incremental mode plus batches**: [`ShadowPt::pv_apply`] writes each entry into
+//!   the guest's own table and updates the shadow through the same path a tracked write takes,
+//!   and [`ShadowPt::guest_wrote`] behaves as in incremental mode, so a PV guest that also
+//!   writes its tables directly stays coherent.
+//! - **Hypervisor VRAM is limited per VM** ([`ShadowPt::set_shadow_limit`], default
+//!   [`DEFAULT_SHADOW_LIMIT`]); a table that does not fit is left absent and counted.
 
-use gf100::Target;
+mod build;
+mod pv;
+mod track;
+mod translate;
+mod walk;
+
+use std::collections::BTreeMap;
+
+use gf100::{mmu, Target};
 
 use crate::addr::HostVram;
 use crate::guest_mem::GuestMem;
 use crate::profile::ShadowMode;
 use crate::vram_alloc::RangeAllocator;
+
+use build::{Books, Space};
+use track::{Mem, TableKind};
+use walk::PtKind;
+
+/// Default of [`ShadowPt::set_shadow_limit`]: 256 MiB of hypervisor VRAM per VM (a VM mapping
+/// its whole 6 GiB in small pages through one directory needs about 12 MiB).
+pub const DEFAULT_SHADOW_LIMIT: u64 = 256 << 20;
 
 /// A guest page directory as named by a guest instance block (PDB) or a TLB flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -52,9 +97,10 @@ pub struct ShadowTranslation {
 pub struct ShadowStats {
     /// Full rebuilds of a shadow address space.
     pub rebuilds: u64,
-    /// Shadow PTEs written by rebuilds.
+    /// Shadow PTEs written by whole-table walks: full rebuilds, and (incremental, PV) the walk
+    /// of a table a changed PDE newly names.
     pub ptes_shadowed: u64,
-    /// Single shadow entries updated (incremental writes, PV ops).
+    /// Single shadow entries (PDEs or PTEs) updated by incremental writes and PV ops.
     pub entry_updates: u64,
     /// Guest entries rejected (outside the slice or guest RAM, invalid target).
     pub violations: u64,
@@ -64,6 +110,9 @@ pub struct ShadowStats {
     pub tracked_pages: u64,
     /// Hypervisor VRAM used by shadow tables, bytes.
     pub shadow_bytes: u64,
+    /// Shadow tables or directories that could not be allocated (hypervisor VRAM exhausted or
+    /// the VM's limit reached); such a table is left absent.
+    pub alloc_failures: u64,
 }
 
 /// Why a shadow could not be made.
@@ -92,12 +141,19 @@ pub struct PvOutcome {
 #[derive(Debug)]
 pub struct ShadowPt {
     mode: ShadowMode,
+    spaces: BTreeMap<GuestPdb, Space>,
+    books: Books,
 }
 
 impl ShadowPt {
     /// An empty set of shadows in `mode`.
     pub fn new(mode: ShadowMode) -> ShadowPt {
-        ShadowPt { mode }
+        let tracking = matches!(mode, ShadowMode::Incremental | ShadowMode::Pv);
+        ShadowPt {
+            mode,
+            spaces: BTreeMap::new(),
+            books: Books::new(tracking, DEFAULT_SHADOW_LIMIT),
+        }
     }
 
     /// The mode.
@@ -105,64 +161,196 @@ impl ShadowPt {
         self.mode
     }
 
+    /// Limits the hypervisor VRAM this VM's shadows may use (directories and tables). Shadows
+    /// already allocated are kept; later allocations beyond the limit fail.
+    pub fn set_shadow_limit(&mut self, bytes: u64) {
+        self.books.limit = bytes;
+    }
+
+    /// The hypervisor VRAM limit.
+    pub fn shadow_limit(&self) -> u64 {
+        self.books.limit
+    }
+
     /// The shadow page directory (physical VRAM) for `pdb`, created and built on first use;
     /// reference-counted per call (pair with [`ShadowPt::detach`]).
-    pub fn attach(&mut self, _cx: &mut ShadowCtx, _pdb: GuestPdb) -> Result<HostVram, ShadowError> {
-        todo!("shadow_pt::attach")
+    ///
+    /// The guest directory must be 4 KiB aligned (a PDB cannot name anything else) and lie
+    /// entirely (64 KiB) inside the VM's memory.
+    pub fn attach(&mut self, cx: &mut ShadowCtx, pdb: GuestPdb) -> Result<HostVram, ShadowError> {
+        if let Some(s) = self.spaces.get_mut(&pdb) {
+            s.refs = s.refs.saturating_add(1);
+            return Ok(HostVram(s.pd));
+        }
+        if pdb.addr % gf100::PAGE_SIZE != 0
+            || cx.mem.to_phys(pdb.target, pdb.addr, mmu::PD_SIZE).is_err()
+        {
+            return Err(ShadowError::BadPageDirectory(pdb));
+        }
+        let space = build::create(cx, &mut self.books, pdb).ok_or(ShadowError::OutOfMemory)?;
+        let pd = space.pd;
+        self.spaces.insert(pdb, space);
+        Ok(HostVram(pd))
     }
 
     /// Drops one reference to the shadow of `pdb`; frees it with the last one.
-    pub fn detach(&mut self, _cx: &mut ShadowCtx, _pdb: GuestPdb) {
-        todo!("shadow_pt::detach")
+    pub fn detach(&mut self, cx: &mut ShadowCtx, pdb: GuestPdb) {
+        let Some(s) = self.spaces.get_mut(&pdb) else {
+            log::debug!("shadow_pt: detach of {pdb:?}, which is not attached");
+            return;
+        };
+        s.refs = s.refs.saturating_sub(1);
+        if s.refs == 0 {
+            if let Some(space) = self.spaces.remove(&pdb) {
+                build::teardown(cx, &mut self.books, pdb, space);
+            }
+        }
+    }
+
+    /// The attached spaces a flush naming `pdb` applies to: same address, same memory (the
+    /// TLB_FLUSH_VSPACE target bit "matches both SNOOP and NOSNOOP"); all of them for `None`.
+    fn matching(&self, pdb: Option<GuestPdb>) -> Vec<GuestPdb> {
+        self.spaces
+            .keys()
+            .filter(|k| {
+                pdb.map_or(true, |p| {
+                    k.addr == p.addr && Mem::of(k.target) == Mem::of(p.target)
+                })
+            })
+            .copied()
+            .collect()
+    }
+
+    /// Rebuilds the shadows of `pdbs` fully and returns their directories.
+    fn rebuild_all(&mut self, cx: &mut ShadowCtx, pdbs: &[GuestPdb]) -> Vec<HostVram> {
+        let mut out = Vec::with_capacity(pdbs.len());
+        for pdb in pdbs {
+            if let Some(space) = self.spaces.get_mut(pdb) {
+                build::rebuild(cx, &mut self.books, *pdb, space);
+                space.dirty = false;
+                out.push(HostVram(space.pd));
+            }
+        }
+        out
     }
 
     /// A guest TLB flush (register 0x100cbc or MEM_OP in a pushbuffer); `None` = all of the VM's
     /// address spaces. Returns the shadow PDs whose physical TLB entries must be flushed now.
-    pub fn tlb_flush(&mut self, _cx: &mut ShadowCtx, _pdb: Option<GuestPdb>) -> Vec<HostVram> {
-        todo!("shadow_pt::tlb_flush")
+    ///
+    /// Eager: rebuilds the named shadows and returns them. Lazy: marks them dirty and returns
+    /// nothing ([`ShadowPt::before_submit`] rebuilds). Incremental and PV: the shadows are
+    /// already current; returns them for the physical flush.
+    pub fn tlb_flush(&mut self, cx: &mut ShadowCtx, pdb: Option<GuestPdb>) -> Vec<HostVram> {
+        let pdbs = self.matching(pdb);
+        match self.mode {
+            ShadowMode::Eager => self.rebuild_all(cx, &pdbs),
+            ShadowMode::Lazy => {
+                for p in &pdbs {
+                    if let Some(s) = self.spaces.get_mut(p) {
+                        s.dirty = true;
+                    }
+                }
+                Vec::new()
+            }
+            ShadowMode::Incremental | ShadowMode::Pv => pdbs
+                .iter()
+                .filter_map(|p| self.spaces.get(p))
+                .map(|s| HostVram(s.pd))
+                .collect(),
+        }
     }
 
     /// Called before work of a channel using `pdb` reaches the GPU (lazy mode rebuilds here).
     /// Returns the shadow PDs whose physical TLB entries must be flushed now.
-    pub fn before_submit(&mut self, _cx: &mut ShadowCtx, _pdb: GuestPdb) -> Vec<HostVram> {
-        todo!("shadow_pt::before_submit")
+    pub fn before_submit(&mut self, cx: &mut ShadowCtx, pdb: GuestPdb) -> Vec<HostVram> {
+        match self.spaces.get(&pdb) {
+            Some(s) if self.mode == ShadowMode::Lazy && s.dirty => self.rebuild_all(cx, &[pdb]),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Rebuilds the named shadows (all for `None`) fully now, whatever the mode, and returns
+    /// them for a physical flush. For incremental and PV modes this re-synchronizes tables the
+    /// guest changed without the device model seeing it (writes by the GPU itself).
+    pub fn resync(&mut self, cx: &mut ShadowCtx, pdb: Option<GuestPdb>) -> Vec<HostVram> {
+        let pdbs = self.matching(pdb);
+        self.rebuild_all(cx, &pdbs)
     }
 
     /// A guest write of `len` bytes at `addr` in `target` has just landed in guest memory
     /// (through PRAMIN, BAR1 or BAR3). In incremental mode, entries of tracked tables are
     /// re-shadowed at once.
-    pub fn guest_wrote(&mut self, _cx: &mut ShadowCtx, _target: Target, _addr: u64, _len: u64) {
-        todo!("shadow_pt::guest_wrote")
+    ///
+    /// Incremental and PV modes: exactly the entries the write touched are re-shadowed (a
+    /// partial write re-reads the whole entry); a changed PDE re-walks the tables it newly
+    /// names. Eager and lazy modes: nothing (the next rebuild reads everything).
+    pub fn guest_wrote(&mut self, cx: &mut ShadowCtx, target: Target, addr: u64, len: u64) {
+        if !self.books.tracking || len == 0 {
+            return;
+        }
+        let end = addr.saturating_add(len);
+        let roles = self.books.tracker.roles_in(Mem::of(target), addr, end);
+        for role in roles {
+            let Some(space) = self.spaces.get_mut(&role.pdb) else {
+                continue;
+            };
+            let books = &mut self.books;
+            match role.kind {
+                TableKind::Pd => build::rewrite_pdes(cx, books, role.pdb, space, addr, end),
+                TableKind::Small(i) => {
+                    build::rewrite_ptes(cx, books, role.pdb, space, i, PtKind::Small, addr, end)
+                }
+                TableKind::Large(i) => {
+                    build::rewrite_ptes(cx, books, role.pdb, space, i, PtKind::Large, addr, end)
+                }
+            }
+        }
     }
 
     /// True if the guest page at `page` (4 KiB aligned) holds one of the VM's page directories
     /// or tables (writes to it must be seen by the device model).
-    pub fn is_tracked(&self, _target: Target, _page: u64) -> bool {
-        todo!("shadow_pt::is_tracked")
+    ///
+    /// Only incremental and PV modes track pages; eager and lazy modes answer false (they
+    /// need to see no writes).
+    pub fn is_tracked(&self, target: Target, page: u64) -> bool {
+        self.books.tracker.is_tracked(Mem::of(target), page)
     }
 
     /// Applies a batch of para-virtual ops.
-    pub fn pv_apply(&mut self, _cx: &mut ShadowCtx, _ops: &[gf100::pv::Op]) -> PvOutcome {
-        todo!("shadow_pt::pv_apply")
+    ///
+    /// PV mode only (any other mode answers `ERR_NOT_AVAILABLE` and applies nothing). See the
+    /// `pv` part for the rules.
+    pub fn pv_apply(&mut self, cx: &mut ShadowCtx, ops: &[gf100::pv::Op]) -> PvOutcome {
+        pv::apply(self, cx, ops)
     }
 
     /// Where `va` leads through the shadow of `pdb` (for tests and checks).
-    pub fn translate(
-        &self,
-        _cx: &ShadowCtx,
-        _pdb: GuestPdb,
-        _va: u64,
-    ) -> Option<ShadowTranslation> {
-        todo!("shadow_pt::translate")
+    pub fn translate(&self, cx: &ShadowCtx, pdb: GuestPdb, va: u64) -> Option<ShadowTranslation> {
+        let space = self.spaces.get(&pdb)?;
+        walk::resolve(cx.mem.phys, space.pd, va)
+    }
+
+    /// The shadow page directory of `pdb`, if attached.
+    pub fn shadow_pd(&self, pdb: GuestPdb) -> Option<HostVram> {
+        self.spaces.get(&pdb).map(|s| HostVram(s.pd))
     }
 
     /// Counters.
     pub fn stats(&self) -> ShadowStats {
-        ShadowStats::default()
+        ShadowStats {
+            tracked_pages: self.books.tracker.len(),
+            ..self.books.stats
+        }
     }
 
     /// Frees every shadow table (VM teardown).
-    pub fn destroy(&mut self, _cx: &mut ShadowCtx) {
-        todo!("shadow_pt::destroy")
+    pub fn destroy(&mut self, cx: &mut ShadowCtx) {
+        for (pdb, space) in std::mem::take(&mut self.spaces) {
+            build::teardown(cx, &mut self.books, pdb, space);
+        }
+        self.books.tracker.clear();
     }
 }
+
+#[cfg(test)]
+mod tests;

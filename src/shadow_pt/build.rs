@@ -1,0 +1,531 @@
+//! Allocating and writing shadow tables — GPUvm's shadow builder (GXEN `shadow_page_table.cc`:
+//! shadow directory and tables allocated from the hypervisor's own VRAM area, the guest
+//! directory scanned PDE by PDE, each table translated entry by entry).
+//!
+//! An address space's shadow mirrors the guest's structure: one 64 KiB shadow page directory,
+//! and for each guest PDE that names a small and/or large table inside the VM's memory, a shadow
+//! table of the size the PDE's PT_SIZE makes valid (at most 256 KiB / 8 KiB, rounded up to
+//! 4 KiB, 4 KiB aligned). Tables are not shared between PDEs even when the guest shares them:
+//! each PDE's shadow is independent, which keeps updates local.
+//!
+//! Writes are batched: a full rebuild reads the guest directory in one 64 KiB read and each
+//! table in one read, translates into a buffer and writes each shadow table and the shadow
+//! directory with one VRAM write; PDEs with no tables (and no previous shadow) cost one test.
+//! The incremental paths ([`rewrite_pdes`], [`rewrite_ptes`]) read and write only the entries a
+//! guest write touched; a changed PDE re-walks only the tables that changed.
+//!
+//! Hypervisor VRAM is charged against a per-VM limit so one VM cannot take the whole
+//! hypervisor area by pointing all 8192 PDEs of many directories at (the same) tables. A table
+//! that cannot be allocated is left absent (its VAs fault) and counted in
+//! `ShadowStats::alloc_failures`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use gf100::mmu::{self, PtSize, PTE_PRESENT};
+
+use super::track::{Mem, Role, TableKind, Tracker};
+use super::translate::{self, PHYS_LIMIT};
+use super::walk::{self, GuestTable, PtKind};
+use super::{GuestPdb, ShadowCtx, ShadowStats};
+use crate::addr::HostVram;
+
+/// PDE bits that name tables (LPT target 1:0, SPT target 33:32).
+const PDE_TABLE_BITS: u64 = 0x3 | 0x3 << 32;
+
+/// Alignment and granule of shadow allocations.
+const SHADOW_ALIGN: u64 = gf100::PAGE_SIZE;
+
+/// Violations logged before the log is thinned out to powers of two.
+const WARN_FIRST: u64 = 16;
+
+/// One shadow table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TableShadow {
+    /// The guest table it shadows.
+    pub guest: GuestTable,
+    /// Where the shadow lives in physical VRAM.
+    pub host: u64,
+    /// Bytes allocated.
+    pub bytes: u64,
+}
+
+/// The shadow of one PDE that has at least one shadow table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PdeShadow {
+    /// The guest's PT_SIZE.
+    pub size: PtSize,
+    /// Small-page table.
+    pub small: Option<TableShadow>,
+    /// Large-page table.
+    pub large: Option<TableShadow>,
+}
+
+impl PdeShadow {
+    /// The `kind` table.
+    pub(crate) fn table(&self, kind: PtKind) -> Option<&TableShadow> {
+        match kind {
+            PtKind::Small => self.small.as_ref(),
+            PtKind::Large => self.large.as_ref(),
+        }
+    }
+
+    /// The shadow PDE value.
+    pub(crate) fn encode(&self) -> u64 {
+        translate::shadow_pde(
+            self.size,
+            self.small.map(|t| t.host),
+            self.large.map(|t| t.host),
+        )
+    }
+}
+
+/// One shadow address space.
+#[derive(Debug)]
+pub(crate) struct Space {
+    /// Attach count.
+    pub refs: u64,
+    /// Shadow page directory in physical VRAM.
+    pub pd: u64,
+    /// Lazy mode: a flush arrived since the last rebuild.
+    pub dirty: bool,
+    /// Shadows of the PDEs that have at least one shadow table.
+    pub pdes: BTreeMap<u16, PdeShadow>,
+}
+
+/// A reusable buffer (its `Debug` shows only the length).
+#[derive(Default)]
+pub(crate) struct Scratch(pub Vec<u8>);
+
+impl fmt::Debug for Scratch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scratch({} bytes)", self.0.len())
+    }
+}
+
+/// Everything besides the spaces: counters, the allocation limit, write tracking, buffers.
+#[derive(Debug)]
+pub(crate) struct Books {
+    /// Counters (`tracked_pages` is filled in when read).
+    pub stats: ShadowStats,
+    /// Most hypervisor VRAM the VM's shadows may use.
+    pub limit: u64,
+    /// Keep [`Books::tracker`] up to date (incremental and PV modes).
+    pub tracking: bool,
+    /// Tracked guest pages.
+    pub tracker: Tracker,
+    /// Guest entries read.
+    pub input: Scratch,
+    /// Shadow entries to write.
+    pub output: Scratch,
+}
+
+/// Bytes allocated for a shadow of `bytes` bytes.
+fn alloc_size(bytes: u64) -> u64 {
+    bytes.max(1).next_multiple_of(SHADOW_ALIGN)
+}
+
+impl Books {
+    /// Fresh books.
+    pub(crate) fn new(tracking: bool, limit: u64) -> Books {
+        Books {
+            stats: ShadowStats::default(),
+            limit,
+            tracking,
+            tracker: Tracker::default(),
+            input: Scratch::default(),
+            output: Scratch::default(),
+        }
+    }
+
+    /// Allocates `bytes` (a multiple of 4 KiB) of hypervisor VRAM within the VM's limit.
+    pub(crate) fn alloc(&mut self, cx: &mut ShadowCtx, bytes: u64) -> Option<u64> {
+        let fits = self
+            .stats
+            .shadow_bytes
+            .checked_add(bytes)
+            .is_some_and(|total| total <= self.limit);
+        let addr = if fits {
+            cx.hyp.alloc(bytes, SHADOW_ALIGN)
+        } else {
+            None
+        };
+        match addr {
+            Some(a) if a.checked_add(bytes).is_some_and(|end| end <= PHYS_LIMIT) => {
+                self.stats.shadow_bytes += bytes;
+                Some(a)
+            }
+            Some(a) => {
+                // Shadow tables must be addressable by a PDE (40 bits).
+                cx.hyp.free(a, bytes);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Counts and logs a failed allocation.
+    pub(crate) fn alloc_failed(&mut self, pdb: GuestPdb, bytes: u64) {
+        self.stats.alloc_failures += 1;
+        let n = self.stats.alloc_failures;
+        if n <= WARN_FIRST || n.is_power_of_two() {
+            log::warn!(
+                "shadow_pt: no hypervisor VRAM for a {bytes:#x}-byte shadow table of {pdb:?} \
+                 (used {:#x} of {:#x}; failure #{n}); the table is left absent",
+                self.stats.shadow_bytes,
+                self.limit
+            );
+        }
+    }
+
+    /// Returns a shadow allocation.
+    pub(crate) fn free(&mut self, cx: &mut ShadowCtx, addr: u64, bytes: u64) {
+        if !cx.hyp.free(addr, bytes) {
+            log::error!("shadow_pt: hypervisor VRAM {addr:#x}+{bytes:#x} was not allocated");
+        }
+        self.stats.shadow_bytes = self.stats.shadow_bytes.saturating_sub(bytes);
+    }
+
+    /// Counts a rejected guest entry or table and logs it, rate-limited (the first
+    /// [`WARN_FIRST`], then every power of two) so a hostile guest cannot flood the log.
+    pub(crate) fn violation(&mut self, pdb: GuestPdb, what: fmt::Arguments) {
+        self.stats.violations += 1;
+        let n = self.stats.violations;
+        if n <= WARN_FIRST || n.is_power_of_two() {
+            log::warn!("shadow_pt: {pdb:?}: {what} (violation #{n})");
+        }
+    }
+
+    /// Starts tracking the guest table of `role`.
+    pub(crate) fn track(&mut self, role: Role, mem: Mem, addr: u64, bytes: u64) {
+        if self.tracking {
+            self.tracker.track(mem, addr, bytes, role);
+        }
+    }
+
+    /// Stops tracking the guest table of `role`.
+    pub(crate) fn untrack(&mut self, role: Role, mem: Mem, addr: u64, bytes: u64) {
+        if self.tracking {
+            self.tracker.untrack(mem, addr, bytes, role);
+        }
+    }
+}
+
+/// The tracking role of table `kind` of PDE `idx`.
+fn role(pdb: GuestPdb, idx: u16, kind: PtKind) -> Role {
+    Role {
+        pdb,
+        kind: match kind {
+            PtKind::Small => TableKind::Small(idx),
+            PtKind::Large => TableKind::Large(idx),
+        },
+    }
+}
+
+/// Translates the guest entries in `input` (entries `first..` of the `kind` table of PDE `idx`)
+/// into shadow entries appended to `out`; rejected entries become 0 and count a violation.
+#[allow(clippy::too_many_arguments)]
+fn translate_entries(
+    cx: &ShadowCtx,
+    books: &mut Books,
+    pdb: GuestPdb,
+    idx: u16,
+    kind: PtKind,
+    first: u64,
+    input: &[u8],
+    out: &mut Vec<u8>,
+) {
+    let page = kind.page_size();
+    out.clear();
+    out.reserve(input.len());
+    for (i, raw) in walk::entries(input).enumerate() {
+        let shadow = if raw & PTE_PRESENT == 0 {
+            0
+        } else {
+            match translate::shadow_pte(&cx.mem, raw, page) {
+                Ok(v) => v,
+                Err(why) => {
+                    books.violation(
+                        pdb,
+                        format_args!(
+                            "PDE {idx} {kind:?} PTE {} = {raw:#018x} rejected: {why:?}",
+                            first + i as u64
+                        ),
+                    );
+                    0
+                }
+            }
+        };
+        out.extend_from_slice(&shadow.to_le_bytes());
+    }
+}
+
+/// Shadows the whole guest table `guest` (the `kind` table of PDE `idx`): one read, one
+/// translation pass, one VRAM write. Reuses `reuse`'s allocation when the size matches and
+/// frees it otherwise; allocates before reading, so a table beyond the VM's limit costs no
+/// read. `None` if no VRAM is left or the table is not inside the VM's memory (a violation).
+fn build_table(
+    cx: &mut ShadowCtx,
+    books: &mut Books,
+    pdb: GuestPdb,
+    idx: u16,
+    kind: PtKind,
+    guest: GuestTable,
+    reuse: Option<TableShadow>,
+) -> Option<TableShadow> {
+    let bytes = alloc_size(guest.bytes());
+    let host = match reuse {
+        Some(o) if o.bytes == bytes => o.host,
+        reuse => {
+            if let Some(o) = reuse {
+                books.free(cx, o.host, o.bytes);
+            }
+            let Some(host) = books.alloc(cx, bytes) else {
+                books.alloc_failed(pdb, bytes);
+                return None;
+            };
+            host
+        }
+    };
+    let mut input = std::mem::take(&mut books.input.0);
+    let read = walk::read_entries(
+        &cx.mem,
+        guest.target,
+        guest.addr,
+        0,
+        guest.entries,
+        &mut input,
+    );
+    let table = match read {
+        Ok(()) => {
+            let mut out = std::mem::take(&mut books.output.0);
+            translate_entries(cx, books, pdb, idx, kind, 0, &input, &mut out);
+            cx.mem.phys.write_vram(HostVram(host), &out);
+            books.stats.ptes_shadowed += guest.entries;
+            books.output.0 = out;
+            Some(TableShadow { guest, host, bytes })
+        }
+        Err(why) => {
+            books.violation(
+                pdb,
+                format_args!(
+                    "PDE {idx} {kind:?} table at {:?} {:#x} (+{:#x}) is outside the VM: {why}",
+                    guest.target,
+                    guest.addr,
+                    guest.bytes()
+                ),
+            );
+            books.free(cx, host, bytes);
+            None
+        }
+    };
+    books.input.0 = input;
+    table
+}
+
+/// Brings the `kind` table of PDE `idx` from `old` to the guest's `new`: frees, keeps (when the
+/// guest table is unchanged and `rewalk` is false) or (re)builds it, and moves its tracking.
+#[allow(clippy::too_many_arguments)]
+fn update_table(
+    cx: &mut ShadowCtx,
+    books: &mut Books,
+    pdb: GuestPdb,
+    idx: u16,
+    kind: PtKind,
+    new: Option<GuestTable>,
+    old: Option<TableShadow>,
+    rewalk: bool,
+) -> Option<TableShadow> {
+    let role = role(pdb, idx, kind);
+    if let Some(o) = &old {
+        if let Some(n) = new.filter(|n| !rewalk && n.same(&o.guest)) {
+            return Some(TableShadow { guest: n, ..*o });
+        }
+        books.untrack(role, o.guest.mem(), o.guest.addr, o.guest.bytes());
+    }
+    let Some(n) = new else {
+        if let Some(o) = old {
+            books.free(cx, o.host, o.bytes);
+        }
+        return None;
+    };
+    let t = build_table(cx, books, pdb, idx, kind, n, old)?;
+    books.track(role, n.mem(), n.addr, n.bytes());
+    Some(t)
+}
+
+/// Re-shadows PDE `idx` of `space` from the guest value `raw` and returns the shadow PDE (the
+/// caller writes it). With `rewalk`, tables are re-read even if the PDE still names them.
+pub(crate) fn set_pde(
+    cx: &mut ShadowCtx,
+    books: &mut Books,
+    pdb: GuestPdb,
+    space: &mut Space,
+    idx: u16,
+    raw: u64,
+    rewalk: bool,
+) -> u64 {
+    let new = mmu::Pde::decode(raw);
+    let (old_small, old_large) = match space.pdes.remove(&idx) {
+        Some(p) => (p.small, p.large),
+        None => (None, None),
+    };
+    let small = GuestTable::of(&new, PtKind::Small);
+    let small = update_table(cx, books, pdb, idx, PtKind::Small, small, old_small, rewalk);
+    let large = GuestTable::of(&new, PtKind::Large);
+    let large = update_table(cx, books, pdb, idx, PtKind::Large, large, old_large, rewalk);
+    let shadow = PdeShadow {
+        size: new.size,
+        small,
+        large,
+    };
+    if small.is_some() || large.is_some() {
+        space.pdes.insert(idx, shadow);
+    }
+    shadow.encode()
+}
+
+/// Rebuilds the whole shadow of `pdb` from the guest's tables: one 64 KiB read of the guest
+/// directory, every table re-read, one 64 KiB write of the shadow directory.
+pub(crate) fn rebuild(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, space: &mut Space) {
+    let mut guest = vec![0u8; mmu::PD_SIZE as usize];
+    if let Err(why) = cx.mem.read(pdb.target, pdb.addr, &mut guest) {
+        books.violation(pdb, format_args!("page directory unreadable: {why}"));
+        guest.fill(0);
+    }
+    let mut shadow = vec![0u8; mmu::PD_SIZE as usize];
+    for (i, (g, s)) in guest
+        .chunks_exact(8)
+        .zip(shadow.chunks_exact_mut(8))
+        .enumerate()
+    {
+        let idx = i as u16;
+        let raw = walk::le64(g);
+        if raw & PDE_TABLE_BITS == 0 && !space.pdes.contains_key(&idx) {
+            continue;
+        }
+        let v = set_pde(cx, books, pdb, space, idx, raw, true);
+        s.copy_from_slice(&v.to_le_bytes());
+    }
+    cx.mem.phys.write_vram(HostVram(space.pd), &shadow);
+    books.stats.rebuilds += 1;
+}
+
+/// Creates the shadow of `pdb` (a directory already validated to lie in the VM's memory) and
+/// builds it fully. `None` if no VRAM is left for the directory.
+pub(crate) fn create(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb) -> Option<Space> {
+    let Some(pd) = books.alloc(cx, mmu::PD_SIZE) else {
+        books.alloc_failed(pdb, mmu::PD_SIZE);
+        return None;
+    };
+    let mut space = Space {
+        refs: 1,
+        pd,
+        dirty: false,
+        pdes: BTreeMap::new(),
+    };
+    let role = Role {
+        pdb,
+        kind: TableKind::Pd,
+    };
+    books.track(role, Mem::of(pdb.target), pdb.addr, mmu::PD_SIZE);
+    rebuild(cx, books, pdb, &mut space);
+    Some(space)
+}
+
+/// Frees every table and the directory of `space` and drops their tracking.
+pub(crate) fn teardown(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, space: Space) {
+    for (idx, p) in space.pdes {
+        for (kind, t) in [(PtKind::Small, p.small), (PtKind::Large, p.large)] {
+            if let Some(t) = t {
+                let r = role(pdb, idx, kind);
+                books.untrack(r, t.guest.mem(), t.guest.addr, t.guest.bytes());
+                books.free(cx, t.host, t.bytes);
+            }
+        }
+    }
+    let role = Role {
+        pdb,
+        kind: TableKind::Pd,
+    };
+    books.untrack(role, Mem::of(pdb.target), pdb.addr, mmu::PD_SIZE);
+    books.free(cx, space.pd, mmu::PD_SIZE);
+}
+
+/// A guest write of `[addr, end)` landed in the page directory of `pdb`: re-shadows exactly the
+/// PDEs it touched (re-walking only tables that changed) and writes them to the shadow
+/// directory in one piece.
+pub(crate) fn rewrite_pdes(
+    cx: &mut ShadowCtx,
+    books: &mut Books,
+    pdb: GuestPdb,
+    space: &mut Space,
+    addr: u64,
+    end: u64,
+) {
+    let Some((first, count)) = walk::written_entries(pdb.addr, mmu::PD_ENTRIES, addr, end) else {
+        return;
+    };
+    let mut guest = Vec::new();
+    if let Err(why) = walk::read_entries(&cx.mem, pdb.target, pdb.addr, first, count, &mut guest) {
+        books.violation(pdb, format_args!("page directory unreadable: {why}"));
+        return;
+    }
+    let mut shadow = Vec::with_capacity(guest.len());
+    for (i, raw) in walk::entries(&guest).enumerate() {
+        let idx = (first + i as u64) as u16;
+        let v = set_pde(cx, books, pdb, space, idx, raw, false);
+        shadow.extend_from_slice(&v.to_le_bytes());
+    }
+    cx.mem.phys.write_vram(
+        HostVram(space.pd + first * mmu::ENTRY_SIZE),
+        shadow.as_slice(),
+    );
+    books.stats.entry_updates += count;
+}
+
+/// A guest write of `[addr, end)` landed in the `kind` table of PDE `idx` of `pdb`: re-shadows
+/// exactly the entries it touched, with one read and one VRAM write.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rewrite_ptes(
+    cx: &mut ShadowCtx,
+    books: &mut Books,
+    pdb: GuestPdb,
+    space: &Space,
+    idx: u16,
+    kind: PtKind,
+    addr: u64,
+    end: u64,
+) {
+    let Some(t) = space.pdes.get(&idx).and_then(|p| p.table(kind)).copied() else {
+        return;
+    };
+    let Some((first, count)) = t.guest.written(addr, end) else {
+        return;
+    };
+    let mut input = std::mem::take(&mut books.input.0);
+    let read = walk::read_entries(
+        &cx.mem,
+        t.guest.target,
+        t.guest.addr,
+        first,
+        count,
+        &mut input,
+    );
+    match read {
+        Ok(()) => {
+            let mut out = std::mem::take(&mut books.output.0);
+            translate_entries(cx, books, pdb, idx, kind, first, &input, &mut out);
+            cx.mem
+                .phys
+                .write_vram(HostVram(t.host + first * mmu::ENTRY_SIZE), &out);
+            books.stats.entry_updates += count;
+            books.output.0 = out;
+        }
+        Err(why) => books.violation(
+            pdb,
+            format_args!("PDE {idx} {kind:?} table became unreadable: {why}"),
+        ),
+    }
+    books.input.0 = input;
+}

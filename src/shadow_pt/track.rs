@@ -1,0 +1,195 @@
+//! Write tracking of guest page-table pages — this project's version of GPUvm's "barrier" table
+//! (GXEN `barrier.h` / `context_barrier.cc`: a refcounted two-level table of 4 KiB guest pages
+//! whose accesses through PRAMIN/BAR1/BAR3 must be seen by the hypervisor). GPUvm registered
+//! only instance blocks there; incremental and PV shadowing register every page holding a page
+//! directory or a page table one of the VM's shadows uses, in the memory it lives in.
+//!
+//! The map is keyed by (memory, 4 KiB page) and holds, for each page, the *roles* of the tables
+//! on it: "the page directory of address space P" or "the small/large table of PDE i of P". A
+//! guest write is mapped to roles with one range query over the written pages, so the cost of a
+//! write is O(log tracked + roles hit), whatever length the caller passes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use gf100::Target;
+
+use super::GuestPdb;
+
+/// 4 KiB: the tracking granularity.
+const PAGE: u64 = gf100::PAGE_SIZE;
+
+/// The memory a guest address names. Both system-memory targets (snooped and non-snooped)
+/// reach the same guest-physical address, so they are one memory here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Mem {
+    /// Guest VRAM.
+    Vram,
+    /// Guest RAM (GPA).
+    Ram,
+}
+
+impl Mem {
+    /// The memory `target` names.
+    pub(crate) fn of(target: Target) -> Mem {
+        if target.is_sysram() {
+            Mem::Ram
+        } else {
+            Mem::Vram
+        }
+    }
+}
+
+/// Which table of an address space a tracked page holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum TableKind {
+    /// The page directory.
+    Pd,
+    /// The small-page table of PDE `n`.
+    Small(u16),
+    /// The large-page table of PDE `n`.
+    Large(u16),
+}
+
+/// One table of one address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Role {
+    /// The address space.
+    pub pdb: GuestPdb,
+    /// The table in it.
+    pub kind: TableKind,
+}
+
+/// The tracked pages. Roles are kept in ordered sets so that many tables on one page (a guest
+/// pointing thousands of PDEs at one table) cost O(log n) per change, not O(n).
+#[derive(Debug, Default)]
+pub(crate) struct Tracker {
+    pages: BTreeMap<(Mem, u64), BTreeSet<Role>>,
+}
+
+/// The 4 KiB pages overlapping `[addr, addr + len)` (empty for `len == 0`).
+fn pages(addr: u64, len: u64) -> impl Iterator<Item = u64> {
+    let first = addr & !(PAGE - 1);
+    let last = addr.saturating_add(len.max(1) - 1) & !(PAGE - 1);
+    let count = if len == 0 {
+        0
+    } else {
+        (last - first) / PAGE + 1
+    };
+    (0..count).map(move |i| first + i * PAGE)
+}
+
+impl Tracker {
+    /// Records that `[addr, addr + len)` in `mem` holds the table `role` (idempotent).
+    pub(crate) fn track(&mut self, mem: Mem, addr: u64, len: u64, role: Role) {
+        for page in pages(addr, len) {
+            self.pages.entry((mem, page)).or_default().insert(role);
+        }
+    }
+
+    /// Forgets that `[addr, addr + len)` in `mem` holds the table `role`.
+    pub(crate) fn untrack(&mut self, mem: Mem, addr: u64, len: u64, role: Role) {
+        for page in pages(addr, len) {
+            if let Some(roles) = self.pages.get_mut(&(mem, page)) {
+                roles.remove(&role);
+                if roles.is_empty() {
+                    self.pages.remove(&(mem, page));
+                }
+            }
+        }
+    }
+
+    /// True if the page holding `addr` in `mem` holds any table.
+    pub(crate) fn is_tracked(&self, mem: Mem, addr: u64) -> bool {
+        self.pages.contains_key(&(mem, addr & !(PAGE - 1)))
+    }
+
+    /// The roles of every table on a page overlapping `[addr, end)` in `mem`, each once, in a
+    /// stable order (page directories first, so a write that changes a PDE and lands in one of
+    /// its tables re-walks the table before touching single entries of it).
+    pub(crate) fn roles_in(&self, mem: Mem, addr: u64, end: u64) -> Vec<Role> {
+        if end <= addr {
+            return Vec::new();
+        }
+        let first = addr & !(PAGE - 1);
+        let last = (end - 1) & !(PAGE - 1);
+        let mut out: BTreeSet<Role> = BTreeSet::new();
+        for (_, roles) in self.pages.range((mem, first)..=(mem, last)) {
+            out.extend(roles.iter().copied());
+        }
+        let mut out: Vec<Role> = out.into_iter().collect();
+        out.sort_by_key(|r| (r.kind != TableKind::Pd, *r));
+        out
+    }
+
+    /// The roles of the tables on the page holding `addr` in `mem`.
+    pub(crate) fn roles_at(&self, mem: Mem, addr: u64) -> impl Iterator<Item = &Role> {
+        self.pages
+            .get(&(mem, addr & !(PAGE - 1)))
+            .into_iter()
+            .flat_map(|r| r.iter())
+    }
+
+    /// Number of tracked pages.
+    pub(crate) fn len(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    /// Forgets everything.
+    pub(crate) fn clear(&mut self) {
+        self.pages.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn role(kind: TableKind) -> Role {
+        Role {
+            pdb: GuestPdb {
+                addr: 0,
+                target: Target::Vram,
+            },
+            kind,
+        }
+    }
+
+    #[test]
+    fn pages_cover_partial_pages_and_nothing_for_empty_ranges() {
+        assert_eq!(
+            pages(0x1ff8, 0x10).collect::<Vec<_>>(),
+            vec![0x1000, 0x2000]
+        );
+        assert_eq!(pages(0x1000, 0x1000).collect::<Vec<_>>(), vec![0x1000]);
+        assert_eq!(pages(0x1000, 0).count(), 0);
+        assert_eq!(
+            pages(u64::MAX - 3, 100).count(),
+            1,
+            "saturates, no overflow"
+        );
+    }
+
+    #[test]
+    fn tracking_is_per_role_and_per_memory() {
+        let mut t = Tracker::default();
+        let a = role(TableKind::Small(3));
+        let b = role(TableKind::Pd);
+        t.track(Mem::Vram, 0x10000, 0x2000, a);
+        t.track(Mem::Vram, 0x11000, 0x1000, b);
+        t.track(Mem::Vram, 0x10000, 0x2000, a);
+        assert_eq!(t.len(), 2);
+        assert!(t.is_tracked(Mem::Vram, 0x11234));
+        assert!(!t.is_tracked(Mem::Ram, 0x11234));
+        assert_eq!(t.roles_in(Mem::Vram, 0x10ff8, 0x11008), vec![b, a]);
+        assert_eq!(
+            t.roles_at(Mem::Vram, 0x11000).copied().collect::<Vec<_>>(),
+            vec![b, a]
+        );
+        t.untrack(Mem::Vram, 0x10000, 0x2000, a);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.roles_in(Mem::Vram, 0, u64::MAX), vec![b]);
+        assert!(t.roles_in(Mem::Vram, 5, 5).is_empty());
+        t.clear();
+        assert_eq!(t.len(), 0);
+    }
+}
