@@ -151,6 +151,7 @@ fn alternate_driver_configurations() {
             large_pages: false,
             gpfifo_entries: 4,
             pushbuf_bytes: 0x2000,
+            paravirt: gpuvm_guest::Paravirt::Auto,
         };
         let (gpu, hal) = platform(ClockKind::Sim);
         let mut drv = Gpu::init(hal, cfg).expect("init");

@@ -229,10 +229,7 @@ impl<H: Hal> Gpu<H> {
         self.inst_done()?;
 
         // gf100_fifo_gpfifo_init: bind, runlist insert, start, commit.
-        self.wr32(
-            pfifo::chan_table(chid),
-            pfifo::chan_encode(ch.inst.addr(), Target::Vram),
-        );
+        self.channel_bind(chid, &ch.inst, &mut ch.vm);
         self.runlist_update(chid, true)?;
         self.wr32(pfifo::chan_state(chid), pfifo::STATE_START);
         self.runlist_commit()?;
@@ -273,7 +270,7 @@ impl<H: Hal> Gpu<H> {
         if let Err(e) = r {
             first_err.get_or_insert(e);
         }
-        self.wr32(pfifo::chan_table(chid), 0);
+        self.channel_unbind(chid, &mut ch.vm);
         let Channel {
             mut vm,
             inst: inst_blk,
@@ -293,6 +290,23 @@ impl<H: Hal> Gpu<H> {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// Binds channel `chid` to its instance block (`wr 0x3000 + chid*8 = 0xc0000000 | inst >>
+    /// 12`). From here the device model knows `vm`'s page directory, so para-virtual ops may name
+    /// it.
+    pub(crate) fn channel_bind(&mut self, chid: u32, inst_blk: &InstObj, vm: &mut AddressSpace) {
+        self.wr32(
+            pfifo::chan_table(chid),
+            pfifo::chan_encode(inst_blk.addr(), Target::Vram),
+        );
+        vm.pv_bound = true;
+    }
+
+    /// Unbinds channel `chid` (`wr 0x3000 + chid*8 = 0`); `vm` is written directly from here.
+    pub(crate) fn channel_unbind(&mut self, chid: u32, vm: &mut AddressSpace) {
+        vm.pv_bound = false;
+        self.wr32(pfifo::chan_table(chid), 0);
     }
 
     /// Submits a pushbuffer segment followed by a release of the channel fence (and, in

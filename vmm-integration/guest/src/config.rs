@@ -44,6 +44,22 @@ pub enum ReleaseSize {
     Short,
 }
 
+/// Whether the driver uses the para-virtual page-table interface (`gf100::pv`) of a vGPU for
+/// channel address spaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Paravirt {
+    /// Never: page-directory and page-table entries are written to instance memory and the TLB
+    /// is invalidated through registers, as nouveau does (the ID register is not even read).
+    Off,
+    /// Use the interface iff its ID register reads `gf100::pv::MAGIC` (on bare hardware or the
+    /// simulator it reads the bad-register code, and the driver silently stays native).
+    #[default]
+    Auto,
+    /// Use the interface; [`crate::Gpu::init`] fails with
+    /// [`crate::DriverError::ParavirtUnavailable`] if the vGPU does not offer it.
+    Required,
+}
+
 /// Driver configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DriverConfig {
@@ -66,6 +82,8 @@ pub struct DriverConfig {
     pub gpfifo_entries: u32,
     /// Pushbuffer bytes per channel (multiple of 4 KiB; nouveau: 64 KiB).
     pub pushbuf_bytes: u64,
+    /// Para-virtual page tables for channel address spaces (default: when offered).
+    pub paravirt: Paravirt,
 }
 
 impl Default for DriverConfig {
@@ -80,6 +98,7 @@ impl Default for DriverConfig {
             large_pages: true,
             gpfifo_entries: 1024,
             pushbuf_bytes: 0x10000,
+            paravirt: Paravirt::Auto,
         }
     }
 }

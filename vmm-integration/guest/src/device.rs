@@ -11,6 +11,7 @@ use crate::channel::{Channel, Fifo};
 use crate::config::{DriverConfig, FenceMode};
 use crate::error::DriverError;
 use crate::hal::{Bar, Dma, Mmio, Platform};
+use crate::pv::{self, PvQueue, PvStats};
 use crate::sysmem::{DmaAlloc, DmaAllocator};
 use crate::vram::VramAllocator;
 use crate::wait::Backoff;
@@ -47,6 +48,10 @@ pub struct Gpu<H> {
     pub(crate) flush_page: Option<DmaAlloc>,
     /// The channel the workloads reuse.
     pub(crate) chan: Option<Channel>,
+    /// The para-virtual page-table batch queue, when that path is active.
+    pub(crate) pv: Option<PvQueue>,
+    /// Counters of the para-virtual path.
+    pub(crate) pv_stats: PvStats,
 }
 
 impl<H> core::fmt::Debug for Gpu<H> {
@@ -56,12 +61,15 @@ impl<H> core::fmt::Debug for Gpu<H> {
             .field("vram_size", &self.vram_size)
             .field("fence_mode", &self.fence_mode)
             .field("pbdmas", &self.pbdmas)
+            .field("paravirt", &self.pv.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl<H: Mmio + Dma + Platform> Gpu<H> {
-    /// Brings the GPU up: BOOT_0 check, PMC, VRAM sizing, FB defaults, BAR3, BAR1, PFIFO.
+    /// Brings the GPU up: BOOT_0 check, PMC, VRAM sizing, the para-virtual interface check
+    /// (unless [`crate::Paravirt::Off`]), FB defaults, BAR3, BAR1, PFIFO, and the para-virtual
+    /// batch buffer when that path is used.
     pub fn init(hal: H, cfg: DriverConfig) -> Result<Gpu<H>, DriverError> {
         let mut hal = hal;
         if cfg.gpfifo_entries < 2
@@ -92,6 +100,7 @@ impl<H: Mmio + Dma + Platform> Gpu<H> {
         hal.write32(Bar::Bar0, pmc::INTR_EN_HOST as u64, 0);
 
         let vram_size = probe_vram(&mut hal)?;
+        let paravirt = pv::probe(&mut hal, cfg.paravirt)?;
         let fence_mode = match cfg.fence_mode {
             FenceMode::Interrupt if hal.has_interrupts() => FenceMode::Interrupt,
             _ => FenceMode::Poll,
@@ -113,11 +122,16 @@ impl<H: Mmio + Dma + Platform> Gpu<H> {
             pbdmas: 0,
             flush_page: None,
             chan: None,
+            pv: None,
+            pv_stats: PvStats::default(),
         };
         gpu.fb_init()?;
         gpu.bar3_init()?;
         gpu.bar1_init()?;
         gpu.fifo_init()?;
+        if paravirt {
+            gpu.pv_init()?;
+        }
         Ok(gpu)
     }
 

@@ -87,6 +87,24 @@ pub enum DriverError {
         /// The value.
         value: u64,
     },
+    /// [`crate::Paravirt::Required`] but the vGPU does not offer the para-virtual page-table
+    /// interface (its ID register does not read `gf100::pv::MAGIC`).
+    ParavirtUnavailable {
+        /// What the ID register (BAR0 0x1f00000) read.
+        id: u32,
+    },
+    /// The vGPU did not apply a whole para-virtual page-table batch: STATUS (ops applied) was not
+    /// the batch's count, or ERROR was not `ERR_NONE`.
+    ParavirtBatch {
+        /// ERROR (`gf100::pv::ERR_*`) as read.
+        error: u32,
+        /// Index in the batch of the first op not applied (= STATUS as read).
+        op_index: u32,
+        /// Op code (`gf100::pv::OP_*`) of that op, if it is in the batch.
+        op: Option<u32>,
+        /// Ops in the batch.
+        count: u32,
+    },
     /// The driver's bookkeeping refused an operation (double free, foreign buffer, ...).
     Internal {
         /// What went wrong.
@@ -142,6 +160,31 @@ fn pbdma_intr_name(intr: u32) -> &'static str {
     }
 }
 
+/// Name of a para-virtual interface error code (`gf100::pv::ERR_*`).
+pub fn pv_error_name(error: u32) -> &'static str {
+    use gf100::pv::*;
+    match error {
+        ERR_NONE => "ERR_NONE",
+        ERR_BAD_OP => "ERR_BAD_OP",
+        ERR_BAD_TABLE => "ERR_BAD_TABLE",
+        ERR_BAD_INDEX => "ERR_BAD_INDEX",
+        ERR_BAD_BATCH => "ERR_BAD_BATCH",
+        ERR_NOT_AVAILABLE => "ERR_NOT_AVAILABLE",
+        _ => "unknown error",
+    }
+}
+
+/// Name of a para-virtual op code (`gf100::pv::OP_*`).
+pub fn pv_op_name(op: u32) -> &'static str {
+    use gf100::pv::*;
+    match op {
+        OP_WRITE_PDE => "WRITE_PDE",
+        OP_WRITE_PTE => "WRITE_PTE",
+        OP_FLUSH => "FLUSH",
+        _ => "unknown op",
+    }
+}
+
 impl fmt::Display for DriverError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -181,6 +224,27 @@ impl fmt::Display for DriverError {
             }
             DriverError::BadHardwareValue { what, value } => {
                 write!(f, "hardware returned an invalid {what}: {value:#x}")
+            }
+            DriverError::ParavirtUnavailable { id } => write!(
+                f,
+                "para-virtual page tables required but not offered: ID register {:#x} reads \
+                 {id:#010x}, not {:#010x}",
+                gf100::pv::ID,
+                gf100::pv::MAGIC
+            ),
+            DriverError::ParavirtBatch { error, op_index, op, count } => {
+                write!(
+                    f,
+                    "para-virtual page-table batch failed at op {op_index} of {count}"
+                )?;
+                if let Some(op) = op {
+                    write!(f, " ({})", pv_op_name(*op))?;
+                }
+                if *error == gf100::pv::ERR_NONE {
+                    write!(f, ": STATUS reads {op_index} ops applied, ERROR reads ERR_NONE")
+                } else {
+                    write!(f, ": {} (ERROR {error})", pv_error_name(*error))
+                }
             }
             DriverError::Internal { what } => write!(f, "driver bookkeeping error: {what}"),
         }

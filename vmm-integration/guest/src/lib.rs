@@ -13,6 +13,7 @@
 //! | [`bar`] | BAR3 and BAR1 VMs and bindings | `bar/gf100.c`, `bar/g84.c` |
 //! | [`vram`], [`sysmem`] | VRAM and guest-RAM allocators | `nvkm_mm`, TTM pools |
 //! | [`vm`] | channel address spaces, TLB invalidate | `mmu/vmmgf100.c` |
+//! | [`pv`] | para-virtual page-table batches (vGPU only) | GPUvm `context_bar4.cc` multicall |
 //! | [`buffer`] | GPU buffers in VRAM or guest RAM | `nouveau_bo` |
 //! | [`fifo`] | PFIFO init, USERD, runlist | `engine/fifo/gf100.c` |
 //! | [`channel`] | channels, submission | `gpfifogf100.c`, `nouveau_dma.c` |
@@ -39,6 +40,7 @@ pub mod instmem;
 mod intr;
 pub mod pramin;
 pub mod push;
+pub mod pv;
 pub mod range;
 pub mod reference;
 pub mod sysmem;
@@ -49,13 +51,16 @@ pub mod workloads;
 
 #[cfg(test)]
 mod hostile_tests;
+#[cfg(test)]
+mod pv_tests;
 
 pub use buffer::Buffer;
 pub use channel::{Channel, Fence};
-pub use config::{DriverConfig, FenceMode, InstAccess, MemLocation, ReleaseSize};
+pub use config::{DriverConfig, FenceMode, InstAccess, MemLocation, Paravirt, ReleaseSize};
 pub use device::Gpu;
 pub use error::DriverError;
 pub use push::PushBuf;
+pub use pv::PvStats;
 pub use vm::{AddressSpace, Backing, PageSize};
 
 /// Everything the driver needs from its platform, in one bound.

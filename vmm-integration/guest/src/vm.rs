@@ -14,6 +14,13 @@
 //! Page tables live in instance memory (written through BAR3, or PRAMIN), like nouveau's
 //! `nvkm_mmu_ptc_get` objects. Every batch of PTE writes ends with a PFLUSH and a TLB invalidate.
 //!
+//! When the para-virtual interface is active ([`crate::pv`]) and the address space is bound to a
+//! channel (so the device model knows its page directory), PDE and PTE writes are queued as
+//! `OP_WRITE_PDE`/`OP_WRITE_PTE` ops instead, and the TLB invalidate becomes an `OP_FLUSH` op
+//! followed by the batch submission; the tables themselves are allocated (and zeroed) the same
+//! way. An address space no bound channel uses is written as without the interface (the device
+//! model reads those entries from guest memory when a channel binding names the directory).
+//!
 //! VA layout of a channel VM (a driver choice, so that no PDE ever holds both table kinds):
 //! small-page mappings in `[SMALL_VA_BASE, LARGE_VA_BASE)`, large-page mappings in
 //! `[LARGE_VA_BASE, VA_LIMIT)`; the first 256 MiB stay unmapped to catch null pointers.
@@ -82,6 +89,9 @@ pub struct AddressSpace {
     tables: BTreeMap<u64, PdeTables>,
     small_va: RangeAllocator,
     large_va: RangeAllocator,
+    /// A bound channel uses this address space, so the device model knows its page directory
+    /// (para-virtual ops may name it).
+    pub(crate) pv_bound: bool,
 }
 
 impl AddressSpace {
@@ -94,6 +104,12 @@ impl AddressSpace {
     pub fn limit(&self) -> u64 {
         mmu::VA_LIMIT - 1
     }
+
+    /// True while a bound channel uses this address space; with the para-virtual interface
+    /// active, its entries then go through para-virtual batches.
+    pub fn is_bound(&self) -> bool {
+        self.pv_bound
+    }
 }
 
 impl<H: Hal> Gpu<H> {
@@ -105,6 +121,7 @@ impl<H: Hal> Gpu<H> {
             tables: BTreeMap::new(),
             small_va: RangeAllocator::new(SMALL_VA_BASE, LARGE_VA_BASE),
             large_va: RangeAllocator::new(LARGE_VA_BASE, mmu::VA_LIMIT),
+            pv_bound: false,
         })
     }
 
@@ -203,7 +220,8 @@ impl<H: Hal> Gpu<H> {
         let mut cur = va;
         while cur < end {
             let pte = Pte::new(base + (cur - va), target).encode();
-            self.vm_pte_write(vm, cur, page, Some(pte))?;
+            let r = self.vm_pte_write(vm, cur, page, Some(pte));
+            self.pv_settle(r)?;
             cur += pg;
         }
         self.vm_flush(vm)
@@ -227,7 +245,8 @@ impl<H: Hal> Gpu<H> {
         let mut cur = va;
         let mut emptied = alloc::vec::Vec::new();
         while cur < end {
-            if let Some(pde) = self.vm_pte_write(vm, cur, page, None)? {
+            let r = self.vm_pte_write(vm, cur, page, None);
+            if let Some(pde) = self.pv_settle(r)? {
                 emptied.push(pde);
             }
             cur += pg;
@@ -246,7 +265,8 @@ impl<H: Hal> Gpu<H> {
                     }
                 }
                 let empty = t.small.is_none() && t.large.is_none();
-                self.vm_pde_write(vm, pde);
+                let r = self.vm_pde_write(vm, pde);
+                self.pv_settle(r)?;
                 if empty {
                     vm.tables.remove(&pde);
                 }
@@ -288,8 +308,9 @@ impl<H: Hal> Gpu<H> {
                 PageSize::Large => &mut t.large,
             };
             *slot = Some(PageTable { obj, used: 0 });
-            self.vm_pde_write(vm, pde);
+            self.vm_pde_write(vm, pde)?;
         }
+        let pv = self.vm_pv(vm);
         let Some(t) = vm.tables.get_mut(&pde) else {
             return Err(DriverError::Internal {
                 what: "page table vanished",
@@ -303,23 +324,45 @@ impl<H: Hal> Gpu<H> {
                 what: "page table vanished",
             });
         };
-        let off = index * mmu::ENTRY_SIZE;
         match pte {
             Some(v) => {
                 pt.used += 1;
-                self.inst_wr64(&pt.obj, off, v);
+                self.vm_entry_write(pv, false, &pt.obj, index, v)?;
                 Ok(None)
             }
             None => {
                 pt.used = pt.used.saturating_sub(1);
-                self.inst_wr64(&pt.obj, off, 0);
+                self.vm_entry_write(pv, false, &pt.obj, index, 0)?;
                 Ok((pt.used == 0).then_some(pde))
             }
         }
     }
 
+    /// True if `vm`'s entries go through the para-virtual interface: it is active and a bound
+    /// channel uses `vm`.
+    fn vm_pv(&self, vm: &AddressSpace) -> bool {
+        self.pv.is_some() && vm.pv_bound
+    }
+
+    /// Writes entry `index` of a page directory (`pde`) or page table: straight into instance
+    /// memory, or queued as a para-virtual op (`pv`).
+    fn vm_entry_write(
+        &mut self,
+        pv: bool,
+        pde: bool,
+        table: &InstObj,
+        index: u64,
+        value: u64,
+    ) -> Result<(), DriverError> {
+        if pv {
+            return self.pv_entry(pde, table, index, value);
+        }
+        self.inst_wr64(table, index * mmu::ENTRY_SIZE, value);
+        Ok(())
+    }
+
     /// Rewrites PDE `pde` from the tables attached to it.
-    fn vm_pde_write(&mut self, vm: &AddressSpace, pde: u64) {
+    fn vm_pde_write(&mut self, vm: &AddressSpace, pde: u64) -> Result<(), DriverError> {
         let entry = match vm.tables.get(&pde) {
             Some(t) => Pde {
                 large: t.large.as_ref().map(|pt| PtRef {
@@ -336,11 +379,19 @@ impl<H: Hal> Gpu<H> {
             },
             None => Pde::EMPTY,
         };
-        self.inst_wr64(&vm.pd, pde * mmu::ENTRY_SIZE, entry.encode());
+        let pv = self.vm_pv(vm);
+        self.vm_entry_write(pv, true, &vm.pd, pde, entry.encode())
     }
 
     /// PFLUSH of the PTE writes, then a TLB invalidate of the VM (nouveau `gf100_vmm_flush`).
+    /// Para-virtual: PFLUSH of any other BAR3 writes (normally none), then `OP_FLUSH` and the
+    /// batch submission instead of the invalidate registers.
     fn vm_flush(&mut self, vm: &AddressSpace) -> Result<(), DriverError> {
+        if self.vm_pv(vm) {
+            let r = self.inst_done();
+            self.pv_settle(r)?;
+            return self.pv_flush(&vm.pd);
+        }
         self.inst_done()?;
         self.tlb_flush(vm.pd.addr(), false)
     }
