@@ -136,3 +136,17 @@ pub const fn userd_decode(value: u64) -> Option<(u64, Target)> {
         None => None,
     }
 }
+
+/// Size of RAMFC, the FIFO context at the start of an instance block (0x000-0x1ff; the PDB
+/// follows at [`PDB_LO`] = 0x200; NV-FIFO-NEW `gf100_chan_ramfc_write` writes only below 0x100).
+pub const RAMFC_SIZE: u64 = 0x200;
+
+/// Decodes RAMFC_IB_BASE_LO and RAMFC_IB_CONFIG into (GPFIFO ring base VA, log2 of the number of
+/// entries); the inverse of [`ib_config_encode`] (ENVY IB_ADDRESS_HIGH bits 0-7, ORDER bits
+/// 16-31).
+pub const fn ib_config_decode(ib_lo: u32, ib_config: u32) -> (u64, u32) {
+    (
+        ((ib_config & 0xff) as u64) << 32 | ib_lo as u64,
+        ib_config >> 16,
+    )
+}

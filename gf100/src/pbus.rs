@@ -65,3 +65,8 @@ pub const fn bar_inst_decode(value: u32) -> Option<(u64, crate::Target)> {
         None => None,
     }
 }
+
+/// BAR binding bit 30 (ENVY `UNK30`; see [`BAR3_INST`]). With [`BAR_INST_VM_MODE`] it is the part
+/// of a binding word that is not the instance pointer: an MMU fault of a BAR reports the binding
+/// word without these two bits as its instance (the layout of a channel-table instance word).
+pub const BAR_INST_UNK30: u32 = 1 << 30;

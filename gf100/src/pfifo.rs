@@ -294,3 +294,8 @@ pub const ERROR_CODE_MASK: u32 = 0xff;
 /// Mask of the channel id in PBDMA CH (nouveau `gf100_fifo_intr_pbdma`: `chid = rd32(0x040120 +
 /// unit*0x2000) & 0x7f`).
 pub const PBDMA_CHID_MASK: u32 = 0x7f;
+
+/// STATE word bits 16-20: the engine field nouveau writes with RUNNABLE (`STATE_START` =
+/// `0x001f0001`: RUNNABLE plus engine 0x1f "none"; NV-FIFO-OLD `gf100_fifo_gpfifo_init`). A
+/// device model forwards only RUNNABLE and this field of a guest's STATE write.
+pub const STATE_ENGINE_MASK: u32 = 0x001f_0000;

@@ -113,6 +113,21 @@ pub trait PhysicalGpu: Send + Sync {
     /// Writes VRAM directly. Bytes beyond the end of VRAM are dropped.
     fn write_vram(&self, addr: HostVram, data: &[u8]);
 
+    /// Fills `len` bytes of VRAM from `addr` with `byte` (scrubbing a destroyed VM's slice,
+    /// zeroing hypervisor structures). Bytes beyond the end of VRAM are dropped. The default
+    /// writes in 64 KiB pieces through [`PhysicalGpu::write_vram`].
+    fn fill_vram(&self, addr: HostVram, len: u64, byte: u8) {
+        const PIECE: u64 = 64 * 1024;
+        let buf = [byte; PIECE as usize];
+        let end = addr.raw().saturating_add(len).min(self.vram_size());
+        let mut a = addr.raw();
+        while a < end {
+            let n = (end - a).min(PIECE);
+            self.write_vram(HostVram(a), &buf[..n as usize]);
+            a += n;
+        }
+    }
+
     /// Makes guest RAM `[gpa, gpa + len)` of `mem` reachable by the GPU at `[iova, iova + len)`.
     fn map_dma(&self, iova: Iova, len: u64, mem: GuestMemoryMmap, gpa: Gpa)
         -> Result<(), DmaError>;

@@ -336,6 +336,10 @@ impl PhysicalGpu for SimGpu {
         })
     }
 
+    fn fill_vram(&self, addr: HostVram, len: u64, byte: u8) {
+        self.with_state(|s, _| s.core.mem.vram.fill(addr.raw(), len, byte));
+    }
+
     fn map_dma(
         &self,
         iova: Iova,

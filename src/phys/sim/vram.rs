@@ -76,6 +76,34 @@ impl Vram {
         }
         true
     }
+
+    /// Fills `len` bytes from `addr` with `byte`; bytes beyond the end of VRAM are dropped.
+    /// Filling with zero drops every chunk it covers entirely (they read as zero again and cost
+    /// no host memory) and zeroes only the allocated parts of the chunks at either end, so
+    /// scrubbing a large, mostly untouched VRAM slice is cheap.
+    pub(crate) fn fill(&mut self, addr: u64, len: u64, byte: u8) {
+        let end = addr.saturating_add(len).min(self.size);
+        let mut a = addr;
+        while a < end {
+            let (idx, off) = split(a);
+            let n = piece_len(off, usize::try_from(end - a).unwrap_or(usize::MAX), end - a);
+            let Some(slot) = self.chunks.get_mut(idx) else {
+                return;
+            };
+            if byte == 0 {
+                if n == CHUNK_SIZE as usize {
+                    *slot = None;
+                } else if let Some(chunk) = slot.as_deref_mut() {
+                    chunk[off..off + n].fill(0);
+                }
+            } else {
+                let chunk =
+                    slot.get_or_insert_with(|| vec![0u8; CHUNK_SIZE as usize].into_boxed_slice());
+                chunk[off..off + n].fill(byte);
+            }
+            a += n as u64;
+        }
+    }
 }
 
 /// Chunk index and offset inside the chunk of `addr`.
@@ -119,6 +147,28 @@ mod tests {
         assert!(v.read(CHUNK_SIZE - 100, &mut back));
         assert_eq!(back, data);
         assert_eq!(v.allocated_chunks(), 2);
+    }
+
+    #[test]
+    fn fill_with_zero_releases_whole_chunks() {
+        let mut v = Vram::new(1 << 20);
+        assert!(v.write(0, &vec![7u8; 3 * CHUNK_SIZE as usize]));
+        assert_eq!(v.allocated_chunks(), 3);
+        // Covers the tail of chunk 0, all of chunk 1 and the head of chunk 2.
+        v.fill(CHUNK_SIZE - 4, CHUNK_SIZE + 8, 0);
+        assert_eq!(v.allocated_chunks(), 2, "the whole middle chunk is dropped");
+        let mut b = [0u8; 8];
+        assert!(v.read(CHUNK_SIZE - 6, &mut b));
+        assert_eq!(b, [7, 7, 0, 0, 0, 0, 0, 0]);
+        assert!(v.read(2 * CHUNK_SIZE + 2, &mut b));
+        assert_eq!(b, [0, 0, 7, 7, 7, 7, 7, 7]);
+        v.fill(5 * CHUNK_SIZE + 1, 2, 0xab);
+        assert!(v.read(5 * CHUNK_SIZE, &mut b[..4]));
+        assert_eq!(&b[..4], &[0, 0xab, 0xab, 0]);
+        v.fill((1 << 20) - 2, 100, 1);
+        v.fill(u64::MAX - 1, 10, 0);
+        assert!(v.read((1 << 20) - 2, &mut b[..2]));
+        assert_eq!(&b[..2], &[1, 1]);
     }
 
     #[test]

@@ -1,10 +1,13 @@
 //! `gpuvm`: the command-line front end of the gpuvm device model.
 //!
 //! Today it runs the guest driver's workload suite natively on the simulated GF100
-//! (`gpuvm native`). Later subcommands add virtual GPUs, the KVM VMM and the experiments.
+//! (`gpuvm native`), prints the virtual GPU's register table (`gpuvm regs`) and runs the suite
+//! in several VMs sharing the GPU through the device model (`gpuvm run`). Later subcommands add
+//! the KVM VMM and the experiments.
 
 mod native;
 mod regs;
+mod run;
 mod table;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +42,16 @@ enum Command {
     /// dropped and counted, never forwarded to the physical GPU. `--json` prints an array of
     /// objects with `offset`, `offset_hex`, `size`, `name` and `policy`.
     Regs(regs::RegsArgs),
+    /// Run the workloads in N VMs at once, each driving its own virtual GPU, all sharing one
+    /// simulated GF100 through the device model (trapped MMIO, shadow page tables, shadow
+    /// channels, a FIFO scheduler).
+    ///
+    /// Each VM runs the unchanged guest driver in its own thread. Per VM the output shows every
+    /// workload (as `gpuvm native` does) and the device model's counters: exits by BAR and by
+    /// trap class, doorbells, shadow rebuilds, PTEs shadowed, MMU faults and violations.
+    /// `--json` prints one object whose `vms` array holds, per VM, `vm`, `workloads` (the shape
+    /// of `gpuvm native`) and `stats`. Exit status 1 if any workload failed.
+    Run(run::RunArgs),
 }
 
 fn main() {
@@ -47,6 +60,7 @@ fn main() {
     let result = match cli.command {
         Command::Native(args) => native::run(&args),
         Command::Regs(args) => regs::run(&args),
+        Command::Run(args) => run::run(&args),
     };
     match result {
         Ok(true) => {}

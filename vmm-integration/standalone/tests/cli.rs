@@ -174,3 +174,78 @@ fn regs_table_explains_deny_by_default() {
         assert!(text.contains(policy), "{policy} in {text}");
     }
 }
+
+#[test]
+fn run_json_reports_every_vm_and_its_device_counters() {
+    let out = gpuvm(&[
+        "run", "--vms", "2", "--json", "--size", "32", "--shadow", "eager",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let vms = v["vms"].as_array().expect("vms array");
+    assert_eq!(vms.len(), 2);
+    for (i, vm) in vms.iter().enumerate() {
+        assert_eq!(vm["vm"], i as u64, "{vm}");
+        let workloads = vm["workloads"].as_array().expect("workloads array");
+        assert_eq!(workloads.len(), 7);
+        for w in workloads {
+            assert_eq!(w["verified"], true, "{w}");
+            for field in [
+                "name",
+                "bytes",
+                "gpu_ns",
+                "wall_ns",
+                "mmio_reads",
+                "mmio_writes",
+            ] {
+                assert!(!w[field].is_null(), "{field} missing in {w}");
+            }
+            assert!(w["gpu_ns"].as_u64().unwrap() > 0, "{w}");
+        }
+        let s = &vm["stats"];
+        assert!(s["exits"]["bar0"]["writes"].as_u64().unwrap() > 0, "{s}");
+        assert!(s["exits"]["bar3"]["writes"].as_u64().unwrap() > 0, "{s}");
+        assert!(
+            s["by_class"]["virtual"]["reads"].as_u64().unwrap() > 0,
+            "{s}"
+        );
+        assert!(s["doorbells"].as_u64().unwrap() >= 8, "{s}");
+        assert_eq!(s["violations"]["total"], 0, "{s}");
+        assert!(s["shadow"]["rebuilds"].as_u64().unwrap() > 0, "{s}");
+    }
+    assert_eq!(v["shadow"], "eager");
+    assert_eq!(v["host"]["vms"], 0, "every VM destroyed at the end");
+}
+
+#[test]
+fn run_table_and_bad_arguments() {
+    let out = gpuvm(&[
+        "run",
+        "--vms",
+        "1",
+        "--size",
+        "16",
+        "--workload",
+        "loop",
+        "--irq",
+        "--shadow",
+        "pv",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("1/1 workloads verified"), "{text}");
+    assert!(text.contains("shadow page tables pv"), "{text}");
+    let out = gpuvm(&["run", "--shadow", "fast"]);
+    assert!(!out.status.success());
+    let out = gpuvm(&["run", "--workload", "nosuch"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nosuch"));
+}

@@ -1,0 +1,421 @@
+//! Shadow channels (GPUvm §"Virtualizing GPU channels"; GXEN `channel.cc`, `pfifo.cc`): each VM
+//! owns a contiguous partition of the 128 physical channels; guest channel `g` is physical
+//! channel `base + g` and is valid only for `g < profile.channels`.
+//!
+//! **Binding** (a guest write of CHAN_TABLE\[g\].CHAN with VALID): the guest's 4 KiB instance
+//! block is copied into a hypervisor-owned page and patched — RAMFC USERD points at the
+//! hypervisor's USERD page of the physical channel, the page-directory base at the shadow page
+//! directory ([`crate::shadow_pt::ShadowPt::attach`]; an invalid guest PDB gets the host's
+//! empty page directory, so the channel only faults), the VM limit is clamped to 2^40 - 1, and
+//! everything past the limit (engine context pointers) is zeroed. The physical channel is bound
+//! to the copy. The guest page is write-tracked: any later guest write to it (PRAMIN, BAR1,
+//! BAR3) refreshes the copy, as GPUvm's "barrier" table does. Unbinding detaches the shadow page
+//! directory and frees the copy.
+//!
+//! STATE writes are forwarded (RUNNABLE and the engine field only); STATE reads show the
+//! physical state (so a guest sees RUNNABLE cleared after its channel faulted). KICK is
+//! translated. Runlists are in `runlist`, USERD emulation in `userd`, the pushbuffer scan of
+//! the submission path in [`cmdscan`].
+
+pub mod cmdscan;
+pub(crate) mod runlist;
+pub(crate) mod userd;
+
+use gf100::{inst, mmu, pfifo, userd as ud, Target};
+
+use crate::addr::HostVram;
+use crate::shadow_pt::GuestPdb;
+use crate::vgpu::{Effect, ViolationKind, VmCx};
+
+use cmdscan::ScanState;
+
+/// A guest channel bound to its physical channel.
+#[derive(Debug, Clone)]
+pub(crate) struct BoundChan {
+    /// The guest's instance block.
+    pub inst: (u64, Target),
+    /// The shadow instance block in hypervisor VRAM.
+    pub shadow_inst: HostVram,
+    /// The guest page directory the shadow is attached to (`None`: the empty PD).
+    pub pdb: Option<GuestPdb>,
+    /// GPFIFO ring base VA and log2 of its entries, from the guest's RAMFC.
+    pub ib_base: u64,
+    pub ib_order: u32,
+    /// Pushbuffer scan state carried between submissions.
+    pub scan: ScanState,
+    /// The part of the guest's block the shadow was built from (RAMFC, PDB, limit).
+    pub guest: Vec<u8>,
+}
+
+/// Bytes of a guest instance block the shadow depends on: RAMFC, the PDB and the limit.
+const INST_USED: usize = (inst::LIMIT_HI + 4) as usize;
+
+/// One guest channel.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct VChan {
+    /// CHAN word as the guest wrote it.
+    pub chan_word: u32,
+    pub bound: Option<BoundChan>,
+    /// GP_PUT as the guest last wrote it (what its USERD reads show).
+    pub gp_put: u32,
+    /// GP_PUT last written to the physical channel.
+    pub phys_put: u32,
+}
+
+/// Guest channel id of a CHAN_TABLE / STATE offset.
+pub(crate) fn table_index(offset: u32) -> Option<(u32, bool)> {
+    let rel = offset.checked_sub(pfifo::CHAN_TABLE)?;
+    let g = rel / pfifo::CHAN_TABLE_STRIDE;
+    (g < pfifo::CHANNELS).then_some((g, rel % pfifo::CHAN_TABLE_STRIDE != 0))
+}
+
+/// Checks that `g` is one of the VM's channels; counts a violation otherwise.
+fn own(cx: &mut VmCx, g: u32, what: &str) -> bool {
+    if g < cx.vm.nchan() {
+        return true;
+    }
+    let n = cx.vm.nchan();
+    cx.violation(ViolationKind::ForeignChannel, || {
+        format!("{what} of channel {g}, the VM owns {n}")
+    });
+    false
+}
+
+/// A guest read of CHAN_TABLE\[g\].CHAN or .STATE.
+pub(crate) fn table_read(cx: &mut VmCx, g: u32, state: bool) -> u32 {
+    if g >= cx.vm.nchan() {
+        return 0;
+    }
+    if state {
+        cx.phys.read_reg(pfifo::chan_state(cx.vm.phys_chid(g)))
+    } else {
+        cx.vm.chans[g as usize].chan_word
+    }
+}
+
+/// A guest write of CHAN_TABLE\[g\].CHAN or .STATE.
+pub(crate) fn table_write(cx: &mut VmCx, g: u32, state: bool, value: u32) {
+    if !own(cx, g, if state { "STATE write" } else { "bind" }) {
+        return;
+    }
+    if state {
+        let p = cx.vm.phys_chid(g);
+        cx.phys.write_reg(
+            pfifo::chan_state(p),
+            value & (pfifo::STATE_RUNNABLE | pfifo::STATE_ENGINE_MASK),
+        );
+    } else {
+        chan_write(cx, g, value);
+    }
+}
+
+/// KICK: the guest's channel id is translated; the register reads back the guest's id with the
+/// pending bit clear.
+pub(crate) fn kick(cx: &mut VmCx, value: u32) {
+    let g = value & (pfifo::CHANNELS - 1);
+    cx.vm.regs.kick = g;
+    if !own(cx, g, "kick") {
+        return;
+    }
+    if cx.vm.chans[g as usize].bound.is_some() {
+        cx.phys.write_reg(pfifo::KICK, cx.vm.phys_chid(g));
+    }
+}
+
+fn chan_write(cx: &mut VmCx, g: u32, value: u32) {
+    let gi = g as usize;
+    cx.vm.chans[gi].chan_word = value;
+    if value & pfifo::CHAN_VALID == 0 {
+        unbind(cx, g);
+        return;
+    }
+    let Some((inst, target)) = pfifo::chan_decode(value) else {
+        cx.vm.regs.chan_table_error(pfifo::CHAN_ERR_INVALID_TARGET);
+        cx.violation(ViolationKind::InvalidTarget, || {
+            format!("channel {g} bound with the invalid target ({value:#010x})")
+        });
+        unbind(cx, g);
+        return;
+    };
+    if value & pfifo::CHAN_POLL_ENABLE != 0 && cx.vm.regs.poll_area().is_none() {
+        cx.vm.regs.chan_table_error(pfifo::CHAN_ERR_NO_POLL);
+        unbind(cx, g);
+        return;
+    }
+    if let Some(b) = &cx.vm.chans[gi].bound {
+        if b.inst == (inst, target) {
+            refresh(cx, g);
+            return;
+        }
+        unbind(cx, g);
+    }
+    let mut block = vec![0u8; inst::SIZE as usize];
+    if let Err(v) = cx.gmem().read(target, inst, &mut block) {
+        cx.vm.regs.chan_table_error(pfifo::CHAN_ERR_INVALID_TARGET);
+        cx.violation(v.into(), || {
+            format!("channel {g}: instance block {inst:#x} ({target:?}): {v}")
+        });
+        return;
+    }
+    if let Err(what) = check_userd(cx, &block) {
+        cx.vm.regs.chan_table_error(pfifo::CHAN_ERR_INVALID_TARGET);
+        cx.violation(ViolationKind::InstanceBlock, || {
+            format!("channel {g}: USERD {what}")
+        });
+        return;
+    }
+    let Some(shadow_inst) = cx.hyp.alloc(inst::SIZE, inst::SIZE).map(HostVram) else {
+        log::error!(
+            "{}: out of hypervisor VRAM for a shadow instance block",
+            cx.vm.id
+        );
+        cx.vm.regs.chan_table_error(pfifo::CHAN_ERR_INVALID_TARGET);
+        return;
+    };
+    let p = cx.vm.phys_chid(g);
+    // A fresh channel: GP_GET and GP_PUT start at 0, as on a newly bound channel.
+    cx.phys.fill_vram(cx.layout.userd_page(p), ud::SIZE, 0);
+    cx.vm.chans[gi].bound = Some(BoundChan {
+        inst: (inst, target),
+        shadow_inst,
+        pdb: None,
+        ib_base: 0,
+        ib_order: 0,
+        scan: ScanState::default(),
+        guest: Vec::new(),
+    });
+    cx.vm.chans[gi].gp_put = 0;
+    cx.vm.chans[gi].phys_put = 0;
+    write_shadow(cx, g, &block);
+    cx.phys.write_reg(
+        pfifo::chan_table(p),
+        pfifo::chan_encode(shadow_inst.raw(), Target::Vram),
+    );
+    cx.vm
+        .inst_pages
+        .entry(page_key(target, inst))
+        .or_default()
+        .push(g);
+    cx.vm.stats.channel_binds += 1;
+}
+
+/// The write-tracking key of a guest page (both system-memory targets name the same memory).
+fn page_key(target: Target, addr: u64) -> (bool, u64) {
+    (target.is_sysram(), addr & !(gf100::PAGE_SIZE - 1))
+}
+
+fn rd_u32(block: &[u8], off: u64) -> u32 {
+    let o = off as usize;
+    u32::from_le_bytes([block[o], block[o + 1], block[o + 2], block[o + 3]])
+}
+
+fn rd_u64(block: &[u8], off: u64) -> u64 {
+    u64::from(rd_u32(block, off)) | u64::from(rd_u32(block, off + 4)) << 32
+}
+
+fn wr_u64(block: &mut [u8], off: u64, v: u64) {
+    let o = off as usize;
+    block[o..o + 8].copy_from_slice(&v.to_le_bytes());
+}
+
+/// The guest's RAMFC USERD pointer must name a page of its own memory (it is never used
+/// physically: the shadow points at the hypervisor's page).
+fn check_userd(cx: &VmCx, block: &[u8]) -> Result<(), String> {
+    let raw = rd_u64(block, inst::RAMFC_USERD_LO);
+    let (addr, t) =
+        inst::userd_decode(raw).ok_or_else(|| format!("{raw:#x} has the invalid target"))?;
+    cx.gmem()
+        .to_phys(t, addr, ud::SIZE)
+        .map(|_| ())
+        .map_err(|v| format!("{addr:#x}: {v}"))
+}
+
+/// Builds and writes the shadow instance block of bound channel `g` from the guest's `block`.
+fn write_shadow(cx: &mut VmCx, g: u32, block: &[u8]) {
+    let gi = g as usize;
+    let Some(old_pdb) = cx.vm.chans[gi].bound.as_ref().map(|b| b.pdb) else {
+        return;
+    };
+    let guest_pdb = inst::pdb_decode(rd_u64(block, inst::PDB_LO))
+        .map(|(addr, target)| GuestPdb { addr, target });
+    // Attach the new page directory before detaching the old one, so a shadow used by both
+    // is not torn down in between.
+    let attached = match guest_pdb {
+        Some(pdb) => {
+            let r = {
+                let (sh, mut scx) = cx.shadow();
+                sh.attach(&mut scx, pdb)
+            };
+            match r {
+                Ok(pd) => Some((pdb, pd)),
+                Err(e) => {
+                    cx.violation(ViolationKind::InstanceBlock, || {
+                        format!("channel {g}: page directory: {e}")
+                    });
+                    None
+                }
+            }
+        }
+        None => {
+            cx.violation(ViolationKind::InstanceBlock, || {
+                format!("channel {g}: page directory base with the invalid target")
+            });
+            None
+        }
+    };
+    if let Some(old) = old_pdb {
+        let (sh, mut scx) = cx.shadow();
+        sh.detach(&mut scx, old);
+    }
+    let pd = attached.map_or(cx.layout.null_pd, |(_, pd)| pd);
+    if let Some((_, pd)) = attached {
+        // The address of a shadow directory may have belonged to a freed shadow (of this or
+        // another VM) whose translations the physical TLB still holds: flush it before any
+        // channel runs on it.
+        cx.phys_tlb_flush(&[pd]);
+    }
+    let p = cx.vm.phys_chid(g);
+    let mut sh = vec![0u8; inst::SIZE as usize];
+    let ramfc = inst::RAMFC_SIZE as usize;
+    sh[..ramfc].copy_from_slice(&block[..ramfc]);
+    wr_u64(
+        &mut sh,
+        inst::RAMFC_USERD_LO,
+        inst::userd_encode(cx.layout.userd_page(p).raw(), Target::Vram),
+    );
+    wr_u64(
+        &mut sh,
+        inst::PDB_LO,
+        inst::pdb_encode(pd.raw(), Target::Vram),
+    );
+    let limit = rd_u64(block, inst::LIMIT_LO).min(mmu::VA_LIMIT - 1);
+    wr_u64(&mut sh, inst::LIMIT_LO, limit);
+    let (ib_base, ib_order) = inst::ib_config_decode(
+        rd_u32(block, inst::RAMFC_IB_BASE_LO),
+        rd_u32(block, inst::RAMFC_IB_CONFIG),
+    );
+    if let Some(b) = cx.vm.chans[gi].bound.as_mut() {
+        b.guest = block[..INST_USED].to_vec();
+        b.pdb = attached.map(|(pdb, _)| pdb);
+        b.ib_base = ib_base;
+        b.ib_order = ib_order;
+        cx.phys.write_vram(b.shadow_inst, &sh);
+    }
+}
+
+/// Re-copies the guest instance block of bound channel `g` after the guest wrote to it.
+pub(crate) fn refresh(cx: &mut VmCx, g: u32) {
+    let Some((inst, target)) = cx.vm.chans[g as usize].bound.as_ref().map(|b| b.inst) else {
+        return;
+    };
+    let mut block = vec![0u8; inst::SIZE as usize];
+    if let Err(v) = cx.gmem().read(target, inst, &mut block) {
+        // Cannot happen for a block that was validated at bind (slices do not shrink).
+        cx.violation(v.into(), || format!("channel {g}: instance block: {v}"));
+        return;
+    }
+    let same = cx.vm.chans[g as usize]
+        .bound
+        .as_ref()
+        .is_some_and(|b| b.guest[..] == block[..INST_USED]);
+    if same {
+        return;
+    }
+    if let Err(what) = check_userd(cx, &block) {
+        cx.violation(ViolationKind::InstanceBlock, || {
+            format!("channel {g}: USERD {what} (ignored: USERD is emulated)")
+        });
+    }
+    write_shadow(cx, g, &block);
+    cx.vm.stats.instance_refreshes += 1;
+}
+
+/// Refreshes every bound channel (after a para-virtual batch, which may write anywhere in the
+/// guest's tables).
+pub(crate) fn refresh_all(cx: &mut VmCx) {
+    for g in 0..cx.vm.nchan() {
+        if cx.vm.chans[g as usize].bound.is_some() {
+            refresh(cx, g);
+        }
+    }
+}
+
+/// Unbinds guest channel `g` (if bound): the physical channel is unbound, the shadow detached
+/// and the shadow instance block scrubbed and freed.
+pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
+    let Some(b) = cx.vm.chans[g as usize].bound.take() else {
+        return;
+    };
+    let p = cx.vm.phys_chid(g);
+    cx.phys.write_reg(pfifo::chan_table(p), 0);
+    if let Some(pdb) = b.pdb {
+        let (sh, mut scx) = cx.shadow();
+        sh.detach(&mut scx, pdb);
+    }
+    cx.phys.fill_vram(b.shadow_inst, inst::SIZE, 0);
+    cx.hyp.free(b.shadow_inst.raw(), inst::SIZE);
+    let key = page_key(b.inst.1, b.inst.0);
+    if let Some(list) = cx.vm.inst_pages.get_mut(&key) {
+        list.retain(|&c| c != g);
+        if list.is_empty() {
+            cx.vm.inst_pages.remove(&key);
+        }
+    }
+    if cx.vm.runlist.contains(&g) {
+        cx.vm.runlist.retain(|&c| c != g);
+        cx.vm.effects.push(Effect::RunlistChanged);
+    }
+    cx.vm.effects.push(Effect::ChannelGone(g));
+}
+
+/// Stops and unbinds every channel of the VM (teardown).
+pub(crate) fn unbind_all(cx: &mut VmCx) {
+    for g in 0..cx.vm.nchan() {
+        let p = cx.vm.phys_chid(g);
+        cx.phys.write_reg(pfifo::chan_state(p), 0);
+        unbind(cx, g);
+        cx.phys.fill_vram(cx.layout.userd_page(p), ud::SIZE, 0);
+    }
+    cx.vm.runlist.clear();
+    cx.vm.effects.clear();
+}
+
+/// A guest write of `len` bytes at `addr` in `target` landed: refresh the shadow instance blocks
+/// of channels whose guest instance block it touched.
+pub(crate) fn on_guest_write(cx: &mut VmCx, target: Target, addr: u64, len: u64) {
+    if cx.vm.inst_pages.is_empty() || len == 0 {
+        return;
+    }
+    let first = addr & !(gf100::PAGE_SIZE - 1);
+    let last = addr.saturating_add(len - 1) & !(gf100::PAGE_SIZE - 1);
+    let mut page = first;
+    loop {
+        if let Some(list) = cx.vm.inst_pages.get(&page_key(target, page)) {
+            for g in list.clone() {
+                refresh(cx, g);
+            }
+        }
+        if page >= last {
+            break;
+        }
+        page += gf100::PAGE_SIZE;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_offsets_decode() {
+        assert_eq!(table_index(pfifo::chan_table(0)), Some((0, false)));
+        assert_eq!(table_index(pfifo::chan_state(127)), Some((127, true)));
+        assert_eq!(table_index(pfifo::chan_table(128)), None);
+        assert_eq!(table_index(0x2fff), None);
+        assert_eq!(page_key(Target::SysCoherent, 0x1234), (true, 0x1000));
+        assert_eq!(
+            page_key(Target::SysNonCoherent, 0x1fff),
+            page_key(Target::SysCoherent, 0x1000)
+        );
+    }
+}

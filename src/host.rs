@@ -1,0 +1,682 @@
+//! The host: the only driver of the physical GPU, and the owner of every VM's partition — the
+//! role of GPUvm's A3 aggregator plus dom0's nouveau (which initialised the GPU).
+//!
+//! [`GpuHost::new`] brings the physical GF100 up (`host/init.rs`: PMC, PFIFO, the physical USERD pages
+//! mapped at physical BAR1 VA 0, interrupts on) and reserves the start of VRAM for the
+//! hypervisor. [`GpuHost::create_vgpu`] carves a partition out of what is left for each VM
+//! profile, first fit:
+//!
+//! | Resource | Rule |
+//! |---|---|
+//! | VRAM slice | `profile.vram_mib`, 1 MiB aligned, after the hypervisor region |
+//! | channels | a contiguous range of `profile.channels` of the 128 physical channels |
+//! | DMA window | slot `s` of the IOVA space: `[(s+1) * iova_window, (s+2) * iova_window)`, all below 2^40 (SYSRAM PTEs carry 40-bit addresses) |
+//! | BAR1 / BAR3 arenas | parts of the physical BAR1 (after the host's 512 KiB of USERD pages) and BAR3, proportional to the VM's share of VRAM |
+//!
+//! The arenas are bookkeeping only: every guest BAR access is emulated today (GPUvm also never
+//! remapped BAR1). A later BAR-remap optimization (GPUvm's `--bar3-remapping`) maps the guest's
+//! BAR pages into its arena so that the VMM can map them into the guest directly; reserving the
+//! arena at creation keeps that from failing later. A profile that does not fit is refused with
+//! a [`HostError`] naming the resource.
+//!
+//! **Locking: one host-wide mutex** (the "big lock") holds all VM state, like GPUvm's single A3
+//! thread that serialises every trapped access. Guest accesses from many vCPU threads take it in
+//! turn. The cost is contention on a many-VM host; the benefit is that the mechanisms that cross
+//! VMs (the merged runlist, the scheduler, routing physical interrupts, the shadow instance
+//! blocks in shared hypervisor VRAM) need no lock ordering at all, and an access is one
+//! consistent transaction. The physical GPU's interrupt line is an atomic flag
+//! ([`IrqFlag`]) that never takes the lock (the simulator raises it from inside calls the host
+//! makes); physical interrupts and completions are serviced at the end of every VM access and in
+//! [`GpuHost::poll`]. VM interrupt lines are driven after the lock is released.
+
+mod init;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use gf100::pci::{BAR1_SIZE, BAR3_SIZE};
+use gf100::{pfifo, userd};
+
+use crate::addr::{HostVram, Iova};
+use crate::channels::VChan;
+use crate::guest_mem::VramSlice;
+use crate::irq::IrqFlag;
+use crate::mmio::pci::PciConfig;
+use crate::phys::{GpuStats, PhysicalGpu};
+use crate::profile::{ProfileError, VgpuProfile};
+use crate::sched::{FifoScheduler, Scheduler};
+use crate::shadow_pt::ShadowPt;
+use crate::vgpu::aperture::GuestBars;
+use crate::vgpu::stats::RateLimit;
+use crate::vgpu::submit::InFlight;
+use crate::vgpu::vregs::VRegs;
+use crate::vgpu::{Effect, LineSlot, Vgpu, VmCx, VmMem, VmState};
+use crate::vram_alloc::RangeAllocator;
+
+pub use crate::sched::VmId;
+pub(crate) use init::{phys_tlb_flush, wait_runlist, HostLayout};
+
+/// Host-wide settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostConfig {
+    /// VRAM reserved for the hypervisor at the start of VRAM (shadow page tables, shadow
+    /// instance blocks, USERD pages, runlists, the host's BAR1 tables). Default 256 MiB.
+    pub hypervisor_vram: u64,
+    /// Size of each VM's DMA (IOVA) window; the VM's RAM must fit in it. Default 32 GiB.
+    pub iova_window: u64,
+    /// Most submissions in flight on the GPU at once (all of one VM). Default 4.
+    pub max_inflight: usize,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        HostConfig {
+            hypervisor_vram: 256 << 20,
+            iova_window: 32 << 30,
+            max_inflight: 4,
+        }
+    }
+}
+
+/// Why the host could not be set up or a VM not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The GPU is not a Fermi.
+    #[error("the physical GPU is not a Fermi (BOOT_0 = {boot0:#010x})")]
+    NotFermi {
+        /// What BOOT_0 read.
+        boot0: u32,
+    },
+    /// A configuration value is unusable.
+    #[error("invalid host configuration: {0}")]
+    Config(String),
+    /// The hypervisor region is too small for the host's own structures.
+    #[error("hypervisor VRAM exhausted ({what})")]
+    HypervisorVram {
+        /// What was being allocated.
+        what: &'static str,
+    },
+    /// The profile is invalid.
+    #[error(transparent)]
+    Profile(#[from] ProfileError),
+    /// Not enough contiguous VRAM left.
+    #[error("profile '{profile}' needs {want} MiB of VRAM but the largest free range is smaller ({free} MiB free in total)")]
+    NoVram {
+        /// Profile name.
+        profile: String,
+        /// MiB wanted.
+        want: u64,
+        /// MiB free in total.
+        free: u64,
+    },
+    /// Not enough contiguous channels left.
+    #[error(
+        "profile '{profile}' needs {want} contiguous channels but only {free} of 128 are free"
+    )]
+    NoChannels {
+        /// Profile name.
+        profile: String,
+        /// Channels wanted.
+        want: u32,
+        /// Channels free.
+        free: u32,
+    },
+    /// Every DMA window slot is taken.
+    #[error("no DMA window left (at most {max} VMs with {window:#x}-byte windows below 2^40)")]
+    NoDmaWindow {
+        /// Number of slots.
+        max: usize,
+        /// Window size.
+        window: u64,
+    },
+    /// No room in the physical BAR1/BAR3 for the VM's arena.
+    #[error("no room left in the physical {bar} for the VM's arena")]
+    NoBarSpace {
+        /// "BAR1" or "BAR3".
+        bar: &'static str,
+    },
+    /// The vGPU does not belong to this host or was already destroyed.
+    #[error("no such VM ({0})")]
+    NoSuchVm(VmId),
+}
+
+/// Host-wide counters and what is free.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HostStats {
+    /// VMs alive.
+    pub vms: usize,
+    /// VRAM available to VMs (after the hypervisor region), bytes.
+    pub vram_assignable: u64,
+    /// Of that, not assigned to any VM.
+    pub vram_free: u64,
+    /// Hypervisor VRAM in use (host structures, shadows), bytes.
+    pub hypervisor_vram_used: u64,
+    /// Of that, the host's own structures (USERD pages, BAR1 tables, runlists): what stays in
+    /// use when no VM exists.
+    pub hypervisor_vram_host: u64,
+    /// Hypervisor VRAM in total.
+    pub hypervisor_vram: u64,
+    /// Physical channels not assigned to any VM.
+    pub channels_free: u32,
+    /// DMA window slots free.
+    pub dma_windows_free: usize,
+    /// The scheduling policy.
+    pub scheduler: String,
+    /// Submissions waiting in the scheduler.
+    pub queued: usize,
+    /// Submissions on the GPU.
+    pub inflight: usize,
+    /// Submissions dispatched so far.
+    pub dispatched: u64,
+    /// Submissions the GPU finished.
+    pub completed: u64,
+    /// Submissions that ended without finishing (error, unbind, parked, VM destroyed).
+    pub aborted: u64,
+    /// Physical runlists submitted.
+    pub runlist_submits: u64,
+    /// Physical interrupt services.
+    pub irq_services: u64,
+    /// Physical MMU faults (routed or not).
+    pub phys_faults: u64,
+    /// Physical PBDMA errors.
+    pub phys_pbdma_errors: u64,
+    /// Physical non-stall interrupts.
+    pub phys_nonstall: u64,
+    /// Physical channel-table and scheduling errors (the host caused them; should be 0).
+    pub phys_fifo_errors: u64,
+    /// Faults and errors that could not be routed to a VM.
+    pub unrouted: u64,
+    /// The physical GPU's counters.
+    pub gpu: GpuStats,
+}
+
+/// Host-wide counters kept under the lock.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Counters {
+    pub dispatched: u64,
+    pub completed: u64,
+    pub aborted: u64,
+    pub runlist_submits: u64,
+    pub irq_services: u64,
+    pub phys_faults: u64,
+    pub phys_pbdma_errors: u64,
+    pub phys_nonstall: u64,
+    pub phys_fifo_errors: u64,
+    pub unrouted: u64,
+}
+
+/// What is free in the partitionable resources.
+#[derive(Debug)]
+pub(crate) struct Partition {
+    pub vram: RangeAllocator,
+    pub chans: RangeAllocator,
+    pub slots: Vec<Option<VmId>>,
+    pub bar1: RangeAllocator,
+    pub bar3: RangeAllocator,
+    /// Owner of each physical channel.
+    pub owner: Vec<Option<VmId>>,
+}
+
+/// Everything behind the big lock.
+pub(crate) struct HostState {
+    pub hyp: RangeAllocator,
+    pub layout: HostLayout,
+    pub part: Partition,
+    pub vms: BTreeMap<VmId, VmState>,
+    pub sched: Box<dyn Scheduler>,
+    pub inflight: Vec<InFlight>,
+    /// VMs that had work on the GPU since the last non-stall interrupt was serviced.
+    pub nonstall: BTreeSet<VmId>,
+    pub runlist_next: usize,
+    pub counters: Counters,
+    pub next_id: u32,
+    /// Hypervisor VRAM in use right after bring-up (the host's own structures).
+    pub hyp_baseline: u64,
+}
+
+/// What [`GpuHost`] and every [`Vgpu`] share.
+pub(crate) struct HostShared {
+    pub phys: Arc<dyn PhysicalGpu>,
+    pub cfg: HostConfig,
+    pub irq: Arc<IrqFlag>,
+    pub state: Mutex<HostState>,
+}
+
+/// (line, change number, level) to apply after the lock is released.
+type LineChange = (Arc<LineSlot>, u64, bool);
+
+impl HostShared {
+    fn lock(&self) -> MutexGuard<'_, HostState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on VM `id` (if it exists) under the lock, applies the access's host-level
+    /// effects, services the physical GPU, and updates interrupt lines.
+    pub(crate) fn access<R>(&self, id: VmId, f: impl FnOnce(&mut VmCx) -> R) -> Option<R> {
+        let (r, lines) = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let r = match st.vms.get_mut(&id) {
+                Some(vm) => {
+                    let mut cx = VmCx {
+                        phys: &*self.phys,
+                        hyp: &mut st.hyp,
+                        layout: &st.layout,
+                        vm,
+                    };
+                    Some(f(&mut cx))
+                }
+                None => None,
+            };
+            if r.is_some() {
+                st.apply_effects(&*self.phys, id);
+            }
+            st.service(&*self.phys, &self.irq, self.cfg.max_inflight);
+            (r, st.line_changes())
+        };
+        apply_lines(lines);
+        r
+    }
+
+    /// Services the physical GPU.
+    pub(crate) fn poll(&self) {
+        let lines = {
+            let mut st = self.lock();
+            self.phys.poll();
+            st.service(&*self.phys, &self.irq, self.cfg.max_inflight);
+            st.line_changes()
+        };
+        apply_lines(lines);
+    }
+
+    /// Destroys VM `id`: stops and unbinds its channels, removes them from the runlist, drops
+    /// its work, frees its shadows, scrubs its VRAM, unmaps its DMA windows and frees its
+    /// partition.
+    pub(crate) fn destroy(&self, id: VmId) -> Result<(), HostError> {
+        let lines = {
+            let mut guard = self.lock();
+            let st = &mut *guard;
+            let phys = &*self.phys;
+            let Some(mut vm) = st.vms.remove(&id) else {
+                return Err(HostError::NoSuchVm(id));
+            };
+            {
+                let mut cx = VmCx {
+                    phys,
+                    hyp: &mut st.hyp,
+                    layout: &st.layout,
+                    vm: &mut vm,
+                };
+                crate::channels::unbind_all(&mut cx);
+                let (sh, mut scx) = cx.shadow();
+                sh.destroy(&mut scx);
+            }
+            let dropped = st.sched.remove_vm(id);
+            let before = st.inflight.len();
+            st.inflight.retain(|f| f.sub.vm != id);
+            st.counters.aborted += (dropped + before - st.inflight.len()) as u64;
+            st.nonstall.remove(&id);
+            crate::channels::runlist::submit_physical(st, phys);
+            // Scrub before the slice can be handed out again.
+            phys.fill_vram(vm.mem.slice.base, vm.mem.slice.size, 0);
+            for w in vm.dma_windows.drain(..) {
+                if let Err(e) = phys.unmap_dma(w) {
+                    log::warn!("{id}: unmapping DMA window {w}: {e}");
+                }
+            }
+            st.part
+                .vram
+                .free(vm.mem.slice.base.raw(), vm.mem.slice.size);
+            st.part
+                .chans
+                .free(u64::from(vm.chan_base), u64::from(vm.nchan()));
+            for o in st.part.owner.iter_mut().filter(|o| **o == Some(id)) {
+                *o = None;
+            }
+            if let Some(s) = st.part.slots.get_mut(vm.slot) {
+                *s = None;
+            }
+            st.part.bar1.free(vm.bar1_arena.0, vm.bar1_arena.1);
+            st.part.bar3.free(vm.bar3_arena.0, vm.bar3_arena.1);
+            st.sched.remove_vm(id);
+            log::info!("{id} ('{}') destroyed", vm.profile.name);
+            // The VM's line is left deasserted.
+            vm.line_seq += 1;
+            vec![(vm.line.clone(), vm.line_seq, false)]
+        };
+        apply_lines(lines);
+        Ok(())
+    }
+}
+
+fn apply_lines(lines: Vec<LineChange>) {
+    for (slot, seq, level) in lines {
+        slot.apply(seq, level);
+    }
+}
+
+impl HostState {
+    /// Applies the host-level effects VM `id`'s last access queued.
+    fn apply_effects(&mut self, phys: &dyn PhysicalGpu, id: VmId) {
+        let effects = match self.vms.get_mut(&id) {
+            Some(vm) if !vm.effects.is_empty() => std::mem::take(&mut vm.effects),
+            _ => return,
+        };
+        let mut runlist = false;
+        for e in effects {
+            match e {
+                Effect::RunlistChanged => runlist = true,
+                Effect::Doorbell(g) => crate::vgpu::submit::doorbell(self, phys, id, g),
+                Effect::ChannelGone(g) => {
+                    let dropped = self.sched.remove_channel(id, g);
+                    let before = self.inflight.len();
+                    self.inflight
+                        .retain(|f| !(f.sub.vm == id && f.sub.guest_chid == g));
+                    let gone = dropped + before - self.inflight.len();
+                    self.counters.aborted += gone as u64;
+                    if let Some(vm) = self.vms.get_mut(&id) {
+                        vm.stats.aborted += gone as u64;
+                    }
+                }
+            }
+        }
+        if runlist {
+            crate::channels::runlist::submit_physical(self, phys);
+        }
+    }
+
+    /// Services physical interrupts, completions and dispatch.
+    fn service(&mut self, phys: &dyn PhysicalGpu, irq: &IrqFlag, max_inflight: usize) {
+        if irq.is_asserted() {
+            crate::vgpu::irq::service(self, phys);
+        }
+        if !self.inflight.is_empty() || self.sched.queued() > 0 {
+            crate::vgpu::submit::progress(self, phys, max_inflight);
+        }
+    }
+
+    /// Recomputes every VM's interrupt line; returns the changes.
+    fn line_changes(&mut self) -> Vec<LineChange> {
+        let mut out = Vec::new();
+        for vm in self.vms.values_mut() {
+            let level = vm.regs.line_level();
+            if level != vm.line_level {
+                vm.line_level = level;
+                vm.line_seq += 1;
+                out.push((vm.line.clone(), vm.line_seq, level));
+            }
+        }
+        out
+    }
+}
+
+/// The physical GPU and the VMs sharing it.
+pub struct GpuHost {
+    shared: Arc<HostShared>,
+}
+
+impl std::fmt::Debug for GpuHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuHost")
+            .field("cfg", &self.shared.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Alignment of VRAM slices (the sizing registers report whole MiB).
+const SLICE_ALIGN: u64 = 1 << 20;
+/// Granularity of the BAR arenas (the BAR page size of a future remap: 64 KiB keeps them
+/// usable with 4 KiB and 64 KiB host pages).
+const ARENA_ALIGN: u64 = 64 << 10;
+/// The host's USERD pages at the start of the physical BAR1.
+const HOST_BAR1_BYTES: u64 = pfifo::CHANNELS as u64 * userd::SIZE;
+
+impl GpuHost {
+    /// Takes over `phys` (the host is its only driver), brings it up and reserves the
+    /// hypervisor region.
+    pub fn new(phys: Arc<dyn PhysicalGpu>, cfg: HostConfig) -> Result<GpuHost, HostError> {
+        let vram = phys.vram_size();
+        if cfg.max_inflight == 0 {
+            return Err(HostError::Config("max_inflight must be at least 1".into()));
+        }
+        if !cfg.iova_window.is_power_of_two()
+            || cfg.iova_window < SLICE_ALIGN
+            || cfg.iova_window >= gf100::mmu::VA_LIMIT / 2
+        {
+            return Err(HostError::Config(format!(
+                "iova_window {:#x} must be a power of two from 1 MiB to 2^38",
+                cfg.iova_window
+            )));
+        }
+        let hyp_size = cfg.hypervisor_vram.next_multiple_of(SLICE_ALIGN);
+        if hyp_size < init::MIN_HYPERVISOR_VRAM || hyp_size >= vram {
+            return Err(HostError::Config(format!(
+                "hypervisor_vram {:#x} must be at least {:#x} and below the GPU's {:#x} bytes of VRAM",
+                cfg.hypervisor_vram,
+                init::MIN_HYPERVISOR_VRAM,
+                vram
+            )));
+        }
+        let mut hyp = RangeAllocator::new(0, hyp_size);
+        let layout = init::bring_up(&*phys, &mut hyp)?;
+        let irq = Arc::new(IrqFlag::new());
+        phys.set_irq_line(irq.clone());
+        let slots = (gf100::mmu::VA_LIMIT / cfg.iova_window - 1) as usize;
+        let state = HostState {
+            hyp_baseline: hyp.used(),
+            hyp,
+            layout,
+            part: Partition {
+                vram: RangeAllocator::new(hyp_size, vram - hyp_size),
+                chans: RangeAllocator::new(0, u64::from(pfifo::CHANNELS)),
+                slots: vec![None; slots],
+                bar1: RangeAllocator::new(HOST_BAR1_BYTES, BAR1_SIZE - HOST_BAR1_BYTES),
+                bar3: RangeAllocator::new(0, BAR3_SIZE),
+                owner: vec![None; pfifo::CHANNELS as usize],
+            },
+            vms: BTreeMap::new(),
+            sched: Box::new(FifoScheduler::new()),
+            inflight: Vec::new(),
+            nonstall: BTreeSet::new(),
+            runlist_next: 0,
+            counters: Counters::default(),
+            next_id: 0,
+        };
+        log::info!(
+            "gpuvm host: {} MiB VRAM, {} MiB for the hypervisor, {} DMA window slots",
+            vram >> 20,
+            hyp_size >> 20,
+            slots
+        );
+        Ok(GpuHost {
+            shared: Arc::new(HostShared {
+                phys,
+                cfg,
+                irq,
+                state: Mutex::new(state),
+            }),
+        })
+    }
+
+    /// Replaces the scheduling policy (only while no VM exists).
+    pub fn set_scheduler(&self, sched: Box<dyn Scheduler>) -> Result<(), HostError> {
+        let mut st = self.shared.lock();
+        if !st.vms.is_empty() {
+            return Err(HostError::Config(
+                "the scheduler can only be replaced while no VM exists".into(),
+            ));
+        }
+        st.sched = sched;
+        Ok(())
+    }
+
+    /// Creates a vGPU for `profile`, or says which resource is missing.
+    pub fn create_vgpu(&self, profile: &VgpuProfile) -> Result<Arc<Vgpu>, HostError> {
+        profile.validate()?;
+        let cfg = &self.shared.cfg;
+        let mut guard = self.shared.lock();
+        let st = &mut *guard;
+        let slice_size = profile.vram_bytes();
+        let assignable = st.part.vram.size();
+        let Some(slot) = st.part.slots.iter().position(Option::is_none) else {
+            return Err(HostError::NoDmaWindow {
+                max: st.part.slots.len(),
+                window: cfg.iova_window,
+            });
+        };
+        let Some(base) = st.part.vram.alloc(slice_size, SLICE_ALIGN) else {
+            return Err(HostError::NoVram {
+                profile: profile.name.clone(),
+                want: profile.vram_mib,
+                free: (assignable - st.part.vram.used()) >> 20,
+            });
+        };
+        let Some(chan_base) = st.part.chans.alloc(u64::from(profile.channels), 1) else {
+            st.part.vram.free(base, slice_size);
+            return Err(HostError::NoChannels {
+                profile: profile.name.clone(),
+                want: profile.channels,
+                free: (u64::from(pfifo::CHANNELS) - st.part.chans.used()) as u32,
+            });
+        };
+        let arena = |alloc: &mut RangeAllocator| {
+            let share = (u128::from(alloc.size()) * u128::from(slice_size)
+                / u128::from(assignable.max(1))) as u64;
+            let size = (share / ARENA_ALIGN * ARENA_ALIGN).max(ARENA_ALIGN);
+            alloc.alloc(size, ARENA_ALIGN).map(|o| (o, size))
+        };
+        let Some(bar1_arena) = arena(&mut st.part.bar1) else {
+            st.part.vram.free(base, slice_size);
+            st.part.chans.free(chan_base, u64::from(profile.channels));
+            return Err(HostError::NoBarSpace { bar: "BAR1" });
+        };
+        let Some(bar3_arena) = arena(&mut st.part.bar3) else {
+            st.part.vram.free(base, slice_size);
+            st.part.chans.free(chan_base, u64::from(profile.channels));
+            st.part.bar1.free(bar1_arena.0, bar1_arena.1);
+            return Err(HostError::NoBarSpace { bar: "BAR3" });
+        };
+        let id = VmId(st.next_id);
+        st.next_id += 1;
+        st.part.slots[slot] = Some(id);
+        let chan_base = chan_base as u32;
+        for o in &mut st.part.owner[chan_base as usize..(chan_base + profile.channels) as usize] {
+            *o = Some(id);
+        }
+        // The slice is scrubbed at destroy; a never-used slice of a fresh GPU reads zero, but
+        // scrub anyway so that the guarantee does not depend on history.
+        self.shared.phys.fill_vram(HostVram(base), slice_size, 0);
+        let line = Arc::new(LineSlot::default());
+        let vm = VmState {
+            id,
+            profile: profile.clone(),
+            slot,
+            mem: VmMem {
+                slice: VramSlice {
+                    base: HostVram(base),
+                    size: slice_size,
+                },
+                ram: None,
+                iova_base: Iova((slot as u64 + 1) * cfg.iova_window),
+            },
+            dma_windows: Vec::new(),
+            chan_base,
+            bar1_arena,
+            bar3_arena,
+            shadow: ShadowPt::new(profile.shadow),
+            regs: VRegs::default(),
+            bars: GuestBars::default(),
+            chans: (0..profile.channels).map(|_| VChan::default()).collect(),
+            runlist: Vec::new(),
+            inst_pages: Default::default(),
+            pci: PciConfig::quadro6000(),
+            line: line.clone(),
+            line_level: false,
+            line_seq: 0,
+            stats: Default::default(),
+            log: RateLimit::default(),
+            effects: Vec::new(),
+        };
+        st.sched.add_vm(id, profile.weight);
+        st.vms.insert(id, vm);
+        log::info!(
+            "{id} ('{}'): VRAM {:#x}+{:#x}, channels {}..{}, DMA window {:#x}, shadow {}",
+            profile.name,
+            base,
+            slice_size,
+            chan_base,
+            chan_base + profile.channels,
+            (slot as u64 + 1) * cfg.iova_window,
+            profile.shadow
+        );
+        drop(guard);
+        Ok(Arc::new(Vgpu {
+            id,
+            profile: profile.clone(),
+            shared: self.shared.clone(),
+            line,
+            phys_chans: chan_base..chan_base + profile.channels,
+            slice: VramSlice {
+                base: HostVram(base),
+                size: slice_size,
+            },
+        }))
+    }
+
+    /// Destroys a vGPU: stops and unbinds its channels, removes them from the runlist, drops its
+    /// work, frees its shadows, scrubs its VRAM slice, unmaps its DMA windows and frees its
+    /// partition. Afterwards its accesses read all-ones and
+    /// its writes are dropped.
+    pub fn destroy_vgpu(&self, v: &Vgpu) -> Result<(), HostError> {
+        if !Arc::ptr_eq(&self.shared, &v.shared) {
+            return Err(HostError::NoSuchVm(v.id));
+        }
+        self.shared.destroy(v.id)
+    }
+
+    /// Lets the physical GPU make progress; services its interrupts and completions and
+    /// dispatches queued work. Call it while every guest is idle.
+    pub fn poll(&self) {
+        self.shared.poll();
+    }
+
+    /// The physical GPU.
+    pub fn phys(&self) -> &Arc<dyn PhysicalGpu> {
+        &self.shared.phys
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HostConfig {
+        &self.shared.cfg
+    }
+
+    /// Host-wide counters and free resources.
+    pub fn stats(&self) -> HostStats {
+        let st = self.shared.lock();
+        let c = st.counters;
+        HostStats {
+            vms: st.vms.len(),
+            vram_assignable: st.part.vram.size(),
+            vram_free: st.part.vram.size() - st.part.vram.used(),
+            hypervisor_vram_used: st.hyp.used(),
+            hypervisor_vram_host: st.hyp_baseline,
+            hypervisor_vram: st.hyp.size(),
+            channels_free: (u64::from(pfifo::CHANNELS) - st.part.chans.used()) as u32,
+            dma_windows_free: st.part.slots.iter().filter(|s| s.is_none()).count(),
+            scheduler: st.sched.name().to_string(),
+            queued: st.sched.queued(),
+            inflight: st.inflight.len(),
+            dispatched: c.dispatched,
+            completed: c.completed,
+            aborted: c.aborted,
+            runlist_submits: c.runlist_submits,
+            irq_services: c.irq_services,
+            phys_faults: c.phys_faults,
+            phys_pbdma_errors: c.phys_pbdma_errors,
+            phys_nonstall: c.phys_nonstall,
+            phys_fifo_errors: c.phys_fifo_errors,
+            unrouted: c.unrouted,
+            gpu: self.shared.phys.stats(),
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Physical bring-up: the host is the GPU's only driver (as dom0's nouveau initialised the card
+//! under GPUvm). It enables the units, initialises PFIFO the way the guest driver (and nouveau's
+//! `gf100_fifo_init`) does, lays out its own structures in the hypervisor VRAM region, and binds
+//! a host-owned BAR1 VM that maps the 128 physical USERD pages at physical BAR1 VA 0 — the
+//! physical poll area, through which the host rings physical doorbells (a GP_PUT write through
+//! BAR1 onto a bound channel's USERD page). Interrupts are enabled in PFIFO (all sources,
+//! non-stall included) and PMC; the host services them itself.
+//!
+//! Host structures in hypervisor VRAM (all written with the VRAM backdoor):
+//!
+//! | Structure | Size |
+//! |---|---|
+//! | USERD pages of the 128 physical channels | 512 KiB |
+//! | BAR1 instance block, page directory, small-page table | 4 KiB + 64 KiB + 256 KiB |
+//! | an empty page directory (channels whose guest PDB is invalid point here: every access faults) | 64 KiB |
+//! | two runlist buffers (double-buffered merged runlist) | 2 x 4 KiB |
+
+use gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
+use gf100::{inst, pbus, pffb, pfifo, pmc, userd, Target};
+
+use crate::addr::HostVram;
+use crate::host::HostError;
+use crate::phys::PhysicalGpu;
+use crate::vram_alloc::RangeAllocator;
+
+/// Bytes of one runlist buffer (128 entries of 8 bytes fit in one page).
+const RUNLIST_BYTES: u64 = gf100::PAGE_SIZE;
+
+/// Smallest hypervisor region: the host's own structures plus room for shadows.
+pub(crate) const MIN_HYPERVISOR_VRAM: u64 = 16 << 20;
+
+/// Bounded polls of a physical status register before giving up (the simulator answers at
+/// once; real hardware within microseconds).
+const STATUS_POLLS: u32 = 1000;
+
+/// Where the host's structures live in VRAM.
+#[derive(Debug, Clone)]
+pub(crate) struct HostLayout {
+    /// USERD page of physical channel 0 (channel p at `+ p * 4 KiB`).
+    pub userd: HostVram,
+    /// The host's BAR1 instance block.
+    pub bar1_inst: HostVram,
+    /// The host's BAR1 page directory.
+    pub bar1_pd: HostVram,
+    /// An all-absent page directory.
+    pub null_pd: HostVram,
+    /// The two runlist buffers.
+    pub runlists: [HostVram; 2],
+}
+
+impl HostLayout {
+    /// VRAM address of physical channel `p`'s USERD page.
+    pub(crate) fn userd_page(&self, p: u32) -> HostVram {
+        self.userd.offset(u64::from(p) * userd::SIZE)
+    }
+
+    /// Physical BAR1 offset of physical channel `p`'s USERD page.
+    pub(crate) fn userd_bar1(&self, p: u32) -> u64 {
+        u64::from(p) * userd::SIZE
+    }
+}
+
+fn alloc(
+    phys: &dyn PhysicalGpu,
+    hyp: &mut RangeAllocator,
+    size: u64,
+    what: &'static str,
+) -> Result<HostVram, HostError> {
+    let a = hyp
+        .alloc(size, gf100::PAGE_SIZE)
+        .ok_or(HostError::HypervisorVram { what })?;
+    phys.fill_vram(HostVram(a), size, 0);
+    Ok(HostVram(a))
+}
+
+fn wr64(phys: &dyn PhysicalGpu, addr: HostVram, v: u64) {
+    phys.write_vram(addr, &v.to_le_bytes());
+}
+
+/// Flushes the physical TLB for the page directory at `pd` (nouveau `gf100_vmm_invalidate`:
+/// wait for a free flush slot, write the page directory, trigger, wait until queued).
+pub(crate) fn phys_tlb_flush(phys: &dyn PhysicalGpu, pd: HostVram, hub_only: bool) {
+    let ok =
+        (0..STATUS_POLLS).any(|_| phys.read_reg(pffb::VM_CFG) & pffb::VM_CFG_FLUSH_SLOTS_MASK != 0);
+    if !ok {
+        log::warn!("physical TLB flush: no free flush slot");
+    }
+    phys.write_reg(
+        pffb::TLB_FLUSH_VSPACE,
+        pffb::vspace_encode(pd.raw(), Target::Vram),
+    );
+    let hub = if hub_only { pffb::FLUSH_HUB_ONLY } else { 0 };
+    phys.write_reg(
+        pffb::TLB_FLUSH_TRIGGER,
+        pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL | hub,
+    );
+    let ok =
+        (0..STATUS_POLLS).any(|_| phys.read_reg(pffb::VM_CFG) & pffb::VM_CFG_FLUSH_QUEUED != 0);
+    if !ok {
+        log::warn!("physical TLB flush of {pd} not acknowledged");
+    }
+}
+
+/// Waits (bounded) for a physical runlist update to finish.
+pub(crate) fn wait_runlist(phys: &dyn PhysicalGpu) {
+    let ok = (0..STATUS_POLLS)
+        .any(|_| phys.read_reg(pfifo::RUNLIST_RD_LEN) & pfifo::RUNLIST_PENDING == 0);
+    if !ok {
+        log::warn!("physical runlist update still pending");
+    }
+}
+
+/// Brings the physical GPU up and lays out the host's structures.
+pub(crate) fn bring_up(
+    phys: &dyn PhysicalGpu,
+    hyp: &mut RangeAllocator,
+) -> Result<HostLayout, HostError> {
+    let boot0 = phys.read_reg(pmc::BOOT_0);
+    if !pmc::boot0_is_fermi(boot0) {
+        return Err(HostError::NotFermi { boot0 });
+    }
+    // nv50_mc_init: everything on, interrupts off until PFIFO is ready.
+    phys.write_reg(pmc::ENABLE, pmc::ENABLE_ALL);
+    phys.write_reg(pmc::INTR_EN_HOST, 0);
+    // gf100_fb_init_page: 128 KiB large pages (what the shadows and the guests assume).
+    let cfg = phys.read_reg(pffb::VM_CFG);
+    phys.write_reg(pffb::VM_CFG, cfg & !pffb::VM_CFG_LARGE_PAGE_64K);
+
+    let channels = u64::from(pfifo::CHANNELS);
+    let layout = HostLayout {
+        userd: alloc(phys, hyp, channels * userd::SIZE, "USERD pages")?,
+        bar1_inst: alloc(phys, hyp, inst::SIZE, "BAR1 instance block")?,
+        bar1_pd: alloc(phys, hyp, mmu::PD_SIZE, "BAR1 page directory")?,
+        null_pd: alloc(phys, hyp, mmu::PD_SIZE, "empty page directory")?,
+        runlists: [
+            alloc(phys, hyp, RUNLIST_BYTES, "runlist")?,
+            alloc(phys, hyp, RUNLIST_BYTES, "runlist")?,
+        ],
+    };
+    let bar1_spt = alloc(phys, hyp, mmu::SPT_SIZE, "BAR1 page table")?;
+
+    // The host's BAR1 VM: PDE 0 -> one small-page table; PTE p -> USERD page of channel p.
+    let pde = Pde {
+        large: None,
+        small: Some(PtRef {
+            addr: bar1_spt.raw(),
+            target: Target::Vram,
+            vol: false,
+        }),
+        size: PtSize::Full,
+    };
+    wr64(phys, layout.bar1_pd, pde.encode());
+    for p in 0..pfifo::CHANNELS {
+        let pte = Pte::new(layout.userd_page(p).raw(), Target::Vram);
+        let va = layout.userd_bar1(p);
+        wr64(
+            phys,
+            bar1_spt.offset(mmu::spt_index(va) * mmu::ENTRY_SIZE),
+            pte.encode(),
+        );
+    }
+    wr64(
+        phys,
+        layout.bar1_inst.offset(inst::PDB_LO),
+        inst::pdb_encode(layout.bar1_pd.raw(), Target::Vram),
+    );
+    wr64(
+        phys,
+        layout.bar1_inst.offset(inst::LIMIT_LO),
+        gf100::pci::BAR1_SIZE - 1,
+    );
+    phys.write_reg(
+        pbus::BAR1_INST,
+        pbus::bar_inst_encode(layout.bar1_inst.raw(), Target::Vram),
+    );
+    phys_tlb_flush(phys, layout.bar1_pd, true);
+
+    // gf100_fifo_init, as the guest driver does it.
+    phys.write_reg(pmc::SPOON_ENABLE, pfifo::SUBFIFO_ENABLE_ALL);
+    phys.write_reg(pfifo::SUBFIFO_ENABLE, pfifo::SUBFIFO_ENABLE_ALL);
+    let pbdmas = (phys.read_reg(pfifo::SUBFIFO_ENABLE) & ((1 << pfifo::PBDMAS) - 1)).count_ones();
+    if pbdmas >= pfifo::PBDMAS {
+        for (e, v) in pfifo::ENG_SUBFIFO_MASK_NOUVEAU.iter().enumerate() {
+            phys.write_reg(pfifo::ENG_SUBFIFO_MASK + e as u32 * 4, *v);
+        }
+    }
+    for i in 0..pbdmas {
+        let halt = pfifo::pbdma(i, pfifo::PBDMA_INTR_HALT_MASK);
+        phys.write_reg(
+            halt,
+            phys.read_reg(halt) & !pfifo::PBDMA_HALT_MASK_NOUVEAU_CLEAR,
+        );
+        phys.write_reg(pfifo::pbdma(i, pfifo::PBDMA_INTR), pfifo::INTR_CLEAR_ALL);
+        phys.write_reg(
+            pfifo::pbdma(i, pfifo::PBDMA_INTR_EN),
+            pfifo::PBDMA_INTR_EN_NOUVEAU,
+        );
+    }
+    phys.write_reg(pfifo::CTRL, phys.read_reg(pfifo::CTRL) | pfifo::CTRL_ENABLE);
+    phys.write_reg(
+        pfifo::USERD_POLL_BASE,
+        pfifo::userd_poll_encode(layout.userd_bar1(0)),
+    );
+    // No channel bound, an empty runlist.
+    for p in 0..pfifo::CHANNELS {
+        phys.write_reg(pfifo::chan_state(p), 0);
+        phys.write_reg(pfifo::chan_table(p), 0);
+    }
+    phys.write_reg(
+        pfifo::RUNLIST_BASE,
+        pfifo::runlist_base_encode(layout.runlists[0].raw(), Target::Vram),
+    );
+    phys.write_reg(pfifo::RUNLIST_SUBMIT, pfifo::RUNLIST_SUBMIT_UNK20);
+    wait_runlist(phys);
+    phys.write_reg(pfifo::INTR_RUNLIST, pfifo::INTR_RUNLIST_EVENT);
+    phys.write_reg(pfifo::INTR, pfifo::INTR_CLEAR_ALL);
+    phys.write_reg(
+        pfifo::INTR_EN,
+        pfifo::INTR_EN_DEFAULT | pfifo::INTR_NON_STALL,
+    );
+    phys.write_reg(pfifo::ENGINE_INTR_ENABLE, pfifo::ENGINE_INTR_ENABLE_NOUVEAU);
+    phys.write_reg(pmc::INTR_EN_HOST, pmc::INTR_EN_HARDWARE);
+    Ok(layout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::phys::sim::{SimConfig, SimGpu};
+    use crate::phys::Bar;
+
+    #[test]
+    fn bring_up_maps_the_userd_pages_at_bar1_zero() {
+        let gpu = SimGpu::new(SimConfig {
+            vram_size: 512 << 20,
+            ..SimConfig::default()
+        });
+        let mut hyp = RangeAllocator::new(0, 64 << 20);
+        let l = bring_up(&gpu, &mut hyp).unwrap();
+        // A write through the physical BAR1 lands in the USERD page of that channel.
+        gpu.write_aperture(
+            Bar::Bar1,
+            l.userd_bar1(5) + userd::GP_PUT,
+            &7u32.to_le_bytes(),
+        );
+        let mut b = [0u8; 4];
+        gpu.read_vram(l.userd_page(5).offset(userd::GP_PUT), &mut b);
+        assert_eq!(u32::from_le_bytes(b), 7);
+        assert_eq!(gpu.stats().mmu_faults, 0);
+        assert_eq!(gpu.stats().bad_register_writes, 0);
+        assert_eq!(gpu.read_reg(pmc::INTR_EN_HOST), pmc::INTR_EN_HARDWARE);
+        assert_eq!(
+            gpu.read_reg(pfifo::INTR_EN),
+            pfifo::INTR_EN_DEFAULT | pfifo::INTR_NON_STALL
+        );
+        assert_eq!(gpu.read_reg(pfifo::INTR), 0);
+        assert!(hyp.used() < MIN_HYPERVISOR_VRAM);
+    }
+}

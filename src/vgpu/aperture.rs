@@ -1,0 +1,369 @@
+//! Memory apertures of the virtual GPU: the PRAMIN window (BAR0 0x700000, base in PMEM 0x1700)
+//! and the BAR1 / BAR3 apertures, all resolved **in software** against the VM's own memory —
+//! GPUvm emulates BAR1 the same way ("BAR1 accesses are emulated by walking the guest BAR1 page
+//! table"), and BAR3 until its remap optimization.
+//!
+//! A guest BAR binding (0x1704 BAR1, 0x1714 BAR3) in VM mode names a guest instance block whose
+//! page-directory base and limit are loaded when the binding is written and again on every guest
+//! TLB flush (as the hardware reloads them). An access is translated page by page: limit check,
+//! PDE, small-page table first then large-page table (the GF100 walk `gf100::mmu` describes),
+//! read-only check; every table read and the final page go through the VM's memory check
+//! ([`crate::guest_mem`]), so a guest BAR page table can only reach the VM's own slice and RAM.
+//! Successful translations are kept in a small software TLB, emptied on every guest TLB flush.
+//! A failing translation behaves like the hardware's: the read returns all-ones, the rest of the
+//! write is dropped, and an MMU fault (unit BAR1 4 / BAR3 5, client BAR_READ / BAR_WRITE, hub) is
+//! raised on *this VM's* virtual PFIFO only. A page-table entry that leads outside the VM's memory
+//! is treated as not present (and counted as a violation), like the shadow page tables do.
+//!
+//! Every guest write that lands in memory goes through [`VmCx::guest_write`], which lets the
+//! shadow page tables (write-tracked page tables) and the shadow instance blocks see it.
+
+use std::collections::HashMap;
+
+use gf100::fault::{self, FaultFlags};
+use gf100::mmu::{self, Pde, Pte};
+use gf100::pci::Bar;
+use gf100::{inst, pbus, Target};
+
+use crate::vgpu::vregs::VFault;
+use crate::vgpu::{ViolationKind, VmCx};
+
+/// How a guest BAR reaches memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum BarVm {
+    /// Binding bit 31 clear: BAR offset = guest VRAM address.
+    #[default]
+    Direct,
+    /// Through the guest's page tables.
+    Vm {
+        /// Page directory; `None` if the PDB is invalid (every access faults).
+        pd: Option<(u64, Target)>,
+        /// Highest valid offset.
+        limit: u64,
+    },
+    /// VM mode with the invalid instance target: every access faults NO_CHANNEL.
+    NoInstance,
+}
+
+/// One translated 4 KiB page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tr {
+    target: Target,
+    /// Guest address of the 4 KiB page.
+    page: u64,
+    read_only: bool,
+}
+
+/// Most translations kept before the software TLB is emptied.
+const TLB_CAPACITY: usize = 4096;
+
+/// The guest's BAR1 and BAR3 bindings and the software TLB.
+#[derive(Debug, Default)]
+pub(crate) struct GuestBars {
+    bar1: BarVm,
+    bar3: BarVm,
+    tlb: HashMap<(bool, u64), Tr>,
+}
+
+impl GuestBars {
+    /// Forgets every cached translation (a guest TLB flush).
+    pub(crate) fn flush(&mut self) {
+        self.tlb.clear();
+    }
+
+    fn vm(&self, bar: Bar) -> BarVm {
+        if bar == Bar::Bar3 {
+            self.bar3
+        } else {
+            self.bar1
+        }
+    }
+}
+
+/// Reloads both BAR bindings from the guest's registers and instance blocks and empties the
+/// software TLB (after a binding write or a guest TLB flush).
+pub(crate) fn reload(cx: &mut VmCx) {
+    cx.vm.bars.tlb.clear();
+    let b1 = load_binding(cx, cx.vm.regs.bar1_inst, "BAR1");
+    let b3 = load_binding(cx, cx.vm.regs.bar3_inst, "BAR3");
+    cx.vm.bars.bar1 = b1;
+    cx.vm.bars.bar3 = b3;
+}
+
+fn load_binding(cx: &mut VmCx, reg: u32, name: &str) -> BarVm {
+    if reg & pbus::BAR_INST_VM_MODE == 0 {
+        return BarVm::Direct;
+    }
+    let Some((inst, target)) = pbus::bar_inst_decode(reg) else {
+        return BarVm::NoInstance;
+    };
+    let m = cx.gmem();
+    let r = m
+        .read_u64(target, inst + inst::PDB_LO)
+        .and_then(|pdb| Ok((pdb, m.read_u64(target, inst + inst::LIMIT_LO)?)));
+    match r {
+        Ok((pdb, limit)) => BarVm::Vm {
+            pd: inst::pdb_decode(pdb),
+            limit,
+        },
+        Err(v) => {
+            cx.violation(v.into(), || format!("{name} instance block {inst:#x}: {v}"));
+            BarVm::Vm { pd: None, limit: 0 }
+        }
+    }
+}
+
+/// Walks the guest BAR VM for `va`; `Err(reason)` is a fault.
+fn walk(cx: &mut VmCx, vm: BarVm, va: u64, write: bool) -> Result<Tr, u32> {
+    let (pd, limit) = match vm {
+        BarVm::Direct => {
+            return Ok(Tr {
+                target: Target::Vram,
+                page: va & !(gf100::PAGE_SIZE - 1),
+                read_only: false,
+            })
+        }
+        BarVm::NoInstance => return Err(fault::REASON_NO_CHANNEL),
+        BarVm::Vm { pd, limit } => (pd, limit),
+    };
+    if va > limit {
+        return Err(fault::REASON_VM_LIMIT_EXCEEDED);
+    }
+    let (pd, pd_target) = pd.ok_or(fault::REASON_PT_NOT_PRESENT)?;
+    let pde = match cx
+        .gmem()
+        .read_u64(pd_target, pd + mmu::pde_index(va) * mmu::ENTRY_SIZE)
+    {
+        Ok(raw) => Pde::decode(raw),
+        Err(v) => {
+            cx.violation(v.into(), || format!("BAR page directory {pd:#x}: {v}"));
+            return Err(fault::REASON_PT_NOT_PRESENT);
+        }
+    };
+    if pde.small.is_none() && pde.large.is_none() {
+        return Err(fault::REASON_PT_NOT_PRESENT);
+    }
+    if va % mmu::PDE_COVERAGE >= pde.size.coverage() {
+        return Err(fault::REASON_PT_TOO_SHORT);
+    }
+    let tables = [
+        pde.small.map(|t| (t, mmu::spt_index(va), false)),
+        pde.large.map(|t| (t, mmu::lpt_index(va), true)),
+    ];
+    for (t, index, large) in tables.into_iter().flatten() {
+        let raw = match cx
+            .gmem()
+            .read_u64(t.target, t.addr + index * mmu::ENTRY_SIZE)
+        {
+            Ok(raw) => raw,
+            Err(v) => {
+                cx.violation(v.into(), || format!("BAR page table {:#x}: {v}", t.addr));
+                continue;
+            }
+        };
+        let pte = match Pte::decode(raw) {
+            Ok(Some(pte)) => pte,
+            Ok(None) => continue,
+            Err(_) => return Err(fault::REASON_INVALID_STORAGE_TYPE),
+        };
+        if write && pte.read_only {
+            return Err(fault::REASON_PAGE_READ_ONLY);
+        }
+        let page = if large {
+            pte.addr + (va & (mmu::LARGE_PAGE_SIZE - 1) & !(gf100::PAGE_SIZE - 1))
+        } else {
+            pte.addr
+        };
+        return Ok(Tr {
+            target: pte.target,
+            page,
+            read_only: pte.read_only,
+        });
+    }
+    Err(fault::REASON_PAGE_NOT_PRESENT)
+}
+
+/// Translates BAR offset `va` of `bar` (software TLB, then walk); pages outside the VM's memory
+/// are not present.
+fn translate(cx: &mut VmCx, bar: Bar, va: u64, write: bool) -> Result<Tr, u32> {
+    let key = (bar == Bar::Bar3, va >> gf100::PAGE_SHIFT);
+    if let Some(tr) = cx.vm.bars.tlb.get(&key).copied() {
+        if write && tr.read_only {
+            return Err(fault::REASON_PAGE_READ_ONLY);
+        }
+        return Ok(tr);
+    }
+    let vm = cx.vm.bars.vm(bar);
+    let tr = walk(cx, vm, va, write)?;
+    if let Err(v) = cx.gmem().to_phys(tr.target, tr.page, gf100::PAGE_SIZE) {
+        cx.violation(v.into(), || {
+            format!(
+                "{bar:?} offset {va:#x} maps {:#x} ({:?}): {v}",
+                tr.page, tr.target
+            )
+        });
+        return Err(fault::REASON_PAGE_NOT_PRESENT);
+    }
+    if cx.vm.bars.tlb.len() >= TLB_CAPACITY {
+        cx.vm.bars.tlb.clear();
+    }
+    cx.vm.bars.tlb.insert(key, tr);
+    Ok(tr)
+}
+
+/// Raises a virtual MMU fault for the VM's own BAR access.
+fn bar_fault(cx: &mut VmCx, bar: Bar, va: u64, reason: u32, write: bool) {
+    let (unit, reg) = if bar == Bar::Bar3 {
+        (fault::UNIT_BAR3, cx.vm.regs.bar3_inst)
+    } else {
+        (fault::UNIT_BAR1, cx.vm.regs.bar1_inst)
+    };
+    let client = if write {
+        fault::HUB_CLIENT_BAR_WRITE
+    } else {
+        fault::HUB_CLIENT_BAR_READ
+    };
+    let f = VFault {
+        unit,
+        inst: reg & !(pbus::BAR_INST_VM_MODE | pbus::BAR_INST_UNK30),
+        va,
+        flags: FaultFlags {
+            reason,
+            hub: true,
+            write,
+            client,
+            gpc: 0,
+        },
+    };
+    cx.vm.stats.bar_faults += 1;
+    cx.vm.regs.report_fault(f);
+}
+
+/// True for the access widths a BAR supports.
+pub(crate) fn valid_width(len: usize) -> bool {
+    matches!(len, 1 | 2 | 4 | 8)
+}
+
+/// A guest read of BAR1 or BAR3.
+pub(crate) fn bar_read(cx: &mut VmCx, bar: Bar, offset: u64, data: &mut [u8]) {
+    let exits = if bar == Bar::Bar3 {
+        &mut cx.vm.stats.exits.bar3
+    } else {
+        &mut cx.vm.stats.exits.bar1
+    };
+    exits.count(false);
+    if !valid_width(data.len()) {
+        data.fill(0xff);
+        let n = data.len();
+        cx.violation(ViolationKind::BadAccess, || {
+            format!("{bar:?} read of {n} bytes")
+        });
+        return;
+    }
+    if bar == Bar::Bar1 && crate::channels::userd::read(cx, offset, data) {
+        return;
+    }
+    cx.vm.stats.by_class.aperture.count(false);
+    let len = data.len() as u64;
+    if !matches!(offset.checked_add(len), Some(e) if e <= bar.size()) {
+        data.fill(0xff);
+        return;
+    }
+    let mut done = 0usize;
+    while done < data.len() {
+        let va = offset + done as u64;
+        let in_page = (gf100::PAGE_SIZE - (va & (gf100::PAGE_SIZE - 1))) as usize;
+        let n = in_page.min(data.len() - done);
+        let piece = &mut data[done..done + n];
+        match translate(cx, bar, va, false) {
+            Ok(tr) => {
+                let addr = tr.page + (va & (gf100::PAGE_SIZE - 1));
+                if cx.gmem().read(tr.target, addr, piece).is_err() {
+                    piece.fill(0xff);
+                }
+            }
+            Err(reason) => {
+                data[done..].fill(0xff);
+                bar_fault(cx, bar, va, reason, false);
+                return;
+            }
+        }
+        done += n;
+    }
+}
+
+/// A guest write of BAR1 or BAR3.
+pub(crate) fn bar_write(cx: &mut VmCx, bar: Bar, offset: u64, data: &[u8]) {
+    let exits = if bar == Bar::Bar3 {
+        &mut cx.vm.stats.exits.bar3
+    } else {
+        &mut cx.vm.stats.exits.bar1
+    };
+    exits.count(true);
+    if !valid_width(data.len()) {
+        let n = data.len();
+        cx.violation(ViolationKind::BadAccess, || {
+            format!("{bar:?} write of {n} bytes")
+        });
+        return;
+    }
+    if bar == Bar::Bar1 && crate::channels::userd::write(cx, offset, data) {
+        return;
+    }
+    cx.vm.stats.by_class.aperture.count(true);
+    let len = data.len() as u64;
+    if !matches!(offset.checked_add(len), Some(e) if e <= bar.size()) {
+        return;
+    }
+    let mut done = 0usize;
+    while done < data.len() {
+        let va = offset + done as u64;
+        let in_page = (gf100::PAGE_SIZE - (va & (gf100::PAGE_SIZE - 1))) as usize;
+        let n = in_page.min(data.len() - done);
+        match translate(cx, bar, va, true) {
+            Ok(tr) => {
+                let addr = tr.page + (va & (gf100::PAGE_SIZE - 1));
+                if let Err(v) = cx.guest_write(tr.target, addr, &data[done..done + n]) {
+                    cx.violation(v.into(), || format!("{bar:?} write at {va:#x}: {v}"));
+                }
+            }
+            Err(reason) => {
+                bar_fault(cx, bar, va, reason, true);
+                return;
+            }
+        }
+        done += n;
+    }
+}
+
+/// A guest read of the PRAMIN window at window offset `off`.
+pub(crate) fn pramin_read(cx: &mut VmCx, off: u64, data: &mut [u8]) {
+    let pmem = cx.vm.regs.pmem;
+    let Some((base, target)) = pbus::pmem_decode(pmem) else {
+        data.fill(0xff);
+        cx.violation(ViolationKind::InvalidTarget, || {
+            format!("PRAMIN window with the invalid target (PMEM {pmem:#010x})")
+        });
+        return;
+    };
+    let addr = base + off;
+    if let Err(v) = cx.gmem().read(target, addr, data) {
+        data.fill(0xff);
+        cx.violation(v.into(), || format!("PRAMIN read at {addr:#x}: {v}"));
+    }
+}
+
+/// A guest write of the PRAMIN window at window offset `off`.
+pub(crate) fn pramin_write(cx: &mut VmCx, off: u64, data: &[u8]) {
+    let pmem = cx.vm.regs.pmem;
+    let Some((base, target)) = pbus::pmem_decode(pmem) else {
+        cx.violation(ViolationKind::InvalidTarget, || {
+            format!("PRAMIN window with the invalid target (PMEM {pmem:#010x})")
+        });
+        return;
+    };
+    let addr = base + off;
+    if let Err(v) = cx.guest_write(target, addr, data) {
+        cx.violation(v.into(), || format!("PRAMIN write at {addr:#x}: {v}"));
+    }
+}

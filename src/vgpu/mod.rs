@@ -1,0 +1,510 @@
+//! A virtual GF100 for one VM (GPUvm's per-VM device model, the QEMU `nvc0` device plus its
+//! share of the A3 aggregator): PCI configuration space, the three BARs, guest memory, the
+//! interrupt line and the VM's counters.
+//!
+//! [`Vgpu`] is what a VMM embeds, in the style of vm-superio: plain `bar_read` / `bar_write` at an
+//! offset of a BAR, `config_read` / `config_write`, an [`IrqLine`] for the interrupt. Every access
+//! is trapped (no region can be mapped straight through yet, see [`Vgpu::regions`]) and handled
+//! under the host's single lock (see [`crate::host`]):
+//!
+//! - BAR0 registers (`bar0`) go through the region table (`crate::mmio::regions`, deny by
+//!   default) to the per-VM register file (`vregs`), the channel code (`crate::channels`) or
+//!   the shadow page tables;
+//! - the PRAMIN window and the BAR1/BAR3 apertures (`aperture`) are translated in software
+//!   through the guest's own window base and BAR page tables into the VM's memory;
+//! - the guest's USERD pages inside its BAR1 poll area are emulated (`crate::channels::userd`):
+//!   GP_PUT writes are doorbells for the scheduler.
+//!
+//! After each access the host services the physical GPU (interrupts, completions, dispatch) and
+//! updates the interrupt lines of every VM.
+
+pub(crate) mod aperture;
+mod bar0;
+pub(crate) mod irq;
+mod pv;
+pub mod stats;
+pub(crate) mod submit;
+pub(crate) mod vregs;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use gf100::Target;
+use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
+
+use crate::addr::{Gpa, HostVram, Iova};
+use crate::channels::VChan;
+use crate::guest_mem::{GuestMem, GuestRam, VramSlice};
+use crate::host::{HostLayout, HostShared};
+use crate::irq::IrqLine;
+use crate::mmio::pci::PciConfig;
+use crate::mmio::regions::{Policy, BAR0_REGIONS};
+use crate::phys::{Bar, DmaError, PhysicalGpu};
+use crate::profile::VgpuProfile;
+use crate::sched::VmId;
+use crate::shadow_pt::{ShadowCtx, ShadowPt};
+use crate::vram_alloc::RangeAllocator;
+
+pub use stats::{VgpuStats, ViolationKind};
+
+use aperture::GuestBars;
+use stats::RateLimit;
+use vregs::VRegs;
+
+/// Why a vGPU operation failed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum VgpuError {
+    /// The vGPU was destroyed.
+    #[error("the vGPU was destroyed")]
+    Destroyed,
+    /// Guest memory was already attached.
+    #[error("guest memory is already attached")]
+    AlreadyAttached,
+    /// A RAM region does not fit in the VM's IOVA window.
+    #[error("guest RAM region at {gpa} of {len:#x} bytes does not fit in the {window:#x}-byte DMA window")]
+    RamTooLarge {
+        /// Start of the region.
+        gpa: Gpa,
+        /// Its length.
+        len: u64,
+        /// The window size.
+        window: u64,
+    },
+    /// The physical GPU refused the DMA window.
+    #[error("DMA window: {0}")]
+    Dma(#[from] DmaError),
+}
+
+/// One region of a BAR as a VMM sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BarRegion {
+    /// The BAR.
+    #[serde(serialize_with = "ser_bar")]
+    pub bar: Bar,
+    /// First offset.
+    pub offset: u64,
+    /// Size in bytes.
+    pub size: u64,
+    /// Name.
+    pub name: String,
+    /// What the device model does with accesses.
+    pub policy: Policy,
+    /// True if the VMM must trap accesses (forward them to [`Vgpu::bar_read`] /
+    /// [`Vgpu::bar_write`]); false if it may map the region straight into the guest. Always true
+    /// today: every region is emulated or translated (a BAR-remap optimization would make parts
+    /// of BAR1/BAR3 mappable).
+    pub trapped: bool,
+}
+
+fn ser_bar<S: serde::Serializer>(b: &Bar, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u8(b.index())
+}
+
+/// A host-level consequence of a guest access, applied by the host after the access (it needs
+/// state beyond the VM: the scheduler, the merged runlist).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// The VM's runlist changed: rebuild and submit the physical runlist.
+    RunlistChanged,
+    /// The guest rang the doorbell of its channel `g`.
+    Doorbell(u32),
+    /// Guest channel `g` was unbound: drop its queued and in-flight work.
+    ChannelGone(u32),
+}
+
+/// The VM's memory: its VRAM slice and (once attached) its RAM with the IOVA window.
+#[derive(Debug, Clone)]
+pub(crate) struct VmMem {
+    pub slice: VramSlice,
+    pub ram: Option<GuestRam>,
+    pub iova_base: Iova,
+}
+
+/// The interrupt line of one VM, applied outside the host lock with sequence numbers so that a
+/// late, stale level never overwrites a newer one (the simulator does the same).
+#[derive(Default)]
+pub(crate) struct LineSlot {
+    inner: Mutex<LineOut>,
+}
+
+#[derive(Default)]
+struct LineOut {
+    line: Option<Arc<dyn IrqLine>>,
+    applied: u64,
+    level: bool,
+}
+
+impl LineSlot {
+    /// Applies `level` computed as change number `seq`.
+    pub(crate) fn apply(&self, seq: u64, level: bool) {
+        let mut out = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if seq > out.applied {
+            out.applied = seq;
+            out.level = level;
+            if let Some(l) = &out.line {
+                l.set_level(level);
+            }
+        }
+    }
+
+    fn connect(&self, line: Arc<dyn IrqLine>) {
+        let mut out = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        line.set_level(out.level);
+        out.line = Some(line);
+    }
+}
+
+impl fmt::Debug for LineSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LineSlot")
+    }
+}
+
+/// Everything the host keeps about one VM (behind the host lock).
+pub(crate) struct VmState {
+    pub id: VmId,
+    pub profile: VgpuProfile,
+    /// IOVA window slot.
+    pub slot: usize,
+    pub mem: VmMem,
+    /// DMA windows registered for the VM's RAM regions.
+    pub dma_windows: Vec<Iova>,
+    /// First physical channel of the partition.
+    pub chan_base: u32,
+    /// BAR1 / BAR3 arenas (offset, size) in the physical BARs, reserved for BAR remapping.
+    pub bar1_arena: (u64, u64),
+    pub bar3_arena: (u64, u64),
+    pub shadow: ShadowPt,
+    pub regs: VRegs,
+    pub bars: GuestBars,
+    pub chans: Vec<VChan>,
+    /// The VM's accepted runlist (guest channel ids, in order).
+    pub runlist: Vec<u32>,
+    /// Guest instance-block pages of bound channels: (sysram?, page address) -> guest chids.
+    pub inst_pages: HashMap<(bool, u64), Vec<u32>>,
+    pub pci: PciConfig,
+    pub line: Arc<LineSlot>,
+    pub line_level: bool,
+    pub line_seq: u64,
+    pub stats: VgpuStats,
+    pub log: RateLimit,
+    pub effects: Vec<Effect>,
+}
+
+impl VmState {
+    /// Physical channel of guest channel `g` (which must be < the partition size).
+    pub(crate) fn phys_chid(&self, g: u32) -> u32 {
+        self.chan_base + g
+    }
+
+    /// Number of channels of the partition.
+    pub(crate) fn nchan(&self) -> u32 {
+        self.chans.len() as u32
+    }
+
+    /// A snapshot of the counters, shadow counters included.
+    pub(crate) fn stats_snapshot(&self) -> VgpuStats {
+        let mut s = self.stats.clone();
+        s.shadow = self.shadow.stats();
+        s.violations.page_table = s.shadow.violations;
+        s.violations.total += s.shadow.violations;
+        s
+    }
+}
+
+/// One VM's state plus what its handlers need from the host, for the duration of one access.
+pub(crate) struct VmCx<'a> {
+    pub phys: &'a dyn PhysicalGpu,
+    pub hyp: &'a mut RangeAllocator,
+    pub layout: &'a HostLayout,
+    pub vm: &'a mut VmState,
+}
+
+impl VmCx<'_> {
+    /// The VM's memory view (every guest address goes through it).
+    pub(crate) fn gmem(&self) -> GuestMem<'_> {
+        GuestMem {
+            phys: self.phys,
+            slice: self.vm.mem.slice,
+            ram: self.vm.mem.ram.as_ref(),
+        }
+    }
+
+    /// The shadow page tables and the context they need.
+    pub(crate) fn shadow(&mut self) -> (&mut ShadowPt, ShadowCtx<'_>) {
+        let vm = &mut *self.vm;
+        (
+            &mut vm.shadow,
+            ShadowCtx {
+                mem: GuestMem {
+                    phys: self.phys,
+                    slice: vm.mem.slice,
+                    ram: vm.mem.ram.as_ref(),
+                },
+                hyp: &mut *self.hyp,
+            },
+        )
+    }
+
+    /// Counts a violation and logs it (rate-limited).
+    pub(crate) fn violation(&mut self, kind: ViolationKind, what: impl FnOnce() -> String) {
+        self.vm.stats.violations.add(kind, 1);
+        if self.vm.log.hit() {
+            log::warn!(
+                "{} ({}): violation {kind:?}: {} [{} logged events so far]",
+                self.vm.id,
+                self.vm.profile.name,
+                what(),
+                self.vm.log.seen()
+            );
+        }
+    }
+
+    /// Flushes the physical TLB for each shadow page directory in `pds`.
+    pub(crate) fn phys_tlb_flush(&mut self, pds: &[HostVram]) {
+        for &pd in pds {
+            crate::host::phys_tlb_flush(self.phys, pd, false);
+            self.vm.stats.phys_tlb_flushes += 1;
+        }
+    }
+
+    /// Writes `data` to guest memory at `addr` in `target` on the guest's behalf (PRAMIN, BAR1,
+    /// BAR3), then lets the shadow page tables and the shadow instance blocks see the write.
+    pub(crate) fn guest_write(
+        &mut self,
+        target: Target,
+        addr: u64,
+        data: &[u8],
+    ) -> Result<(), crate::guest_mem::Violation> {
+        self.gmem().write(target, addr, data)?;
+        let len = data.len() as u64;
+        {
+            let (sh, mut scx) = self.shadow();
+            sh.guest_wrote(&mut scx, target, addr, len);
+        }
+        crate::channels::on_guest_write(self, target, addr, len);
+        Ok(())
+    }
+}
+
+/// A virtual GF100 given to one VM. Cheap to share (`Arc`); every method may be called from any
+/// vCPU thread. Dropping the last reference destroys the VM (as [`crate::host::GpuHost::destroy_vgpu`]).
+pub struct Vgpu {
+    pub(crate) id: VmId,
+    pub(crate) profile: VgpuProfile,
+    pub(crate) shared: Arc<HostShared>,
+    pub(crate) line: Arc<LineSlot>,
+    pub(crate) phys_chans: Range<u32>,
+    pub(crate) slice: VramSlice,
+}
+
+impl fmt::Debug for Vgpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Vgpu")
+            .field("id", &self.id)
+            .field("profile", &self.profile.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Vgpu {
+    /// The VM's identity on its host.
+    pub fn id(&self) -> VmId {
+        self.id
+    }
+
+    /// The profile the vGPU was created from.
+    pub fn profile(&self) -> &VgpuProfile {
+        &self.profile
+    }
+
+    /// The physical channels of the VM's partition (guest channel `g` is physical
+    /// `start + g`).
+    pub fn phys_channels(&self) -> Range<u32> {
+        self.phys_chans.clone()
+    }
+
+    /// The VM's slice of physical VRAM (guest VRAM address 0 is at `base`).
+    pub fn vram_slice(&self) -> VramSlice {
+        self.slice
+    }
+
+    /// The physical GPU underneath (for harnesses that wait on its clock).
+    pub fn phys(&self) -> &Arc<dyn PhysicalGpu> {
+        &self.shared.phys
+    }
+
+    /// Reads PCI configuration space (1, 2 or 4 bytes, naturally aligned; anything else, or a
+    /// destroyed vGPU, reads all-ones).
+    pub fn config_read(&self, offset: u16, data: &mut [u8]) {
+        if self
+            .shared
+            .access(self.id, |cx| cx.vm.pci.read(offset, data))
+            .is_none()
+        {
+            data.fill(0xff);
+        }
+    }
+
+    /// Writes PCI configuration space (BAR sizing, command register, MSI as on hardware).
+    pub fn config_write(&self, offset: u16, data: &[u8]) {
+        self.shared
+            .access(self.id, |cx| cx.vm.pci.write(offset, data));
+    }
+
+    /// The MSI message the guest programmed (a VMM that delivers MSIs routes the interrupt line
+    /// with it); `None` once destroyed.
+    pub fn msi(&self) -> Option<crate::mmio::pci::MsiState> {
+        self.shared.access(self.id, |cx| cx.vm.pci.msi())
+    }
+
+    /// Reads `data.len()` (1, 2, 4 or 8) bytes of `bar` at `offset`.
+    pub fn bar_read(&self, bar: Bar, offset: u64, data: &mut [u8]) {
+        let done = self.shared.access(self.id, |cx| match bar {
+            Bar::Bar0 => {
+                cx.vm.stats.exits.bar0.count(false);
+                bar0::read(cx, offset, data)
+            }
+            Bar::Bar1 | Bar::Bar3 => aperture::bar_read(cx, bar, offset, data),
+        });
+        if done.is_none() {
+            fill_dead(bar, data);
+        }
+    }
+
+    /// Writes `data` (1, 2, 4 or 8 bytes) to `bar` at `offset`.
+    pub fn bar_write(&self, bar: Bar, offset: u64, data: &[u8]) {
+        self.shared.access(self.id, |cx| match bar {
+            Bar::Bar0 => {
+                cx.vm.stats.exits.bar0.count(true);
+                bar0::write(cx, offset, data)
+            }
+            Bar::Bar1 | Bar::Bar3 => aperture::bar_write(cx, bar, offset, data),
+        });
+    }
+
+    /// The BAR regions and their trap policy: the BAR0 region table (deny by default: offsets
+    /// not listed are unknown and read the bad-register code), and BAR1 and BAR3 as one
+    /// translated region each. Today every region must be trapped.
+    pub fn regions(&self) -> Vec<BarRegion> {
+        let mut v: Vec<BarRegion> = BAR0_REGIONS
+            .iter()
+            .filter(|r| {
+                r.handler != Some(crate::mmio::regions::Handler::Paravirt)
+                    || self.profile.shadow == crate::profile::ShadowMode::Pv
+            })
+            .map(|r| BarRegion {
+                bar: Bar::Bar0,
+                offset: u64::from(r.offset),
+                size: u64::from(r.size),
+                name: r.name.to_string(),
+                policy: r.policy,
+                trapped: true,
+            })
+            .collect();
+        v.push(BarRegion {
+            bar: Bar::Bar1,
+            offset: 0,
+            size: Bar::Bar1.size(),
+            name: "BAR1 (VRAM aperture through the guest's BAR1 VM; USERD poll area emulated)"
+                .into(),
+            policy: Policy::Shadowed,
+            trapped: true,
+        });
+        v.push(BarRegion {
+            bar: Bar::Bar3,
+            offset: 0,
+            size: Bar::Bar3.size(),
+            name: "BAR3 (instance memory through the guest's BAR3 VM)".into(),
+            policy: Policy::Shadowed,
+            trapped: true,
+        });
+        v
+    }
+
+    /// Attaches the VM's RAM: each region is mapped into the VM's IOVA window with the physical
+    /// GPU's `map_dma` (GPA `g` at IOVA `window base + g`); from then on the guest's
+    /// system-memory page-table entries may name it.
+    pub fn attach_guest_memory(&self, mem: GuestMemoryMmap) -> Result<(), VgpuError> {
+        self.shared
+            .access(self.id, |cx| {
+                attach_memory(cx, self.shared.cfg.iova_window, mem)
+            })
+            .unwrap_or(Err(VgpuError::Destroyed))
+    }
+
+    /// Connects the VM's interrupt line (level-triggered; it must not call back into the vGPU).
+    pub fn set_irq_line(&self, line: Arc<dyn IrqLine>) {
+        self.line.connect(line);
+    }
+
+    /// The VM's counters.
+    pub fn stats(&self) -> VgpuStats {
+        self.shared
+            .access(self.id, |cx| cx.vm.stats_snapshot())
+            .unwrap_or_default()
+    }
+
+    /// Lets the physical GPU make progress and delivers what it finished (the same as
+    /// [`crate::host::GpuHost::poll`]). Every access does this too; call it while the guest is
+    /// idle (waiting with `hlt`).
+    pub fn poll(&self) {
+        self.shared.poll();
+    }
+}
+
+impl Drop for Vgpu {
+    fn drop(&mut self) {
+        // A VM still alive when its last handle goes is destroyed; an explicit destroy before
+        // makes this a no-op.
+        let _ = self.shared.destroy(self.id);
+    }
+}
+
+/// What a BAR access reads when the vGPU is gone.
+fn fill_dead(bar: Bar, data: &mut [u8]) {
+    match bar {
+        Bar::Bar0 if data.len() == 4 => data.copy_from_slice(&gf100::BAD_REGISTER.to_le_bytes()),
+        _ => data.fill(0xff),
+    }
+}
+
+fn attach_memory(cx: &mut VmCx, window: u64, mem: GuestMemoryMmap) -> Result<(), VgpuError> {
+    if cx.vm.mem.ram.is_some() {
+        return Err(VgpuError::AlreadyAttached);
+    }
+    let regions: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
+    for &(gpa, len) in &regions {
+        let fits = matches!(gpa.checked_add(len), Some(end) if end <= window);
+        if !fits {
+            return Err(VgpuError::RamTooLarge {
+                gpa: Gpa(gpa),
+                len,
+                window,
+            });
+        }
+    }
+    let base = cx.vm.mem.iova_base;
+    let mut mapped = Vec::new();
+    for &(gpa, len) in &regions {
+        let iova = base.offset(gpa);
+        if let Err(e) = cx.phys.map_dma(iova, len, mem.clone(), Gpa(gpa)) {
+            for m in mapped {
+                let _ = cx.phys.unmap_dma(m);
+            }
+            return Err(e.into());
+        }
+        mapped.push(iova);
+    }
+    cx.vm.dma_windows = mapped;
+    cx.vm.mem.ram = Some(GuestRam {
+        mem,
+        iova_base: base,
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

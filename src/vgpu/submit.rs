@@ -1,0 +1,282 @@
+//! The submission path (GPUvm `context_bar1.cc` "fire" + the A3 scheduler loop): doorbell ->
+//! scheduler -> dispatch -> completion.
+//!
+//! A doorbell (the guest wrote GP_PUT in its emulated USERD page) of a bound channel becomes a
+//! [`Submission`] handed to the host's [`crate::sched::Scheduler`]. Whenever the scheduler picks
+//! one (after every access and every poll), it is **dispatched**:
+//!
+//! 1. the channel's shadow page tables are brought up to date (`before_submit`; lazy mode
+//!    rebuilds here);
+//! 2. the new GPFIFO entries and their pushbuffer segments are scanned for TLB invalidates
+//!    (`crate::channels::cmdscan`), read through the shadow translation — all bounded, an
+//!    unmapped entry stops the scan; each one found is applied as a guest TLB flush and the
+//!    shadow made current again;
+//! 3. the physical TLB is flushed for every shadow page directory that changed;
+//! 4. the physical GP_PUT is written through the physical BAR1 aperture onto the hypervisor's
+//!    USERD page of the physical channel — the physical doorbell.
+//!
+//! A submission is complete when the physical GP_GET (in that USERD page) equals its GP_PUT. It
+//! also ends, without completing, when the channel stops (an MMU fault or PBDMA error clears
+//! STATE RUNNABLE), is unbound, or parks on a semaphore acquire — otherwise one guest could hold
+//! the GPU for ever. A submission to a channel that is not runnable or not on the VM's runlist
+//! is written to the GPU (it runs when the guest enables the channel, as on hardware) but not
+//! counted in flight. Work of a parked or disabled channel that later resumes runs outside the
+//! scheduler's accounting (the GPU is not preemptive; the watchdog is a separate mechanism).
+
+use gf100::{pfifo, ptimer, userd, Target};
+use vm_memory::{Bytes, GuestAddress};
+
+use crate::addr::HostVram;
+use crate::channels::cmdscan::{self, Budget, Ring};
+use crate::host::HostState;
+use crate::phys::{Bar, PhysicalGpu};
+use crate::sched::{dispatchable, Submission, VmId};
+use crate::shadow_pt::GuestPdb;
+use crate::vgpu::VmCx;
+
+/// A submission on the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InFlight {
+    pub sub: Submission,
+    /// GPU time of dispatch.
+    pub start_ns: u64,
+}
+
+/// The GPU's time (PTIMER, read high-low-high as nouveau does).
+pub(crate) fn gpu_now(phys: &dyn PhysicalGpu) -> u64 {
+    for _ in 0..4 {
+        let hi = phys.read_reg(ptimer::TIME_HIGH);
+        let lo = phys.read_reg(ptimer::TIME_LOW);
+        if phys.read_reg(ptimer::TIME_HIGH) == hi {
+            return u64::from(hi) << 32 | u64::from(lo);
+        }
+    }
+    0
+}
+
+/// The guest rang the doorbell of its channel `g`: queue a submission.
+pub(crate) fn doorbell(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: u32) {
+    let Some(vm) = st.vms.get(&id) else {
+        return;
+    };
+    let Some(ch) = vm.chans.get(g as usize) else {
+        return;
+    };
+    if ch.bound.is_none() {
+        return;
+    }
+    let busy = st
+        .inflight
+        .iter()
+        .any(|f| f.sub.vm == id && f.sub.guest_chid == g);
+    if ch.gp_put == ch.phys_put && !busy {
+        return;
+    }
+    let s = Submission {
+        vm: id,
+        guest_chid: g,
+        phys_chid: vm.phys_chid(g),
+        put: ch.gp_put,
+    };
+    st.sched.submit(s, gpu_now(phys));
+}
+
+/// Retires finished submissions and dispatches what the scheduler picks.
+pub(crate) fn progress(st: &mut HostState, phys: &dyn PhysicalGpu, max_inflight: usize) {
+    let now = gpu_now(phys);
+    check_completions(st, phys, now);
+    loop {
+        let inflight: Vec<Submission> = st.inflight.iter().map(|f| f.sub).collect();
+        let Some(s) = st.sched.pick(&inflight, max_inflight, now) else {
+            break;
+        };
+        if !dispatchable(&s, &inflight, max_inflight) {
+            log::error!(
+                "scheduler '{}' picked {s:?}, which may not run now; dropped",
+                st.sched.name()
+            );
+            st.counters.aborted += 1;
+            break;
+        }
+        dispatch(st, phys, s, now);
+    }
+}
+
+/// How a submission in flight stands.
+enum Status {
+    Running,
+    Done,
+    Ended,
+}
+
+fn status(phys: &dyn PhysicalGpu, st: &HostState, f: &InFlight) -> Status {
+    let p = f.sub.phys_chid;
+    let mut b = [0u8; 4];
+    phys.read_vram(st.layout.userd_page(p).offset(userd::GP_GET), &mut b);
+    if u32::from_le_bytes(b) == f.sub.put {
+        return Status::Done;
+    }
+    let chan = phys.read_reg(pfifo::chan_table(p));
+    let state = phys.read_reg(pfifo::chan_state(p));
+    if chan & pfifo::CHAN_VALID == 0
+        || state & pfifo::STATE_RUNNABLE == 0
+        || state & pfifo::STATE_ACQUIRE_PENDING != 0
+    {
+        Status::Ended
+    } else {
+        Status::Running
+    }
+}
+
+fn check_completions(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
+    let mut i = 0;
+    while i < st.inflight.len() {
+        let f = st.inflight[i];
+        let done = match status(phys, st, &f) {
+            Status::Running => {
+                i += 1;
+                continue;
+            }
+            Status::Done => true,
+            Status::Ended => false,
+        };
+        st.inflight.remove(i);
+        st.sched
+            .complete(&f.sub, now, now.saturating_sub(f.start_ns));
+        let vm = st.vms.get_mut(&f.sub.vm);
+        if done {
+            st.counters.completed += 1;
+            if let Some(vm) = vm {
+                vm.stats.completions += 1;
+            }
+        } else {
+            st.counters.aborted += 1;
+            if let Some(vm) = vm {
+                vm.stats.aborted += 1;
+            }
+        }
+    }
+}
+
+/// Dispatches `s`: shadows current, pushbuffer scan, physical TLB flushes, physical doorbell.
+fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64) {
+    let Some(vm) = st.vms.get_mut(&s.vm) else {
+        st.counters.aborted += 1;
+        return;
+    };
+    let g = s.guest_chid as usize;
+    let Some((pdb, ring, from, mut scan)) = vm.chans.get(g).and_then(|c| {
+        c.bound.as_ref().map(|b| {
+            (
+                b.pdb,
+                Ring {
+                    base: b.ib_base,
+                    order: b.ib_order,
+                },
+                c.phys_put,
+                b.scan,
+            )
+        })
+    }) else {
+        st.counters.aborted += 1;
+        return;
+    };
+    let in_runlist = vm.runlist.contains(&s.guest_chid);
+    let mut cx = VmCx {
+        phys,
+        hyp: &mut st.hyp,
+        layout: &st.layout,
+        vm,
+    };
+    let mut pds = Vec::new();
+    if let Some(pdb) = pdb {
+        pds = {
+            let (sh, mut scx) = cx.shadow();
+            sh.before_submit(&mut scx, pdb)
+        };
+        let flushes = scan_for_invalidates(&mut cx, pdb, ring, from, s.put, &mut scan);
+        if !flushes.is_empty() {
+            cx.vm.stats.mem_op_flushes += flushes.len() as u64;
+            let (sh, mut scx) = cx.shadow();
+            for f in flushes {
+                let target = f.map(|(addr, target)| GuestPdb { addr, target });
+                pds.extend(sh.tlb_flush(&mut scx, target));
+            }
+            pds.extend(sh.before_submit(&mut scx, pdb));
+        }
+    }
+    pds.sort();
+    pds.dedup();
+    cx.phys_tlb_flush(&pds);
+    if let Some(b) = cx.vm.chans[g].bound.as_mut() {
+        b.scan = scan;
+    }
+    cx.vm.chans[g].phys_put = s.put;
+    cx.vm.stats.submissions += 1;
+    let p = s.phys_chid;
+    phys.write_aperture(
+        Bar::Bar1,
+        cx.layout.userd_bar1(p) + userd::GP_PUT,
+        &s.put.to_le_bytes(),
+    );
+    st.counters.dispatched += 1;
+    let runnable = phys.read_reg(pfifo::chan_state(p)) & pfifo::STATE_RUNNABLE != 0;
+    if in_runlist && runnable {
+        st.inflight.push(InFlight {
+            sub: s,
+            start_ns: now,
+        });
+        st.nonstall.insert(s.vm);
+    } else {
+        st.counters.aborted += 1;
+        if let Some(vm) = st.vms.get_mut(&s.vm) {
+            vm.stats.aborted += 1;
+        }
+    }
+}
+
+/// Scans GPFIFO entries `[from, to)` of the channel for MEM_OP TLB invalidates, reading through
+/// the shadow translation of `pdb`.
+fn scan_for_invalidates(
+    cx: &mut VmCx,
+    pdb: GuestPdb,
+    ring: Ring,
+    from: u32,
+    to: u32,
+    scan: &mut cmdscan::ScanState,
+) -> Vec<Option<(u64, Target)>> {
+    let (sh, scx) = cx.shadow();
+    let sh = &*sh;
+    let slice = scx.mem.slice;
+    let mut reader = |va: u64, buf: &mut [u8]| -> bool {
+        let Some(t) = sh.translate(&scx, pdb, va) else {
+            return false;
+        };
+        match t.target {
+            Target::Vram => {
+                let end = t.addr.saturating_add(buf.len() as u64 - 1);
+                if slice.to_guest(HostVram(t.addr)).is_none()
+                    || slice.to_guest(HostVram(end)).is_none()
+                {
+                    return false;
+                }
+                scx.mem.phys.read_vram(HostVram(t.addr), buf);
+                true
+            }
+            Target::SysCoherent | Target::SysNonCoherent => {
+                let Some(ram) = scx.mem.ram else {
+                    return false;
+                };
+                match t.addr.checked_sub(ram.iova_base.raw()) {
+                    Some(gpa) => ram.mem.read_slice(buf, GuestAddress(gpa)).is_ok(),
+                    None => false,
+                }
+            }
+        }
+    };
+    let out = cmdscan::scan(&mut reader, ring, from, to, scan, Budget::DEFAULT);
+    if out.stop == cmdscan::Stop::Budget {
+        log::debug!("pushbuffer scan budget exhausted ({out:?})");
+    }
+    out.flushes
+}

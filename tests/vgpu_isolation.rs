@@ -1,0 +1,497 @@
+//! The attacks of the threat model (`docs/isolation.md`), each made by a VM running the real
+//! guest driver (plus raw register and PRAMIN writes where the driver would not misbehave on its
+//! own), next to a victim VM running the same driver. For each attack: the attacker gets a fault
+//! or an error, the violation is counted, the victim's VRAM slice and guest RAM are bit-identical
+//! before and after, the victim's workloads still verify, and the host does not panic.
+//!
+//! The attacker's slice is placed right below the victim's, so "one byte beyond the attacker's
+//! slice" is the victim's memory if anything let it through.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use gpuvm::clock::{Clock, SimClock};
+use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
+use gpuvm::gf100::{host as hm, inst, pbus, pffb, pfifo, Target};
+use gpuvm::harness::VirtHal;
+use gpuvm::host::{GpuHost, HostConfig};
+use gpuvm::phys::sim::{SimConfig, SimGpu};
+use gpuvm::phys::{Bar, PhysicalGpu};
+use gpuvm::profile::{ShadowMode, VgpuProfile};
+use gpuvm::vgpu::{Vgpu, VgpuStats};
+use gpuvm_guest::hal::Mmio;
+use gpuvm_guest::push::SUBC_HOST;
+use gpuvm_guest::workloads::{self, Workload};
+use gpuvm_guest::{Backing, DriverConfig, DriverError, Gpu, MemLocation, PageSize, PushBuf};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const SLICE: u64 = 64 << 20;
+const RAM: u64 = 24 << 20;
+/// A VA far from anything the driver maps (PDE 0xe00).
+const EVIL_VA: u64 = 0x0070_0000_0000;
+
+struct Vm {
+    vgpu: Arc<Vgpu>,
+    ram: GuestMemoryMmap,
+    drv: Gpu<VirtHal>,
+}
+
+struct World {
+    gpu: Arc<SimGpu>,
+    host: GpuHost,
+    clock: Arc<SimClock>,
+}
+
+fn world() -> World {
+    let clock = Arc::new(SimClock::new());
+    let gpu = Arc::new(SimGpu::new(SimConfig {
+        vram_size: 512 << 20,
+        clock: clock.clone(),
+        ..SimConfig::default()
+    }));
+    let host = GpuHost::new(
+        gpu.clone(),
+        HostConfig {
+            hypervisor_vram: 32 << 20,
+            ..HostConfig::default()
+        },
+    )
+    .unwrap();
+    World { gpu, host, clock }
+}
+
+impl World {
+    fn vm(&self, shadow: ShadowMode) -> Vm {
+        let vgpu = self
+            .host
+            .create_vgpu(&VgpuProfile {
+                name: "iso".into(),
+                vram_mib: SLICE >> 20,
+                channels: 16,
+                weight: 1,
+                shadow,
+            })
+            .unwrap();
+        let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
+        vgpu.attach_guest_memory(ram.clone()).unwrap();
+        let clock: Arc<dyn Clock> = self.clock.clone();
+        let hal = VirtHal::new(vgpu.clone(), clock, ram.clone(), 0, RAM);
+        let drv = Gpu::init(
+            hal,
+            DriverConfig {
+                timeout_ns: 1_000_000_000,
+                ..DriverConfig::default()
+            },
+        )
+        .expect("driver init");
+        Vm { vgpu, ram, drv }
+    }
+
+    /// Hash of a VM's whole VRAM slice and guest RAM.
+    fn fingerprint(&self, vm: &Vm) -> u64 {
+        let s = vm.vgpu.vram_slice();
+        let mut v = vec![0u8; s.size as usize];
+        self.gpu.read_vram(s.base, &mut v);
+        let mut r = vec![0u8; RAM as usize];
+        vm.ram.read_slice(&mut r, GuestAddress(0)).unwrap();
+        let mut h = DefaultHasher::new();
+        v.hash(&mut h);
+        r.hash(&mut h);
+        h.finish()
+    }
+
+    fn settle(&self) {
+        for _ in 0..100 {
+            self.clock.advance(100_000);
+            self.host.poll();
+        }
+    }
+}
+
+fn run_suite(vm: &mut Vm) {
+    for w in Workload::ALL {
+        let r = workloads::run(&mut vm.drv, w, 32).unwrap_or_else(|e| panic!("{w}: {e}"));
+        assert!(r.verified, "{w}");
+    }
+}
+
+/// Runs `attack` in an attacker VM next to a victim VM and checks the victim is untouched.
+/// Returns the attacker's counters.
+fn isolated(shadow: ShadowMode, attack: impl FnOnce(&World, &mut Vm, &Vm)) -> VgpuStats {
+    let w = world();
+    let mut attacker = w.vm(shadow);
+    let mut victim = w.vm(shadow);
+    assert_eq!(
+        attacker.vgpu.vram_slice().base.raw() + SLICE,
+        victim.vgpu.vram_slice().base.raw(),
+        "the victim's slice follows the attacker's"
+    );
+    run_suite(&mut victim);
+    w.settle();
+    let before = w.fingerprint(&victim);
+    attack(&w, &mut attacker, &victim);
+    w.settle();
+    assert_eq!(
+        w.fingerprint(&victim),
+        before,
+        "{shadow}: the victim's memory changed"
+    );
+    run_suite(&mut victim);
+    let v = victim.vgpu.stats();
+    assert_eq!(v.violations.total, 0, "{shadow}: {:?}", v.violations);
+    assert_eq!(
+        v.faults_delivered + v.bar_faults + v.pbdma_errors_delivered,
+        0
+    );
+    attacker.vgpu.stats()
+}
+
+fn raw_wr(vm: &mut Vm, reg: u32, v: u32) {
+    vm.drv.hal_mut().write32(Bar::Bar0, u64::from(reg), v);
+}
+
+fn raw_rd(vm: &mut Vm, reg: u32) -> u32 {
+    vm.drv.hal_mut().read32(Bar::Bar0, u64::from(reg))
+}
+
+fn pramin_wr64(vm: &mut Vm, addr: u64, v: u64) {
+    vm.drv.pramin_wr32(addr, v as u32);
+    vm.drv.pramin_wr32(addr + 4, (v >> 32) as u32);
+}
+
+fn expect_fault(r: Result<(), DriverError>, what: &str) {
+    match r {
+        Err(DriverError::MmuFault { .. }) => {}
+        other => panic!("{what}: expected an MMU fault, got {other:?}"),
+    }
+}
+
+/// Maps one 4 KiB page of the attacker's channel VM at a fresh VA to `backing`, then has the copy
+/// engine write guest-RAM data there and read it back; both must fault.
+fn copy_through(vm: &mut Vm, backing: Backing) -> Result<(), DriverError> {
+    let mut ch = vm.drv.channel_new()?;
+    let va = vm.drv.vm_alloc_va(ch.vm_mut(), 4096, PageSize::Small)?;
+    vm.drv
+        .vm_map(ch.vm_mut(), va, backing, 4096, PageSize::Small)?;
+    let src = vm
+        .drv
+        .buffer_new(ch.vm_mut(), 4096, MemLocation::Sysram, true)?;
+    vm.drv.buffer_write_words(&src, 0, &[0x6666_6666; 1024])?;
+    let mut pb = PushBuf::new();
+    pb.copy(src.va(), va, 4096);
+    let f = vm.drv.submit(&mut ch, &pb)?;
+    vm.drv.fence_wait(&mut ch, f)
+}
+
+#[test]
+fn pte_into_vram_outside_the_slice() {
+    for shadow in ShadowMode::ALL {
+        let s = isolated(shadow, |_, a, _| {
+            expect_fault(
+                copy_through(a, Backing::Vram(SLICE)),
+                "write beyond the slice",
+            );
+        });
+        assert!(s.faults_delivered >= 1, "{shadow}");
+        assert!(s.violations.page_table >= 1, "{shadow}: {:?}", s.violations);
+    }
+}
+
+#[test]
+fn sysram_pte_outside_guest_ram() {
+    for shadow in ShadowMode::ALL {
+        let s = isolated(shadow, |_, a, _| {
+            expect_fault(
+                copy_through(a, Backing::Sysram(RAM)),
+                "write beyond guest RAM",
+            );
+        });
+        assert!(s.faults_delivered >= 1, "{shadow}");
+        assert!(s.violations.page_table >= 1, "{shadow}: {:?}", s.violations);
+    }
+}
+
+#[test]
+fn page_table_outside_the_slice() {
+    for shadow in [ShadowMode::Eager, ShadowMode::Lazy, ShadowMode::Incremental] {
+        let s = isolated(shadow, |_, a, _| {
+            let r = (|| {
+                let mut ch = a.drv.channel_new()?;
+                let pd = ch.vm_mut().pd_addr();
+                let pde = Pde {
+                    large: None,
+                    small: Some(PtRef {
+                        addr: SLICE + 0x10_0000,
+                        target: Target::Vram,
+                        vol: false,
+                    }),
+                    size: PtSize::Full,
+                };
+                pramin_wr64(a, pd + mmu::pde_index(EVIL_VA) * 8, pde.encode());
+                // Any mapping makes the driver flush the TLB of the address space.
+                let src = a
+                    .drv
+                    .buffer_new(ch.vm_mut(), 4096, MemLocation::Sysram, true)?;
+                let mut pb = PushBuf::new();
+                pb.copy(src.va(), EVIL_VA, 4096);
+                let f = a.drv.submit(&mut ch, &pb)?;
+                a.drv.fence_wait(&mut ch, f)
+            })();
+            expect_fault(r, "through a page table beyond the slice");
+        });
+        assert!(s.faults_delivered >= 1, "{shadow}");
+    }
+}
+
+#[test]
+fn stale_shadow_after_a_mem_op_invalidate() {
+    // The attacker has the *GPU* write a PDE (pointing at a table it prepared, whose PTE names
+    // the victim's memory) into its own page directory, invalidates with MEM_OP, and uses the
+    // VA. The shadow cannot follow a GPU write, but it only ever maps the attacker's memory.
+    for shadow in ShadowMode::ALL {
+        let s = isolated(shadow, |_, a, _| {
+            let r = (|| {
+                let mut ch = a.drv.channel_new()?;
+                let pd = ch.vm_mut().pd_addr();
+                let fake_pt = SLICE - (1 << 20);
+                pramin_wr64(a, fake_pt, Pte::new(SLICE, Target::Vram).encode());
+                let pde = Pde {
+                    large: None,
+                    small: Some(PtRef {
+                        addr: fake_pt,
+                        target: Target::Vram,
+                        vol: false,
+                    }),
+                    size: PtSize::Full,
+                }
+                .encode();
+                let slot = pd + mmu::pde_index(EVIL_VA) * 8;
+                let pd_va = a.drv.vm_alloc_va(ch.vm_mut(), 4096, PageSize::Small)?;
+                a.drv.vm_map(
+                    ch.vm_mut(),
+                    pd_va,
+                    Backing::Vram(slot & !0xfff),
+                    4096,
+                    PageSize::Small,
+                )?;
+                let src = a
+                    .drv
+                    .buffer_new(ch.vm_mut(), 4096, MemLocation::Sysram, true)?;
+                a.drv
+                    .buffer_write_words(&src, 0, &[pde as u32, (pde >> 32) as u32])?;
+                let mut pb = PushBuf::new();
+                pb.copy(src.va(), pd_va + (slot & 0xfff), 8);
+                pb.method(
+                    SUBC_HOST,
+                    hm::MEM_OP_A,
+                    &[
+                        hm::mem_op_a(pd, Target::Vram),
+                        hm::mem_op_b_tlb_invalidate(false),
+                    ],
+                );
+                pb.copy(src.va(), EVIL_VA, 4096);
+                let f = a.drv.submit(&mut ch, &pb)?;
+                a.drv.fence_wait(&mut ch, f)
+            })();
+            expect_fault(r, "through a PDE the GPU wrote");
+        });
+        assert!(
+            s.mem_op_flushes >= 1,
+            "{shadow}: the scan saw the invalidate"
+        );
+        assert!(s.faults_delivered >= 1, "{shadow}");
+    }
+}
+
+#[test]
+fn instance_pointer_or_userd_outside_the_slice() {
+    let s = isolated(ShadowMode::Lazy, |w, a, _| {
+        // Instance block beyond the slice.
+        raw_wr(
+            a,
+            pfifo::chan_table(3),
+            pfifo::chan_encode(SLICE, Target::Vram),
+        );
+        assert_eq!(
+            raw_rd(a, pfifo::CHAN_TABLE_ERROR),
+            pfifo::CHAN_ERR_INVALID_TARGET
+        );
+        assert_ne!(raw_rd(a, pfifo::INTR) & pfifo::INTR_CHAN_TABLE_ERROR, 0);
+        let p = a.vgpu.phys_channels().start + 3;
+        assert_eq!(w.host.phys().read_reg(pfifo::chan_table(p)), 0);
+        // An instance block inside, whose USERD is beyond the slice.
+        let blk = SLICE - (2 << 20);
+        pramin_wr64(
+            a,
+            blk + inst::RAMFC_USERD_LO,
+            inst::userd_encode(SLICE + 0x1000, Target::Vram),
+        );
+        raw_wr(
+            a,
+            pfifo::chan_table(4),
+            pfifo::chan_encode(blk, Target::Vram),
+        );
+        assert_eq!(w.host.phys().read_reg(pfifo::chan_table(p + 1)), 0);
+    });
+    assert_eq!(s.violations.vram_out_of_slice, 1);
+    assert_eq!(s.violations.instance_block, 1);
+}
+
+#[test]
+fn runlist_naming_channels_the_vm_does_not_own() {
+    let s = isolated(ShadowMode::Incremental, |w, a, v| {
+        let mut ch = a.drv.channel_new().unwrap();
+        let own = ch.chid();
+        let list = SLICE - (3 << 20);
+        for (i, c) in [own, 16, 100, own].iter().enumerate() {
+            a.drv.pramin_wr32(list + i as u64 * 8, *c);
+            a.drv
+                .pramin_wr32(list + i as u64 * 8 + 4, pfifo::RUNLIST_ENTRY_WORD1);
+        }
+        raw_wr(
+            a,
+            pfifo::RUNLIST_BASE,
+            pfifo::runlist_base_encode(list, Target::Vram),
+        );
+        raw_wr(a, pfifo::RUNLIST_SUBMIT, pfifo::RUNLIST_SUBMIT_UNK20 | 4);
+        assert_eq!(
+            raw_rd(a, pfifo::SCHED_ERROR),
+            pfifo::SCHED_ERR_INACTIVE_CHANNEL
+        );
+        raw_wr(a, pfifo::INTR, pfifo::INTR_SCHED_ERROR);
+        raw_wr(a, pfifo::INTR_RUNLIST, pfifo::INTR_RUNLIST_EVENT);
+        // The physical runlist: the attacker's own channel and the victim's, nothing else.
+        let phys = w.host.phys();
+        let (base, _) = pfifo::runlist_base_decode(phys.read_reg(pfifo::RUNLIST_RD_BASE)).unwrap();
+        let n = phys.read_reg(pfifo::RUNLIST_RD_LEN) & pfifo::RUNLIST_LEN_MASK;
+        let mut entries = Vec::new();
+        for i in 0..u64::from(n) {
+            let mut b = [0u8; 4];
+            phys.read_vram(gpuvm::addr::HostVram(base + i * 8), &mut b);
+            entries.push(u32::from_le_bytes(b));
+        }
+        entries.sort();
+        let mut want = vec![
+            a.vgpu.phys_channels().start + own,
+            v.vgpu.phys_channels().start,
+        ];
+        want.sort();
+        assert_eq!(entries, want);
+        // The attacker's own channel still works.
+        let pb = PushBuf::new();
+        let f = a.drv.submit(&mut ch, &pb).unwrap();
+        a.drv.fence_wait(&mut ch, f).unwrap();
+    });
+    assert_eq!(s.violations.runlist_entries, 2);
+}
+
+#[test]
+fn channel_table_or_kick_for_a_foreign_channel() {
+    let s = isolated(ShadowMode::Eager, |w, a, v| {
+        let victim_chan = v.vgpu.phys_channels().start;
+        let phys = w.host.phys();
+        let (chan, state) = (
+            phys.read_reg(pfifo::chan_table(victim_chan)),
+            phys.read_reg(pfifo::chan_state(victim_chan)),
+        );
+        // Guest ids 16 and up are outside the attacker's 16 channels (the victim's, physically).
+        raw_wr(a, pfifo::chan_table(16), 0);
+        raw_wr(a, pfifo::chan_state(16), 0);
+        raw_wr(a, pfifo::KICK, 16);
+        assert_eq!(raw_rd(a, pfifo::KICK) & pfifo::KICK_PENDING, 0);
+        let mut b = [0u8; 4];
+        a.vgpu
+            .bar_write(Bar::Bar1, 16 * 4096 + 0x8c, &1u32.to_le_bytes());
+        a.vgpu.bar_read(Bar::Bar1, 16 * 4096 + 0x88, &mut b);
+        assert_eq!(phys.read_reg(pfifo::chan_table(victim_chan)), chan);
+        assert_eq!(phys.read_reg(pfifo::chan_state(victim_chan)), state);
+    });
+    assert_eq!(s.violations.foreign_channel, 5);
+}
+
+#[test]
+fn pramin_window_beyond_the_slice() {
+    let s = isolated(ShadowMode::Lazy, |_, a, _| {
+        a.drv.pramin_wr32(SLICE + 0x100, 0x6666_6666);
+        assert_eq!(a.drv.pramin_rd32(SLICE + 0x100), u32::MAX);
+        assert_eq!(a.drv.pramin_rd32(u64::from(u32::MAX) << 12), u32::MAX);
+    });
+    assert_eq!(s.violations.vram_out_of_slice, 3);
+}
+
+#[test]
+fn bar_page_tables_reaching_beyond_the_slice() {
+    let s = isolated(ShadowMode::Lazy, |_, a, _| {
+        // A BAR1 VM of the attacker's making: PTE 0x100 -> beyond the slice, 0x101 -> its own.
+        let (blk, pd, spt, own) = (
+            SLICE - (8 << 20),
+            SLICE - (7 << 20),
+            SLICE - (6 << 20),
+            SLICE - (4 << 20),
+        );
+        let pde = Pde {
+            large: None,
+            small: Some(PtRef {
+                addr: spt,
+                target: Target::Vram,
+                vol: false,
+            }),
+            size: PtSize::Full,
+        };
+        pramin_wr64(a, pd, pde.encode());
+        pramin_wr64(a, spt + 0x100 * 8, Pte::new(SLICE, Target::Vram).encode());
+        pramin_wr64(a, spt + 0x101 * 8, Pte::new(own, Target::Vram).encode());
+        pramin_wr64(a, blk + inst::PDB_LO, inst::pdb_encode(pd, Target::Vram));
+        pramin_wr64(a, blk + inst::LIMIT_LO, gpuvm::gf100::pci::BAR1_SIZE - 1);
+        raw_wr(a, pbus::BAR1_INST, pbus::bar_inst_encode(blk, Target::Vram));
+        raw_wr(
+            a,
+            pffb::TLB_FLUSH_VSPACE,
+            pffb::vspace_encode(pd, Target::Vram),
+        );
+        raw_wr(
+            a,
+            pffb::TLB_FLUSH_TRIGGER,
+            pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL | pffb::FLUSH_HUB_ONLY,
+        );
+        let hal = a.drv.hal_mut();
+        hal.write32(Bar::Bar1, 0x10_0000, 0x6666_6666);
+        assert_eq!(hal.read32(Bar::Bar1, 0x10_0000), u32::MAX);
+        hal.write32(Bar::Bar1, 0x10_1000, 0x1234);
+        assert_eq!(
+            hal.read32(Bar::Bar1, 0x10_1000),
+            0x1234,
+            "its own page works"
+        );
+        assert_ne!(raw_rd(a, pfifo::INTR) & pfifo::INTR_VM_FAULT, 0);
+    });
+    assert_eq!(s.bar_faults, 2);
+    assert_eq!(s.violations.vram_out_of_slice, 2);
+}
+
+#[test]
+fn a_new_vm_reads_zeros_where_a_destroyed_vm_left_data() {
+    let w = world();
+    let mut old = w.vm(ShadowMode::Incremental);
+    run_suite(&mut old);
+    for i in 0..64u64 {
+        old.drv
+            .pramin_wr32(i * (1 << 20) + 0x40, 0x5ec2_e700 + i as u32);
+    }
+    let slice = old.vgpu.vram_slice();
+    w.host.destroy_vgpu(&old.vgpu).unwrap();
+    drop(old);
+    let mut new = w.vm(ShadowMode::Incremental);
+    assert_eq!(
+        new.vgpu.vram_slice(),
+        slice,
+        "the same slice is handed out again"
+    );
+    for i in 0..64u64 {
+        assert_eq!(new.drv.pramin_rd32(i * (1 << 20) + 0x40), 0, "MiB {i}");
+    }
+    run_suite(&mut new);
+    let h = w.host.stats();
+    assert_eq!(h.vms, 1);
+}
