@@ -47,11 +47,18 @@ pub struct VramSlice {
     pub size: u64,
 }
 
+/// Test-only planted bug: when set, [`VramSlice::translate`] skips its bounds check (the
+/// fault-injection campaign must then report isolation breaches; `tests/fault_injection.rs`).
+#[doc(hidden)]
+pub static PLANTED_BUG_NO_SLICE_CHECK: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 impl VramSlice {
     /// Translates a guest VRAM range to physical VRAM, if it lies entirely inside the slice.
     pub fn translate(&self, addr: GuestVram, len: u64) -> Result<HostVram, Violation> {
+        let planted = PLANTED_BUG_NO_SLICE_CHECK.load(std::sync::atomic::Ordering::Relaxed);
         match addr.raw().checked_add(len) {
-            Some(end) if end <= self.size => Ok(self.base.offset(addr.raw())),
+            Some(end) if end <= self.size || planted => Ok(self.base.offset(addr.raw())),
             _ => Err(Violation::VramOutOfSlice {
                 addr,
                 len,

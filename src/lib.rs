@@ -29,6 +29,7 @@ pub mod phys;
 pub mod profile;
 pub mod sched;
 pub mod shadow_pt;
+pub mod trace;
 pub mod vgpu;
 pub mod vram_alloc;
 

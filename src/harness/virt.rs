@@ -220,6 +220,8 @@ pub struct VirtOptions {
     pub host: HostConfig,
     /// The rest of the driver configuration (`fence_mode` above wins).
     pub driver: DriverConfig,
+    /// Record every VM's accesses into this trace session (`crate::trace`); `None`: no tracing.
+    pub record: Option<Arc<crate::trace::Session>>,
 }
 
 impl Default for VirtOptions {
@@ -237,6 +239,7 @@ impl Default for VirtOptions {
             guest_ram: 0,
             host: HostConfig::default(),
             driver: DriverConfig::default(),
+            record: None,
         }
     }
 }
@@ -368,7 +371,8 @@ pub fn run_vms(opts: &VirtOptions) -> Result<VirtReport, VirtError> {
     let reports: Vec<VmReport> = std::thread::scope(|s| {
         let handles: Vec<_> = vms
             .iter()
-            .map(|(vgpu, mem)| {
+            .enumerate()
+            .map(|(index, (vgpu, mem))| {
                 let (vgpu, mem, clock, sim, cfg) = (
                     vgpu.clone(),
                     mem.clone(),
@@ -376,7 +380,7 @@ pub fn run_vms(opts: &VirtOptions) -> Result<VirtReport, VirtError> {
                     sim.clone(),
                     cfg.clone(),
                 );
-                s.spawn(move || run_vm(vgpu, mem, ram, clock, &sim, cfg, opts))
+                s.spawn(move || run_vm(index as u32, vgpu, mem, ram, clock, &sim, cfg, opts))
             })
             .collect();
         handles
@@ -398,11 +402,54 @@ pub fn run_vms(opts: &VirtOptions) -> Result<VirtReport, VirtError> {
 }
 
 /// One VM's thread: driver bring-up and the workloads.
+#[allow(clippy::too_many_arguments)]
 fn run_vm(
+    index: u32,
     vgpu: Arc<Vgpu>,
     mem: GuestMemoryMmap,
     ram: u64,
     clock: Arc<dyn Clock>,
+    sim: &SimGpu,
+    cfg: DriverConfig,
+    opts: &VirtOptions,
+) -> VmReport {
+    let hal = VirtHal::new(vgpu.clone(), clock.clone(), mem, 0, ram);
+    match &opts.record {
+        Some(s) => {
+            let hal = crate::trace::RecordingHal::new(hal, clock, s.clone(), index);
+            drive(&vgpu, hal, sim, cfg, opts)
+        }
+        None => drive(&vgpu, hal, sim, cfg, opts),
+    }
+}
+
+/// What the harness needs from a HAL besides the driver's traits.
+pub trait HarnessHal: gpuvm_guest::Hal {
+    /// BAR accesses so far.
+    fn counts(&self) -> MmioCounts;
+    /// Marks the start of a phase (recorded by tracing HALs).
+    fn phase(&mut self, _name: &str) {}
+}
+
+impl HarnessHal for VirtHal {
+    fn counts(&self) -> MmioCounts {
+        self.counts
+    }
+}
+
+impl HarnessHal for crate::trace::RecordingHal<VirtHal> {
+    fn counts(&self) -> MmioCounts {
+        self.inner().counts()
+    }
+    fn phase(&mut self, name: &str) {
+        self.mark(name)
+    }
+}
+
+/// Driver bring-up and the workloads on `hal`.
+fn drive<H: HarnessHal>(
+    vgpu: &Arc<Vgpu>,
+    mut hal: H,
     sim: &SimGpu,
     cfg: DriverConfig,
     opts: &VirtOptions,
@@ -415,7 +462,7 @@ fn run_vm(
             .filter_map(|c| sim.channel_busy_ns(c))
             .sum::<u64>()
     };
-    let hal = VirtHal::new(vgpu.clone(), clock, mem, 0, ram);
+    hal.phase("init");
     let start = Meter::start(busy(), hal.counts());
     let mut drv = match Gpu::init(hal, cfg) {
         Ok(d) => d,
@@ -433,6 +480,7 @@ fn run_vm(
     let init = start.finish("init", 0, 0, true, None, busy(), drv.hal().counts());
     let mut runs = Vec::with_capacity(opts.workloads.len());
     for &w in &opts.workloads {
+        drv.hal_mut().phase(w.name());
         let m = Meter::start(busy(), drv.hal().counts());
         let run = match workloads::run(&mut drv, w, opts.size) {
             Ok(r) => m.finish(
