@@ -5,10 +5,12 @@
 //! in several VMs sharing the GPU through the device model (`gpuvm run`). Later subcommands add
 //! the KVM VMM and the experiments.
 
+mod kvm;
 mod native;
 mod regs;
 mod run;
 mod table;
+mod trace;
 
 use clap::{Parser, Subcommand};
 
@@ -52,6 +54,11 @@ enum Command {
     /// `--json` prints one object whose `vms` array holds, per VM, `vm`, `workloads` (the shape
     /// of `gpuvm native`) and `stats`. Exit status 1 if any workload failed.
     Run(run::RunArgs),
+    /// Recorded MMIO traces: `gpuvm trace replay FILE... [--check]` replays them against a
+    /// fresh device model on the simulated clock; `gpuvm trace inject FILE... --fault CLASS|all
+    /// --seed S --count N [--json]` runs a fault-injection campaign with an invariant checker.
+    /// Traces are recorded with `gpuvm run --record DIR` (format: docs/trace-format.md).
+    Trace(trace::TraceArgs),
 }
 
 fn main() {
@@ -61,6 +68,7 @@ fn main() {
         Command::Native(args) => native::run(&args),
         Command::Regs(args) => regs::run(&args),
         Command::Run(args) => run::run(&args),
+        Command::Trace(args) => trace::run(&args),
     };
     match result {
         Ok(true) => {}

@@ -40,6 +40,19 @@ pub struct RunArgs {
     /// VRAM slice of each VM in MiB (0: an equal share, at most 1024).
     #[arg(long, default_value_t = 0)]
     vram_mib: u64,
+    /// Record each VM's MMIO trace (Linux mmiotrace text with gpuvm side records, see
+    /// docs/trace-format.md) into DIR as `vm<N>.mmiotrace` (`.gz` with `--record-gzip`).
+    #[arg(long, value_name = "DIR")]
+    record: Option<std::path::PathBuf>,
+    /// Compress recorded traces with gzip.
+    #[arg(long, requires = "record")]
+    record_gzip: bool,
+    /// Guest RAM per VM in MiB (0: derived from the size).
+    #[arg(long, default_value_t = 0)]
+    guest_ram_mib: u64,
+    /// Real KVM guests instead of in-process VMs (see docs/kvm.md).
+    #[command(flatten)]
+    kvm: crate::kvm::cli::KvmArgs,
 }
 
 fn workloads(names: &[String]) -> anyhow::Result<Vec<Workload>> {
@@ -57,7 +70,23 @@ fn workloads(names: &[String]) -> anyhow::Result<Vec<Workload>> {
 
 /// Runs the command; `Ok(false)` if a workload did not verify.
 pub fn run(args: &RunArgs) -> anyhow::Result<bool> {
-    let opts = VirtOptions {
+    if args.kvm.kvm {
+        anyhow::ensure!(
+            args.record.is_none(),
+            "--record is not supported with --kvm"
+        );
+        let opts = args.kvm.options(
+            args.vms as usize,
+            args.size,
+            args.shadow,
+            workloads(&args.workloads)?,
+            args.irq,
+            args.vram_mib,
+            args.guest_ram_mib << 20,
+        )?;
+        return crate::kvm::cli::run(&opts, args.json);
+    }
+    let mut opts = VirtOptions {
         vms: args.vms as usize,
         size: args.size,
         clock: args.clock,
@@ -69,9 +98,21 @@ pub fn run(args: &RunArgs) -> anyhow::Result<bool> {
             FenceMode::Poll
         },
         vram_mib: args.vram_mib,
+        guest_ram: args.guest_ram_mib << 20,
         ..VirtOptions::default()
     };
+    if args.record.is_some() {
+        opts.record = Some(crate::trace::session_for(&opts, &args.workloads));
+    }
     let report = run_vms(&opts).context("virtual run")?;
+    if let (Some(dir), Some(s)) = (&args.record, &opts.record) {
+        let files = s
+            .write_dir(dir, args.record_gzip)
+            .with_context(|| format!("writing traces to {}", dir.display()))?;
+        for f in files {
+            eprintln!("gpuvm: recorded {}", f.display());
+        }
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

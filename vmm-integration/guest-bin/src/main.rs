@@ -1,0 +1,832 @@
+//! The bare-metal KVM guest of `gpuvm run --kvm`.
+//!
+//! The VMM loads this program at 1 MiB and starts it directly in 64-bit ring 3 (page tables,
+//! GDT, TSS and IDT are set up by the VMM; see `abi.rs` and `docs/kvm.md`). It never enters
+//! ring 0, so it uses no privileged instruction: port I/O works because RFLAGS.IOPL is 3, it
+//! ends with an `out` to the exit port instead of `hlt`.
+//!
+//! What it does: reads the boot parameters, enumerates PCI bus 0 through configuration
+//! mechanism 1, finds the Quadro 6000 (10de:06d8), sizes its BARs and places them in the MMIO
+//! hole, enables memory decoding and bus mastering, then runs the `gpuvm-guest` driver on it
+//! (`Mmio` = volatile loads and stores to the identity-mapped BARs, each a VM exit; `Dma` = the
+//! guest-RAM region the VMM names; delays = a TSC spin), runs the selected workloads, writes
+//! each result into the results block, prints them on the serial port and reports pass/fail
+//! through the exit port.
+#![no_std]
+#![no_main]
+
+mod abi;
+
+extern crate alloc;
+
+use core::alloc::{GlobalAlloc, Layout};
+use core::arch::{asm, global_asm};
+use core::fmt::{self, Write};
+use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use gpuvm_guest::hal::{Bar, Dma, Mmio, Platform};
+use gpuvm_guest::workloads::{self, Workload};
+use gpuvm_guest::{DriverConfig, FenceMode, Gpu};
+
+// ---------------------------------------------------------------------------------------------
+// Port I/O and raw memory: the hardware boundary.
+
+fn outb(port: u16, v: u8) {
+    // SAFETY: port I/O has no memory effects; RFLAGS.IOPL = 3 allows it in ring 3.
+    unsafe {
+        asm!("out dx, al", in("dx") port, in("al") v, options(nomem, nostack, preserves_flags))
+    }
+}
+
+fn outl(port: u16, v: u32) {
+    // SAFETY: as in `outb`.
+    unsafe {
+        asm!("out dx, eax", in("dx") port, in("eax") v, options(nomem, nostack, preserves_flags))
+    }
+}
+
+fn inl(port: u16) -> u32 {
+    let v: u32;
+    // SAFETY: as in `outb`.
+    unsafe {
+        asm!("in eax, dx", out("eax") v, in("dx") port, options(nomem, nostack, preserves_flags))
+    }
+    v
+}
+
+fn rdtsc() -> u64 {
+    let (lo, hi): (u32, u32);
+    // SAFETY: rdtsc only reads the time-stamp counter (CR4.TSD is clear, so ring 3 may).
+    unsafe { asm!("rdtsc", out("eax") lo, out("edx") hi, options(nomem, nostack, preserves_flags)) }
+    (hi as u64) << 32 | lo as u64
+}
+
+fn rd32(addr: u64) -> u32 {
+    // SAFETY: `addr` is identity-mapped guest RAM (boot parameters, results) or a device
+    // register the VMM maps; the caller passes 4-byte aligned addresses.
+    unsafe { core::ptr::read_volatile(addr as *const u32) }
+}
+
+fn rd64(addr: u64) -> u64 {
+    // SAFETY: as in `rd32`, 8-byte aligned.
+    unsafe { core::ptr::read_volatile(addr as *const u64) }
+}
+
+fn wr32(addr: u64, v: u32) {
+    // SAFETY: as in `rd32`.
+    unsafe { core::ptr::write_volatile(addr as *mut u32, v) }
+}
+
+fn wr64(addr: u64, v: u64) {
+    // SAFETY: as in `rd64`.
+    unsafe { core::ptr::write_volatile(addr as *mut u64, v) }
+}
+
+fn wr8(addr: u64, v: u8) {
+    // SAFETY: as in `rd32`.
+    unsafe { core::ptr::write_volatile(addr as *mut u8, v) }
+}
+
+// The C memory functions: `core` calls them and there is no libc.
+
+/// # Safety
+/// `dst` and `src` are valid for `n` bytes and do not overlap.
+#[no_mangle]
+pub unsafe extern "C" fn memcpy(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
+    // SAFETY: the caller's contract; `rep movsb` copies exactly `n` bytes forward.
+    unsafe {
+        asm!("rep movsb", inout("rcx") n => _, inout("rdi") dst => _, inout("rsi") src => _,
+             options(nostack, preserves_flags));
+    }
+    dst
+}
+
+/// # Safety
+/// `dst` and `src` are valid for `n` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memmove(dst: *mut u8, src: *const u8, n: usize) -> *mut u8 {
+    if (dst as usize) <= (src as usize) || (dst as usize) >= (src as usize).wrapping_add(n) {
+        // SAFETY: a forward copy is correct when `dst` is below `src` or past its end.
+        unsafe { memcpy(dst, src, n) }
+    } else {
+        // SAFETY: copies backwards (direction flag set and cleared again) over the same bytes.
+        unsafe {
+            asm!("std", "rep movsb", "cld",
+                 inout("rcx") n => _,
+                 inout("rdi") dst.add(n - 1) => _,
+                 inout("rsi") src.add(n - 1) => _,
+                 options(nostack));
+        }
+        dst
+    }
+}
+
+/// # Safety
+/// `dst` is valid for `n` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memset(dst: *mut u8, c: i32, n: usize) -> *mut u8 {
+    // SAFETY: the caller's contract; `rep stosb` stores exactly `n` bytes.
+    unsafe {
+        asm!("rep stosb", inout("rcx") n => _, inout("rdi") dst => _, in("al") c as u8,
+             options(nostack, preserves_flags));
+    }
+    dst
+}
+
+/// # Safety
+/// `a` and `b` are valid for `n` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    for i in 0..n {
+        // SAFETY: `i < n`, within both buffers.
+        let (x, y) = unsafe {
+            (
+                core::ptr::read_volatile(a.add(i)),
+                core::ptr::read_volatile(b.add(i)),
+            )
+        };
+        if x != y {
+            return x as i32 - y as i32;
+        }
+    }
+    0
+}
+
+/// # Safety
+/// As `memcmp`.
+#[no_mangle]
+pub unsafe extern "C" fn bcmp(a: *const u8, b: *const u8, n: usize) -> i32 {
+    // SAFETY: the same contract.
+    unsafe { memcmp(a, b, n) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heap: a bump allocator over the region the VMM names, which gives back the most recent block
+// (the common Vec-growth and temporary-buffer pattern) and grows it in place.
+
+struct Bump {
+    next: AtomicUsize,
+    end: AtomicUsize,
+}
+
+#[global_allocator]
+static HEAP: Bump = Bump {
+    next: AtomicUsize::new(0),
+    end: AtomicUsize::new(0),
+};
+
+impl Bump {
+    fn init(&self, base: u64, size: u64) {
+        self.next.store(base as usize, Ordering::Relaxed);
+        self.end.store((base + size) as usize, Ordering::Relaxed);
+    }
+
+    fn used_top(&self) -> usize {
+        self.next.load(Ordering::Relaxed)
+    }
+}
+
+// SAFETY: blocks are disjoint ranges of the heap region, aligned as asked; the guest is
+// single-threaded and the interrupt handler does not allocate.
+unsafe impl GlobalAlloc for Bump {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let next = self.next.load(Ordering::Relaxed);
+        let start = (next + layout.align() - 1) & !(layout.align() - 1);
+        let end = start + layout.size();
+        if end > self.end.load(Ordering::Relaxed) {
+            return core::ptr::null_mut();
+        }
+        self.next.store(end, Ordering::Relaxed);
+        start as *mut u8
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // Only the most recent block comes back.
+        if ptr as usize + layout.size() == self.next.load(Ordering::Relaxed) {
+            self.next.store(ptr as usize, Ordering::Relaxed);
+        }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let top = self.next.load(Ordering::Relaxed);
+        if ptr as usize + layout.size() == top {
+            // The last block grows or shrinks in place.
+            if ptr as usize + new_size <= self.end.load(Ordering::Relaxed) {
+                self.next.store(ptr as usize + new_size, Ordering::Relaxed);
+                return ptr;
+            }
+            return core::ptr::null_mut();
+        }
+        // SAFETY: the GlobalAlloc contract, passed on.
+        unsafe {
+            let new = self.alloc(Layout::from_size_align_unchecked(new_size, layout.align()));
+            if !new.is_null() {
+                memcpy(new, ptr, layout.size().min(new_size));
+                self.dealloc(ptr, layout);
+            }
+            new
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serial console (16550 transmit register; the VMM's UART is always ready).
+
+struct Serial;
+
+impl Write for Serial {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for b in s.bytes() {
+            outb(abi::PORT_SERIAL, b);
+        }
+        Ok(())
+    }
+}
+
+macro_rules! println {
+    ($($arg:tt)*) => {{
+        let _ = writeln!(Serial, $($arg)*);
+    }};
+}
+
+fn exit(code: u32) -> ! {
+    outl(abi::PORT_EXIT, code);
+    loop {
+        // The VMM stops the vCPU at the exit port; nothing else to do in ring 3.
+        core::hint::spin_loop();
+    }
+}
+
+/// Referenced by the precompiled `alloc` (built for unwinding); never called with panic=abort.
+#[no_mangle]
+pub extern "C" fn rust_eh_personality() {}
+
+#[panic_handler]
+fn panic(info: &core::panic::PanicInfo) -> ! {
+    println!("PANIC: {info}");
+    exit(abi::EXIT_PANIC)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Interrupts: the vGPU's vector is a gate with DPL 3 into this ring-3 handler (IST1 stack, so
+// the red zone of the interrupted code is safe). It counts, sends the local APIC an EOI and
+// returns. A *trap* gate, not an interrupt gate: under PVM an interrupt gate clears the
+// virtual RFLAGS.IF on delivery and the `iretq` (run natively in ring 3, where the hardware
+// IOPL is 0) cannot set it again, so only the first interrupt would ever arrive. The local
+// APIC keeps the handler from nesting: the vector stays in service until the EOI.
+
+static IRQS: AtomicU64 = AtomicU64::new(0);
+
+global_asm!(
+    ".global gpuvm_irq_entry",
+    "gpuvm_irq_entry:",
+    "push rax",
+    "lock inc qword ptr [rip + {irqs}]",
+    "mov rax, 0xfee000b0",
+    "mov dword ptr [rax], 0",
+    "pop rax",
+    "iretq",
+    irqs = sym IRQS,
+);
+
+extern "C" {
+    fn gpuvm_irq_entry();
+}
+
+/// Installs the handler as IDT gate `vector` (64-bit interrupt gate, DPL 3, ring-3 code
+/// selector, IST1) and programs the local APIC and the IOAPIC pin `gsi` to deliver `vector`.
+fn enable_interrupts(gsi: u32, vector: u32) {
+    let handler = gpuvm_irq_entry as *const () as usize as u64;
+    let gate = abi::IDT_ADDR + 16 * (vector as u64 & 0xff);
+    let lo = (handler & 0xffff)
+        | (abi::SEL_USER_CS as u64) << 16
+        | 1 << 32 // IST1
+        | 0xef << 40 // present, DPL 3, 64-bit trap gate (IF stays set)
+        | ((handler >> 16) & 0xffff) << 48;
+    wr64(gate, lo);
+    wr64(gate + 8, handler >> 32);
+    // Local APIC: software enable (SVR bit 8, spurious vector 0xff), task priority 0.
+    wr32(abi::LAPIC_BASE + 0xf0, 0x1ff);
+    wr32(abi::LAPIC_BASE + 0x80, 0);
+    // IOAPIC redirection entry: fixed, physical, edge, active high, unmasked, to APIC 0.
+    wr32(abi::IOAPIC_BASE, 0x10 + 2 * gsi + 1);
+    wr32(abi::IOAPIC_BASE + 0x10, 0);
+    wr32(abi::IOAPIC_BASE, 0x10 + 2 * gsi);
+    wr32(abi::IOAPIC_BASE + 0x10, vector & 0xff);
+    // RFLAGS.IF was set by the VMM: `sti` needs IOPL 3, which PVM does not give ring 3.
+}
+
+// ---------------------------------------------------------------------------------------------
+// Boot parameters.
+
+struct Boot {
+    mode: u32,
+    size: u32,
+    fence_irq: bool,
+    workloads: [u8; abi::MAX_WORKLOADS],
+    nworkloads: usize,
+    tsc_khz: u64,
+    dma_base: u64,
+    dma_size: u64,
+    mmio_base: u64,
+    irq_vector: u32,
+    irq_gsi: u32,
+    calibrate: u32,
+}
+
+fn bp32(off: u64) -> u32 {
+    rd32(abi::BOOT_PARAMS + off)
+}
+
+fn bp64(off: u64) -> u64 {
+    rd64(abi::BOOT_PARAMS + off)
+}
+
+fn read_boot() -> Boot {
+    if bp64(abi::BP_MAGIC) != abi::MAGIC {
+        println!("no boot parameters at {:#x}", abi::BOOT_PARAMS);
+        exit(abi::EXIT_PANIC);
+    }
+    HEAP.init(bp64(abi::BP_HEAP_BASE), bp64(abi::BP_HEAP_SIZE));
+    let mut workloads = [0u8; abi::MAX_WORKLOADS];
+    let nworkloads = (bp32(abi::BP_NWORKLOADS) as usize).min(abi::MAX_WORKLOADS);
+    for (i, w) in workloads.iter_mut().enumerate().take(nworkloads) {
+        // SAFETY: the boot-parameter block is identity-mapped guest RAM.
+        *w = unsafe {
+            core::ptr::read_volatile((abi::BOOT_PARAMS + abi::BP_WORKLOADS + i as u64) as *const u8)
+        };
+    }
+    Boot {
+        mode: bp32(abi::BP_MODE),
+        size: bp32(abi::BP_SIZE),
+        fence_irq: bp32(abi::BP_FENCE_MODE) == 1,
+        workloads,
+        nworkloads,
+        tsc_khz: match bp64(abi::BP_TSC_KHZ) {
+            0 => 1_000_000,
+            k => k,
+        },
+        dma_base: bp64(abi::BP_DMA_BASE),
+        dma_size: bp64(abi::BP_DMA_SIZE),
+        mmio_base: bp64(abi::BP_MMIO_BASE),
+        irq_vector: bp32(abi::BP_IRQ_VECTOR),
+        irq_gsi: bp32(abi::BP_IRQ_GSI),
+        calibrate: bp32(abi::BP_CALIBRATE),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PCI configuration mechanism 1.
+
+fn cfg_addr(dev: u8, off: u8) -> u32 {
+    0x8000_0000 | (dev as u32) << 11 | (off as u32 & 0xfc)
+}
+
+fn cfg_read(dev: u8, off: u8) -> u32 {
+    outl(abi::PORT_PCI_ADDR, cfg_addr(dev, off));
+    inl(abi::PORT_PCI_DATA)
+}
+
+fn cfg_write(dev: u8, off: u8, v: u32) {
+    outl(abi::PORT_PCI_ADDR, cfg_addr(dev, off));
+    outl(abi::PORT_PCI_DATA, v);
+}
+
+/// BAR0, BAR1 and BAR3 addresses of the vGPU.
+#[derive(Clone, Copy)]
+struct Bars {
+    bar0: u64,
+    bar1: u64,
+    bar3: u64,
+}
+
+/// Finds 10de:06d8 on bus 0; returns its device number.
+fn find_gpu() -> Option<u8> {
+    for dev in 0..32u8 {
+        let id = cfg_read(dev, 0);
+        if id == 0xffff_ffff {
+            continue;
+        }
+        println!(
+            "pci 00:{dev:02x}.0 {:04x}:{:04x} class {:06x}",
+            id & 0xffff,
+            id >> 16,
+            cfg_read(dev, 8) >> 8
+        );
+        if id == 0x06d8_10de {
+            return Some(dev);
+        }
+    }
+    None
+}
+
+/// Sizes the device's BARs and places them in the MMIO hole (largest first, naturally aligned),
+/// the I/O BAR at 0xC000; enables memory decoding and bus mastering.
+fn setup_bars(dev: u8, mmio_base: u64) -> Bars {
+    // (slot, size, is 64-bit) of the memory BARs.
+    let mut mem: [(u8, u64, bool); 6] = [(0, 0, false); 6];
+    let mut n = 0;
+    let mut slot = 0u8;
+    let mut io_port = abi::IO_BAR_BASE as u32;
+    cfg_write(dev, 4, 0); // decoding off while sizing
+    while slot < 6 {
+        let off = 0x10 + slot * 4;
+        let orig = cfg_read(dev, off);
+        cfg_write(dev, off, 0xffff_ffff);
+        let mask = cfg_read(dev, off);
+        if orig & 1 == 1 {
+            let size = (!(mask & !3)).wrapping_add(1) & 0xffff;
+            if mask != 0 && size != 0 {
+                cfg_write(dev, off, io_port);
+                println!("BAR{slot}: I/O, {size} bytes at {io_port:#x}");
+                io_port += size.max(4);
+            }
+            slot += 1;
+            continue;
+        }
+        let is64 = (mask >> 1) & 3 == 2;
+        let mut full = (mask & !0xf) as u64;
+        if is64 {
+            let hi_off = off + 4;
+            cfg_write(dev, hi_off, 0xffff_ffff);
+            full |= (cfg_read(dev, hi_off) as u64) << 32;
+        } else {
+            full |= 0xffff_ffff_0000_0000;
+        }
+        let size = (!full).wrapping_add(1);
+        if mask != 0 && size != 0 {
+            mem[n] = (slot, size, is64);
+            n += 1;
+        }
+        slot += if is64 { 2 } else { 1 };
+    }
+    // Largest first keeps every BAR naturally aligned without holes.
+    mem[..n].sort_unstable_by_key(|b| core::cmp::Reverse(b.1));
+    let mut at = mmio_base;
+    let mut bars = Bars {
+        bar0: 0,
+        bar1: 0,
+        bar3: 0,
+    };
+    for &(slot, size, is64) in &mem[..n] {
+        at = (at + size - 1) & !(size - 1);
+        let off = 0x10 + slot * 4;
+        cfg_write(dev, off, at as u32);
+        if is64 {
+            cfg_write(dev, off + 4, (at >> 32) as u32);
+        }
+        println!(
+            "BAR{slot}: memory, {} MiB at {at:#x}{}",
+            size >> 20,
+            if is64 { " (64-bit)" } else { "" }
+        );
+        match slot {
+            0 => bars.bar0 = at,
+            1 => bars.bar1 = at,
+            3 => bars.bar3 = at,
+            _ => {}
+        }
+        at += size;
+    }
+    // Memory space + bus master.
+    cfg_write(dev, 4, 0x6);
+    bars
+}
+
+// ---------------------------------------------------------------------------------------------
+// The driver's HAL.
+
+struct KvmHal {
+    bars: Bars,
+    dma_base: u64,
+    dma_size: u64,
+    tsc_khz: u64,
+    irq_mode: bool,
+}
+
+impl KvmHal {
+    fn addr(&self, bar: Bar, offset: u64, width: u64) -> Option<u64> {
+        let (base, size) = match bar {
+            Bar::Bar0 => (self.bars.bar0, Bar::Bar0.size()),
+            Bar::Bar1 => (self.bars.bar1, Bar::Bar1.size()),
+            Bar::Bar3 => (self.bars.bar3, Bar::Bar3.size()),
+        };
+        (base != 0 && offset & (width - 1) == 0 && offset.checked_add(width)? <= size)
+            .then(|| base + offset)
+    }
+
+    fn in_dma(&self, addr: u64, len: usize) -> bool {
+        addr >= self.dma_base
+            && addr
+                .checked_add(len as u64)
+                .is_some_and(|end| end <= self.dma_base + self.dma_size)
+    }
+}
+
+impl Mmio for KvmHal {
+    fn read32(&mut self, bar: Bar, offset: u64) -> u32 {
+        match self.addr(bar, offset, 4) {
+            Some(a) => rd32(a),
+            None => 0xffff_ffff,
+        }
+    }
+
+    fn write32(&mut self, bar: Bar, offset: u64, value: u32) {
+        if let Some(a) = self.addr(bar, offset, 4) {
+            wr32(a, value);
+        }
+    }
+
+    fn read64(&mut self, bar: Bar, offset: u64) -> u64 {
+        match bar {
+            Bar::Bar0 => {
+                let lo = self.read32(bar, offset) as u64;
+                let hi = self.read32(bar, offset + 4) as u64;
+                hi << 32 | lo
+            }
+            _ => match self.addr(bar, offset, 8) {
+                Some(a) => rd64(a),
+                None => u64::MAX,
+            },
+        }
+    }
+
+    fn write64(&mut self, bar: Bar, offset: u64, value: u64) {
+        match bar {
+            Bar::Bar0 => {
+                self.write32(bar, offset, value as u32);
+                self.write32(bar, offset + 4, (value >> 32) as u32);
+            }
+            _ => {
+                if let Some(a) = self.addr(bar, offset, 8) {
+                    wr64(a, value);
+                }
+            }
+        }
+    }
+}
+
+impl Dma for KvmHal {
+    fn base(&self) -> u64 {
+        self.dma_base
+    }
+
+    fn size(&self) -> u64 {
+        self.dma_size
+    }
+
+    fn read(&mut self, addr: u64, buf: &mut [u8]) {
+        if !self.in_dma(addr, buf.len()) {
+            buf.fill(0xff);
+            return;
+        }
+        core::sync::atomic::fence(Ordering::SeqCst);
+        // SAFETY: the range lies in the DMA region, identity-mapped guest RAM that no Rust
+        // object owns; the GPU (the VMM) may write it concurrently, hence the fence.
+        unsafe { core::ptr::copy_nonoverlapping(addr as *const u8, buf.as_mut_ptr(), buf.len()) }
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) {
+        if !self.in_dma(addr, data.len()) {
+            return;
+        }
+        // SAFETY: as in `read`.
+        unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), addr as *mut u8, data.len()) }
+        core::sync::atomic::fence(Ordering::SeqCst);
+    }
+}
+
+impl Platform for KvmHal {
+    fn delay_ns(&mut self, ns: u64) {
+        let ticks = ns.saturating_mul(self.tsc_khz) / 1_000_000;
+        let start = rdtsc();
+        while rdtsc().wrapping_sub(start) < ticks {
+            core::hint::spin_loop();
+        }
+    }
+
+    fn wait_for_interrupt(&mut self, timeout_ns: u64) -> bool {
+        let seen = IRQS.load(Ordering::SeqCst);
+        let ticks = timeout_ns.saturating_mul(self.tsc_khz) / 1_000_000;
+        let start = rdtsc();
+        while rdtsc().wrapping_sub(start) < ticks {
+            if IRQS.load(Ordering::SeqCst) != seen {
+                return true;
+            }
+            core::hint::spin_loop();
+        }
+        IRQS.load(Ordering::SeqCst) != seen
+    }
+
+    fn has_interrupts(&self) -> bool {
+        self.irq_mode
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Results.
+
+struct ErrBuf {
+    buf: [u8; abi::R_ERR_MAX as usize],
+    len: usize,
+}
+
+impl Write for ErrBuf {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for &b in s.as_bytes() {
+            if self.len < self.buf.len() {
+                self.buf[self.len] = b;
+                self.len += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn result(index: usize, verified: bool, bytes: u64, gpu_ns: u64, error: Option<&dyn fmt::Display>) {
+    let base = abi::RESULTS + index as u64 * abi::RESULT_SIZE;
+    wr32(base + abi::R_VERIFIED, verified as u32);
+    wr64(base + abi::R_BYTES, bytes);
+    wr64(base + abi::R_GPU_NS, gpu_ns);
+    let mut e = ErrBuf {
+        buf: [0; abi::R_ERR_MAX as usize],
+        len: 0,
+    };
+    if let Some(err) = error {
+        let _ = write!(e, "{err}");
+    }
+    for (i, &b) in e.buf[..e.len].iter().enumerate() {
+        wr8(base + abi::R_ERR + i as u64, b);
+    }
+    wr32(base + abi::R_ERR_LEN, e.len as u32);
+    wr32(
+        base + abi::R_STATE,
+        if error.is_some() {
+            abi::STATE_ERROR
+        } else {
+            abi::STATE_DONE
+        },
+    );
+}
+
+fn phase(p: u32) {
+    outl(abi::PORT_PHASE, p);
+}
+
+/// Times `n` exits of each kind, bracketed by phase markers the VMM timestamps.
+fn calibrate(n: u32, bar0: u64) {
+    phase(abi::PHASE_CAL_PIO);
+    for _ in 0..n {
+        outl(abi::PORT_NOP, 0);
+    }
+    phase(abi::PHASE_CAL_NULL_MMIO);
+    for _ in 0..n {
+        rd32(abi::NULL_MMIO);
+    }
+    phase(abi::PHASE_CAL_VGPU_MMIO);
+    for _ in 0..n {
+        rd32(bar0);
+    }
+    phase(abi::PHASE_CAL_END);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+#[no_mangle]
+#[link_section = ".text._start"]
+pub extern "C" fn _start() -> ! {
+    let boot = read_boot();
+    let code = run(&boot);
+    exit(code)
+}
+
+fn run(boot: &Boot) -> u32 {
+    println!(
+        "gpuvm guest: ring 3, size {}, {} workload(s), fences by {}, TSC {} kHz, heap {:#x}",
+        boot.size,
+        boot.nworkloads,
+        if boot.fence_irq {
+            "interrupt"
+        } else {
+            "polling"
+        },
+        boot.tsc_khz,
+        HEAP.used_top()
+    );
+    let Some(dev) = find_gpu() else {
+        println!("no 10de:06d8 on PCI bus 0");
+        return abi::EXIT_FAIL;
+    };
+    let bars = setup_bars(dev, boot.mmio_base);
+    match boot.mode {
+        abi::MODE_POKE_OUTSIDE => {
+            let addr = boot.mmio_base + 0x3000_0000;
+            println!("hostile: reading {addr:#x}, outside every BAR");
+            let v = rd32(addr);
+            println!("hostile: read {v:#x} and still running");
+            return abi::EXIT_FAIL;
+        }
+        abi::MODE_CONFIG_GARBAGE => {
+            println!("hostile: writing garbage over configuration space");
+            let mut x: u32 = 0x9e37_79b9;
+            for off in (0..=0xfcu8).step_by(4) {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                cfg_write(dev, off, x);
+            }
+        }
+        _ => {}
+    }
+    if boot.calibrate != 0 {
+        calibrate(boot.calibrate, bars.bar0);
+    }
+    if boot.fence_irq {
+        enable_interrupts(boot.irq_gsi, boot.irq_vector);
+    }
+    let hal = KvmHal {
+        bars,
+        dma_base: boot.dma_base,
+        dma_size: boot.dma_size,
+        tsc_khz: boot.tsc_khz,
+        irq_mode: boot.fence_irq,
+    };
+    let cfg = DriverConfig {
+        fence_mode: if boot.fence_irq {
+            FenceMode::Interrupt
+        } else {
+            FenceMode::Poll
+        },
+        ..DriverConfig::default()
+    };
+    phase(0);
+    let t0 = rdtsc();
+    let mut gpu = match Gpu::init(hal, cfg) {
+        Ok(g) => g,
+        Err(e) => {
+            result(0, false, 0, 0, Some(&e));
+            phase(abi::PHASE_DONE);
+            println!("driver init failed: {e}");
+            return abi::EXIT_FAIL;
+        }
+    };
+    let ms = |t: u64| (rdtsc() - t) / boot.tsc_khz;
+    result(0, true, 0, 0, None);
+    let irq_mode = gpu.fence_mode() == FenceMode::Interrupt;
+    wr32(abi::RESULTS_HEADER + abi::H_FENCE_IRQ, irq_mode as u32);
+    println!(
+        "driver up in {} ms: {} MiB VRAM, fences by {}",
+        ms(t0),
+        gpu.vram_size() >> 20,
+        if irq_mode { "interrupt" } else { "polling" }
+    );
+    let mut ok = true;
+    for (i, &w) in boot.workloads[..boot.nworkloads].iter().enumerate() {
+        let Some(&w) = Workload::ALL.get(w as usize) else {
+            result(1 + i, false, 0, 0, Some(&"unknown workload index"));
+            ok = false;
+            continue;
+        };
+        phase(1 + i as u32);
+        let t = rdtsc();
+        match workloads::run(&mut gpu, w, boot.size) {
+            Ok(r) => {
+                result(1 + i, r.verified, r.bytes, r.gpu_ns, None);
+                ok &= r.verified;
+                println!(
+                    "{}: {} bytes, GPU {} ns, {} ms, {}",
+                    w.name(),
+                    r.bytes,
+                    r.gpu_ns,
+                    ms(t),
+                    if r.verified {
+                        "verified"
+                    } else {
+                        "NOT VERIFIED"
+                    }
+                );
+            }
+            Err(e) => {
+                result(1 + i, false, 0, 0, Some(&e));
+                ok = false;
+                println!("{}: FAILED: {e}", w.name());
+            }
+        }
+    }
+    phase(abi::PHASE_DONE);
+    let _ = workloads::release_channel(&mut gpu);
+    wr64(
+        abi::RESULTS_HEADER + abi::H_IRQS,
+        IRQS.load(Ordering::SeqCst),
+    );
+    println!(
+        "{} (interrupts seen: {})",
+        if ok { "PASS" } else { "FAIL" },
+        IRQS.load(Ordering::SeqCst)
+    );
+    if ok {
+        abi::EXIT_PASS
+    } else {
+        abi::EXIT_FAIL
+    }
+}

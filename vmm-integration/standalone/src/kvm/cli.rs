@@ -1,0 +1,198 @@
+//! `gpuvm run --kvm`: output (the table, or JSON in the shape of the in-process `gpuvm run`
+//! with a `kvm` object per VM).
+
+use super::{run_kvm, KvmOptions, KvmReport, KvmVmReport};
+use crate::table::{self, Table};
+
+/// Runs the VMs and prints the report; `Ok(false)` if a workload did not verify or a VM was
+/// stopped.
+pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
+    let report = run_kvm(opts)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(report.all_verified())
+}
+
+fn verdict(error: &Option<String>, verified: bool) -> String {
+    match (error, verified) {
+        (Some(e), _) => format!("FAILED: {e}"),
+        (None, true) => "yes".to_string(),
+        (None, false) => "NO".to_string(),
+    }
+}
+
+fn workload_table(vm: &KvmVmReport) -> String {
+    let mut t = Table::new([
+        "workload",
+        "bytes",
+        "gpu time",
+        "wall time",
+        "mmio reads",
+        "mmio writes",
+        "verified",
+    ]);
+    for w in std::iter::once(&vm.init).chain(&vm.workloads) {
+        t.row([
+            w.name.clone(),
+            table::bytes(w.bytes),
+            table::ns(w.gpu_ns),
+            table::ns(w.wall_ns),
+            w.mmio_reads.to_string(),
+            w.mmio_writes.to_string(),
+            verdict(&w.error, w.verified),
+        ]);
+    }
+    t.render()
+}
+
+/// The human-readable report.
+pub fn render(r: &KvmReport) -> String {
+    let mut out = format!(
+        "gpuvm run --kvm: {} KVM VMs ({}, guests in ring {}) sharing the simulated GF100, shadow page tables {}, size {}\n",
+        r.vms.len(),
+        if r.pvm { "PVM" } else { "hardware virtualization" },
+        r.guest_ring,
+        r.shadow,
+        r.size,
+    );
+    for vm in &r.vms {
+        out += &format!("\nvm{}\n{}", vm.vm, workload_table(vm));
+        if let Some(s) = &vm.kvm.stopped {
+            out += &format!("stopped: {s}\n");
+        }
+        if let Some(c) = &vm.kvm.calibration {
+            out += &format!(
+                "exit cost ({} each): port I/O {}, bare MMIO {}, vGPU MMIO (BOOT_0) {}\n",
+                c.exits,
+                table::ns(c.pio_exit_ns),
+                table::ns(c.bare_mmio_exit_ns),
+                table::ns(c.vgpu_mmio_exit_ns)
+            );
+        }
+    }
+    let mut t = Table::new([
+        "vm",
+        "verified",
+        "exit code",
+        "wall time",
+        "MMIO reads",
+        "MMIO writes",
+        "port I/O",
+        "per MMIO exit",
+        "fences by",
+        "irqs raised",
+        "irqs seen",
+        "doorbells",
+        "violations",
+    ]);
+    for vm in &r.vms {
+        let ok = vm.workloads.iter().filter(|w| w.verified).count();
+        let k = &vm.kvm;
+        t.row([
+            format!("vm{}", vm.vm),
+            format!("{ok}/{}", vm.workloads.len()),
+            k.exit_code
+                .map_or_else(|| "stopped".to_string(), |c| c.to_string()),
+            table::ns(k.wall_ns),
+            k.exits.mmio_reads.to_string(),
+            k.exits.mmio_writes.to_string(),
+            k.exits.pio.to_string(),
+            table::ns(k.ns_per_mmio_exit),
+            if k.fence_irq { "interrupt" } else { "polling" }.to_string(),
+            k.irqs_raised.to_string(),
+            k.irqs_seen.to_string(),
+            vm.stats.doorbells.to_string(),
+            vm.stats.violations.total.to_string(),
+        ]);
+    }
+    let total: usize = r.vms.iter().map(|v| v.workloads.len()).sum();
+    let ok: usize = r
+        .vms
+        .iter()
+        .map(|v| v.workloads.iter().filter(|w| w.verified).count())
+        .sum();
+    out += &format!(
+        "\nper VM (KVM exits; wall time is the vCPU's whole run)\n{}\n{ok}/{total} workloads verified; GPU busy {} in total\n",
+        t.render(),
+        table::ns(r.host.gpu.busy_ns),
+    );
+    out
+}
+
+/// The `--kvm` options of `gpuvm run`.
+#[derive(clap::Args, Debug, Default)]
+pub struct KvmArgs {
+    /// Run every VM as a real KVM guest: a bare-metal guest program (one vCPU, started in ring 3
+    /// on PVM hosts) that finds the vGPU on PCI and drives it through real MMIO exits. Always
+    /// uses the real clock. `--json` adds a `kvm` object per VM (exit code, exits, interrupts,
+    /// console lines).
+    #[arg(long)]
+    pub kvm: bool,
+    /// With --kvm: before its workloads, each guest times N exits of each kind (port I/O, bare
+    /// MMIO, an MMIO read of the vGPU's BOOT_0); reported per VM.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "kvm")]
+    pub calibrate: u32,
+    /// With --kvm: stop a VM that is still running after this many seconds.
+    #[arg(long, value_name = "S", default_value_t = 600, requires = "kvm")]
+    pub timeout: u64,
+    /// With --kvm: let every BAR3 and PRAMIN write exit instead of queueing it in KVM's
+    /// coalesced MMIO ring (slower; for measuring what coalescing saves).
+    #[arg(long, requires = "kvm")]
+    pub no_coalesce: bool,
+    /// With --kvm: do not print the guests' console lines on standard error.
+    #[arg(long, requires = "kvm")]
+    pub quiet_console: bool,
+    /// With --kvm, for tests: run VM `I` as a hostile guest, `I=poke-outside` (reads outside its
+    /// BARs) or `I=config-garbage` (garbage over its configuration space, then uses its BARs).
+    #[arg(long, value_name = "I=MODE", hide = true, requires = "kvm")]
+    pub hostile: Vec<String>,
+}
+
+impl KvmArgs {
+    /// The run options.
+    #[allow(clippy::too_many_arguments)]
+    pub fn options(
+        &self,
+        vms: usize,
+        size: u32,
+        shadow: gpuvm::profile::ShadowMode,
+        workloads: Vec<gpuvm_guest::workloads::Workload>,
+        fence_irq: bool,
+        vram_mib: u64,
+        guest_ram: u64,
+    ) -> anyhow::Result<KvmOptions> {
+        let mut modes = vec![super::abi::MODE_NORMAL; vms];
+        for h in &self.hostile {
+            let (i, mode) = h
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--hostile '{h}': expected I=MODE"))?;
+            let i: usize = i
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--hostile '{h}': bad VM index"))?;
+            anyhow::ensure!(i < vms, "--hostile '{h}': there are only {vms} VMs");
+            modes[i] = match mode {
+                "poke-outside" => super::abi::MODE_POKE_OUTSIDE,
+                "config-garbage" => super::abi::MODE_CONFIG_GARBAGE,
+                _ => anyhow::bail!("--hostile '{h}': modes are poke-outside, config-garbage"),
+            };
+        }
+        Ok(KvmOptions {
+            vms,
+            size,
+            shadow,
+            workloads,
+            fence_irq,
+            vram_mib,
+            guest_ram,
+            modes,
+            echo_console: !self.quiet_console,
+            calibrate: self.calibrate,
+            coalesce: !self.no_coalesce,
+            timeout: std::time::Duration::from_secs(self.timeout),
+            ..KvmOptions::default()
+        })
+    }
+}

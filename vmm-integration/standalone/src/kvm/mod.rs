@@ -1,0 +1,815 @@
+//! The standalone KVM VMM behind `gpuvm run --kvm`: N KVM VMs in one process, one thread and one
+//! vCPU each, all sharing one simulated GF100 through one `GpuHost`.
+//!
+//! Each VM runs the bare-metal guest program of `vmm-integration/guest-bin` (built by this
+//! crate's build script and embedded here), which finds the vGPU on PCI, places its BARs and
+//! drives it with the `gpuvm-guest` driver; every BAR access is a real MMIO exit that
+//! [`mmio::BarWindows`] hands to the VM's `Vgpu`. The guest starts in 64-bit ring 3 (see
+//! [`cpu`] and `docs/kvm.md`: on this machine KVM is PVM, where ring-0 guest code is
+//! interpreted). Guest and VMM talk through the boot-parameter and results blocks and the ports
+//! of [`abi`]: the guest reports each workload's result in the results block and marks phase
+//! boundaries on a port, so wall time, GPU busy time and MMIO exits per phase are measured
+//! here, on the VMM side.
+
+#[path = "../../../guest-bin/src/abi.rs"]
+pub mod abi;
+pub mod cli;
+pub mod cpu;
+pub mod mmio;
+pub mod pci;
+pub mod serial;
+pub mod vm;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use gpuvm::clock::ClockKind;
+use gpuvm::harness::WorkloadRun;
+use gpuvm::host::{GpuHost, HostConfig, HostStats};
+use gpuvm::irq::IrqLine;
+use gpuvm::phys::sim::{SimConfig, SimGpu};
+use gpuvm::phys::PhysicalGpu;
+use gpuvm::profile::{ShadowMode, VgpuProfile};
+use gpuvm::vgpu::{Vgpu, VgpuStats};
+use gpuvm_guest::workloads::Workload;
+use kvm_ioctls::{IoEventAddress, Kvm, VcpuExit, VcpuFd, VmFd};
+use serde::Serialize;
+use vm_memory::Bytes;
+use vmm_sys_util::eventfd::EventFd;
+
+use mmio::BarWindows;
+use pci::PciBus;
+
+/// The guest program (an ELF64 executable linked at [`abi::LOAD_ADDR`]).
+pub static GUEST_ELF: &[u8] = include_bytes!(env!("GPUVM_GUEST_ELF"));
+
+/// IOAPIC pin the vGPU's interrupt is wired to (irqfd GSI).
+pub const IRQ_GSI: u32 = 16;
+/// IDT vector the guest assigns to it.
+pub const IRQ_VECTOR: u32 = 0x40;
+
+/// True if `/dev/kvm` is served by PVM (no VT-x/AMD-V; guest ring 0 is interpreted).
+pub fn is_pvm() -> bool {
+    Path::new("/sys/module/kvm_pvm").exists()
+}
+
+/// Opens `/dev/kvm`, or says plainly why it cannot be used.
+pub fn open_kvm() -> anyhow::Result<Kvm> {
+    if !Path::new("/dev/kvm").exists() {
+        anyhow::bail!(
+            "/dev/kvm not available: this host has no KVM (load kvm_intel, kvm_amd or kvm_pvm)"
+        );
+    }
+    let kvm = Kvm::new().map_err(|e| {
+        anyhow::anyhow!(
+            "/dev/kvm is present but unusable: {e} (permissions? the user needs read/write access)"
+        )
+    })?;
+    let v = kvm.get_api_version();
+    if v != 12 {
+        anyhow::bail!("/dev/kvm speaks KVM API version {v}, expected 12");
+    }
+    Ok(kvm)
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct KvmOptions {
+    /// Number of VMs.
+    pub vms: usize,
+    /// Problem size.
+    pub size: u32,
+    /// Shadow page-table mode of every VM.
+    pub shadow: ShadowMode,
+    /// Workloads each VM runs, in order (at most [`abi::MAX_WORKLOADS`]).
+    pub workloads: Vec<Workload>,
+    /// Wait for fences by interrupt (irqfd into the in-kernel IOAPIC, a ring-3 IDT gate).
+    pub fence_irq: bool,
+    /// VRAM slice per VM, MiB (0: an equal share, at most 1 GiB).
+    pub vram_mib: u64,
+    /// Guest RAM per VM, bytes (0: derived from the size).
+    pub guest_ram: u64,
+    /// The guest's mode per VM (`abi::MODE_*`; VMs beyond the list run normally).
+    pub modes: Vec<u32>,
+    /// Print each VM's console lines on standard error, prefixed with its name.
+    pub echo_console: bool,
+    /// Time `n` exits of each kind in every guest before it starts (0: no calibration).
+    pub calibrate: u32,
+    /// A VM still running after this long is stopped (checked at its exits).
+    pub timeout: Duration,
+    /// Coalesce writes to BAR3 and BAR0's PRAMIN window (see [`BarWindows::coalesce_zones`]).
+    pub coalesce: bool,
+    /// VRAM of the simulated GPU.
+    pub phys_vram: u64,
+}
+
+impl Default for KvmOptions {
+    fn default() -> Self {
+        KvmOptions {
+            vms: 1,
+            size: 16,
+            shadow: ShadowMode::Lazy,
+            workloads: vec![Workload::Madd],
+            fence_irq: false,
+            vram_mib: 0,
+            guest_ram: 0,
+            modes: Vec::new(),
+            echo_console: true,
+            calibrate: 0,
+            timeout: Duration::from_secs(600),
+            coalesce: true,
+            phys_vram: 6 << 30,
+        }
+    }
+}
+
+/// Exit counts of one VM.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct ExitCounts {
+    /// MMIO reads dispatched to the vGPU.
+    pub mmio_reads: u64,
+    /// MMIO writes dispatched to the vGPU.
+    pub mmio_writes: u64,
+    /// Port I/O exits (serial, PCI configuration, exit and phase ports).
+    pub pio: u64,
+    /// Other exits (calibration MMIO, interrupted runs).
+    pub other: u64,
+    /// MMIO writes KVM queued in the coalesced ring (no exit of their own), included in
+    /// `mmio_writes`.
+    pub coalesced_writes: u64,
+}
+
+/// Per-exit costs measured inside the guest's calibration loop (wall time between the phase
+/// markers divided by the exits).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Calibration {
+    /// Exits of each kind.
+    pub exits: u32,
+    /// A port-I/O exit the VMM ignores, ns.
+    pub pio_exit_ns: u64,
+    /// An MMIO read the VMM answers with zero (no device work), ns.
+    pub bare_mmio_exit_ns: u64,
+    /// An MMIO read of the vGPU's BOOT_0 (the device model's register path), ns.
+    pub vgpu_mmio_exit_ns: u64,
+}
+
+/// What happened to one VM under KVM, besides the workload results.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct KvmVmInfo {
+    /// The value the guest wrote to the exit port (0 pass, 1 fail, 2 panic), if it got there.
+    pub exit_code: Option<u32>,
+    /// Why the VMM stopped the VM, if it did (a fault, an access outside the BARs, a timeout).
+    pub stopped: Option<String>,
+    /// Wall time from the first KVM_RUN to the end.
+    pub wall_ns: u64,
+    /// Exits by kind.
+    pub exits: ExitCounts,
+    /// Mean wall time per MMIO exit over the whole run (guest work included), ns.
+    pub ns_per_mmio_exit: u64,
+    /// The guest waited for fences by interrupt (it asked for it and the driver accepted).
+    pub fence_irq: bool,
+    /// Rising edges of the vGPU's line sent through irqfd.
+    pub irqs_raised: u64,
+    /// Interrupts the guest's handler counted.
+    pub irqs_seen: u64,
+    /// RFLAGS when the VM ended (with interrupts: shows whether IF is still set).
+    pub final_rflags: u64,
+    /// Local APIC state of the vGPU's vector when the VM ended (with interrupts).
+    pub final_lapic: String,
+    /// Exit costs, with `--calibrate`.
+    pub calibration: Option<Calibration>,
+    /// The guest's console output.
+    pub console: Vec<String>,
+}
+
+/// One VM's results: the shape of the in-process `gpuvm run` plus `kvm`.
+#[derive(Debug, Clone, Serialize)]
+pub struct KvmVmReport {
+    /// The VM's id.
+    pub vm: u32,
+    /// Driver bring-up.
+    pub init: WorkloadRun,
+    /// One entry per workload.
+    pub workloads: Vec<WorkloadRun>,
+    /// The vGPU's counters at the end.
+    pub stats: VgpuStats,
+    /// KVM-side facts.
+    pub kvm: KvmVmInfo,
+}
+
+impl KvmVmReport {
+    /// True if the VM ran to its exit port, the driver came up and every workload verified.
+    pub fn all_verified(&self) -> bool {
+        self.kvm.stopped.is_none()
+            && self.kvm.exit_code == Some(abi::EXIT_PASS)
+            && self.init.verified
+            && self.workloads.iter().all(|w| w.verified)
+    }
+}
+
+/// The result of a KVM run.
+#[derive(Debug, Clone, Serialize)]
+pub struct KvmReport {
+    /// "kvm".
+    pub backend: &'static str,
+    /// `/dev/kvm` is PVM.
+    pub pvm: bool,
+    /// The privilege level guests run at.
+    pub guest_ring: u8,
+    /// Always "real": guests run in real time.
+    pub clock: ClockKind,
+    /// Problem size.
+    pub size: u32,
+    /// Shadow mode.
+    pub shadow: ShadowMode,
+    /// One entry per VM.
+    pub vms: Vec<KvmVmReport>,
+    /// Host counters after every VM was destroyed.
+    pub host: HostStats,
+}
+
+impl KvmReport {
+    /// True if every VM verified every workload.
+    pub fn all_verified(&self) -> bool {
+        self.vms.iter().all(KvmVmReport::all_verified)
+    }
+}
+
+/// Guest RAM layout of one VM: heap and DMA region sizes.
+fn ram_layout(opts: &KvmOptions) -> (u64, u64, u64) {
+    let matrix = (opts.size as u64).pow(2) * 4;
+    if opts.guest_ram != 0 {
+        let ram = opts.guest_ram.next_multiple_of(2 << 20).max(32 << 20);
+        let heap = (ram - abi::HEAP_BASE) / 2;
+        return (ram, heap, ram - abi::HEAP_BASE - heap);
+    }
+    let heap = (8 * matrix + (16 << 20)).next_multiple_of(2 << 20);
+    let dma = (8 * matrix + (16 << 20)).next_multiple_of(2 << 20);
+    (abi::HEAP_BASE + heap + dma, heap, dma)
+}
+
+/// Runs the workloads in `opts.vms` KVM VMs at once on one simulated GPU.
+pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
+    let kvm = open_kvm()?;
+    if opts.vms == 0 || opts.vms > 64 {
+        anyhow::bail!("vms = {} must be 1..=64", opts.vms);
+    }
+    if opts.workloads.len() > abi::MAX_WORKLOADS {
+        anyhow::bail!("at most {} workloads per run", abi::MAX_WORKLOADS);
+    }
+    let clock = ClockKind::Real.create();
+    let sim = Arc::new(SimGpu::new(SimConfig {
+        vram_size: opts.phys_vram,
+        clock: clock.clone(),
+        ..SimConfig::default()
+    }));
+    let phys: Arc<dyn PhysicalGpu> = sim.clone();
+    let hcfg = HostConfig::default();
+    let hyp = hcfg.hypervisor_vram >> 20;
+    let host = GpuHost::new(phys, hcfg).context("bringing up the GPU host")?;
+    let vram_mib = if opts.vram_mib == 0 {
+        (((opts.phys_vram >> 20).saturating_sub(hyp)) / opts.vms as u64).min(1024)
+    } else {
+        opts.vram_mib
+    };
+    let channels = (128 / opts.vms as u32).min(16);
+    let mut vgpus = Vec::new();
+    for i in 0..opts.vms {
+        let p = VgpuProfile {
+            name: format!("vm{i}"),
+            vram_mib,
+            channels,
+            weight: 1,
+            shadow: opts.shadow,
+        };
+        vgpus.push(
+            host.create_vgpu(&p)
+                .with_context(|| format!("creating the vGPU of vm{i}"))?,
+        );
+    }
+    let reports: Vec<KvmVmReport> = std::thread::scope(|s| {
+        let handles: Vec<_> = vgpus
+            .iter()
+            .enumerate()
+            .map(|(i, vgpu)| {
+                let (kvm, sim, vgpu) = (&kvm, &sim, vgpu.clone());
+                std::thread::Builder::new()
+                    .name(format!("vm{i}"))
+                    .spawn_scoped(s, move || run_vm(kvm, i, vgpu, sim, opts))
+                    .expect("spawning a VM thread")
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("a VM thread panicked")))
+            .collect()
+    });
+    for v in &vgpus {
+        host.destroy_vgpu(v).context("destroying a vGPU")?;
+    }
+    drop(vgpus);
+    Ok(KvmReport {
+        backend: "kvm",
+        pvm: is_pvm(),
+        guest_ring: 3,
+        clock: ClockKind::Real,
+        size: opts.size,
+        shadow: opts.shadow,
+        vms: reports,
+        host: host.stats(),
+    })
+}
+
+/// The vGPU's interrupt line as an irqfd: a rising edge signals the eventfd, which KVM turns
+/// into an edge on IOAPIC pin [`IRQ_GSI`].
+struct IrqfdLine {
+    evt: EventFd,
+    level: AtomicBool,
+    raised: AtomicU64,
+}
+
+impl IrqLine for IrqfdLine {
+    fn set_level(&self, asserted: bool) {
+        let was = self.level.swap(asserted, Ordering::SeqCst);
+        if asserted && !was {
+            self.raised.fetch_add(1, Ordering::SeqCst);
+            if let Err(e) = self.evt.write(1) {
+                log::warn!("irqfd write failed: {e}");
+            }
+        }
+    }
+}
+
+/// A phase marker: phase id, when, GPU busy so far, MMIO exits so far.
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    phase: u32,
+    at: Instant,
+    busy_ns: u64,
+    reads: u64,
+    writes: u64,
+}
+
+/// One VM's thread: set up, run the vCPU until the guest reports through the exit port or is
+/// stopped, collect the results.
+fn run_vm(
+    kvm: &Kvm,
+    index: usize,
+    vgpu: Arc<Vgpu>,
+    sim: &SimGpu,
+    opts: &KvmOptions,
+) -> KvmVmReport {
+    let name = format!("vm{index}");
+    let mut info = KvmVmInfo::default();
+    let mut marks = Vec::new();
+    let mut ram = None;
+    match run_vcpu(
+        kvm, index, &vgpu, sim, opts, &mut info, &mut marks, &mut ram,
+    ) {
+        Ok(()) => {}
+        Err(e) => {
+            let msg = format!("{name}: VM setup failed: {e:#}");
+            eprintln!("gpuvm: {msg}");
+            info.stopped = Some(msg);
+        }
+    }
+    let (init, workloads) = collect_results(ram.as_ref(), &marks, opts, &info);
+    KvmVmReport {
+        vm: vgpu.id().0,
+        init,
+        workloads,
+        stats: vgpu.stats(),
+        kvm: info,
+    }
+}
+
+/// GPU busy time of the VM's channels so far.
+fn busy_ns(sim: &SimGpu, vgpu: &Vgpu) -> u64 {
+    vgpu.phys_channels()
+        .filter_map(|c| sim.channel_busy_ns(c))
+        .sum()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_vcpu(
+    kvm: &Kvm,
+    index: usize,
+    vgpu: &Arc<Vgpu>,
+    sim: &SimGpu,
+    opts: &KvmOptions,
+    info: &mut KvmVmInfo,
+    marks: &mut Vec<Mark>,
+    ram_out: &mut Option<vm::GuestVm>,
+) -> anyhow::Result<()> {
+    let name = format!("vm{index}");
+    let (ram, heap, dma) = ram_layout(opts);
+    let gvm = vm::GuestVm::new(kvm, ram)?;
+    let entry = gvm.load_elf(GUEST_ELF)?;
+    cpu::write_system_tables(&gvm.mem)?;
+    let mut vcpu = gvm.create_vcpu()?;
+    cpu::setup(kvm, &vcpu, entry, opts.fence_irq)?;
+    let tsc_khz = vcpu.get_tsc_khz().unwrap_or(0);
+
+    // Boot parameters.
+    let bp = |off: u64| abi::BOOT_PARAMS + off;
+    gvm.write_u64(bp(abi::BP_MAGIC), abi::MAGIC)?;
+    let mode = opts.modes.get(index).copied().unwrap_or(abi::MODE_NORMAL);
+    gvm.write_u32(bp(abi::BP_MODE), mode)?;
+    gvm.write_u32(bp(abi::BP_SIZE), opts.size)?;
+    gvm.write_u32(bp(abi::BP_FENCE_MODE), opts.fence_irq as u32)?;
+    gvm.write_u32(bp(abi::BP_NWORKLOADS), opts.workloads.len() as u32)?;
+    gvm.write_u64(bp(abi::BP_TSC_KHZ), tsc_khz as u64)?;
+    gvm.write_u64(bp(abi::BP_HEAP_BASE), abi::HEAP_BASE)?;
+    gvm.write_u64(bp(abi::BP_HEAP_SIZE), heap)?;
+    gvm.write_u64(bp(abi::BP_DMA_BASE), abi::HEAP_BASE + heap)?;
+    gvm.write_u64(bp(abi::BP_DMA_SIZE), dma)?;
+    gvm.write_u64(bp(abi::BP_MMIO_BASE), abi::MMIO_HOLE)?;
+    gvm.write_u32(bp(abi::BP_IRQ_VECTOR), IRQ_VECTOR)?;
+    gvm.write_u32(bp(abi::BP_IRQ_GSI), IRQ_GSI)?;
+    gvm.write_u32(bp(abi::BP_CALIBRATE), opts.calibrate)?;
+    for (i, w) in opts.workloads.iter().enumerate() {
+        let idx = Workload::ALL.iter().position(|x| x == w).unwrap_or(0xff) as u32;
+        gvm.mem
+            .write_obj(
+                idx as u8,
+                vm_memory::GuestAddress(bp(abi::BP_WORKLOADS) + i as u64),
+            )
+            .context("writing boot parameters")?;
+    }
+    vgpu.attach_guest_memory(gvm.mem.clone())
+        .context("attaching guest RAM to the vGPU")?;
+
+    let line = if opts.fence_irq {
+        let evt = EventFd::new(0).context("eventfd")?;
+        gvm.fd.register_irqfd(&evt, IRQ_GSI).context("KVM_IRQFD")?;
+        let line = Arc::new(IrqfdLine {
+            evt,
+            level: AtomicBool::new(false),
+            raised: AtomicU64::new(0),
+        });
+        vgpu.set_irq_line(line.clone());
+        Some(line)
+    } else {
+        None
+    };
+
+    let mut pci = PciBus::new(vgpu.clone());
+    let mut uart = serial::uart(&name, opts.echo_console);
+    let mut windows = BarWindows::default();
+    let mut ex = ExitCounts::default();
+    let start = Instant::now();
+    let deadline = start + opts.timeout;
+    let mark = |phase: u32, ex: &ExitCounts| Mark {
+        phase,
+        at: Instant::now(),
+        busy_ns: busy_ns(sim, vgpu),
+        reads: ex.mmio_reads,
+        writes: ex.mmio_writes,
+    };
+    let mut zones: Vec<(u64, u64)> = Vec::new();
+    if opts.coalesce {
+        vcpu.map_coalesced_mmio_ring()
+            .context("mapping the coalesced MMIO ring")?;
+    }
+    let stop: Result<u32, String> = loop {
+        if opts.coalesce {
+            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, vgpu, &mut ex, &name) {
+                break Err(msg);
+            }
+        }
+        if pci.take_dirty() {
+            let new = BarWindows::from_config(&pci);
+            if new != windows {
+                windows = new;
+                if opts.coalesce {
+                    set_zones(&gvm.fd, &mut zones, windows.coalesce_zones());
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            break Err(format!(
+                "{name}: still running after {:?}: VM stopped",
+                opts.timeout
+            ));
+        }
+        // What to do after the exit, once the vCPU's borrow has ended.
+        enum After {
+            Go,
+            Exit(u32),
+            Stop(String),
+            Fault(&'static str),
+        }
+        let after = match vcpu.run() {
+            Ok(VcpuExit::IoOut(port, data)) => {
+                ex.pio += 1;
+                match port {
+                    p if serial::PORTS.contains(&p) => {
+                        let _ = uart.write((p - serial::PORT_BASE) as u8, data[0]);
+                        After::Go
+                    }
+                    pci::PORT_ADDR..=0xcff => {
+                        pci.io_write(port, data);
+                        After::Go
+                    }
+                    abi::PORT_EXIT => After::Exit(le_u32(data)),
+                    abi::PORT_PHASE => {
+                        marks.push(mark(le_u32(data), &ex));
+                        After::Go
+                    }
+                    _ => After::Go,
+                }
+            }
+            Ok(VcpuExit::IoIn(port, data)) => {
+                ex.pio += 1;
+                match port {
+                    p if serial::PORTS.contains(&p) => {
+                        data[0] = uart.read((p - serial::PORT_BASE) as u8);
+                    }
+                    pci::PORT_ADDR..=0xcff => pci.io_read(port, data),
+                    _ => data.fill(0xff),
+                }
+                After::Go
+            }
+            Ok(VcpuExit::MmioRead(addr, data)) => {
+                if windows.read(vgpu, addr, data) {
+                    ex.mmio_reads += 1;
+                    After::Go
+                } else if addr & !0xfff == abi::NULL_MMIO {
+                    ex.other += 1;
+                    data.fill(0);
+                    After::Go
+                } else {
+                    After::Stop(format!(
+                        "{name}: guest read {} bytes at {addr:#x}, outside the vGPU's BARs ({}): VM stopped",
+                        data.len(),
+                        windows.describe()
+                    ))
+                }
+            }
+            Ok(VcpuExit::MmioWrite(addr, data)) => {
+                if windows.write(vgpu, addr, data) {
+                    ex.mmio_writes += 1;
+                    After::Go
+                } else if addr & !0xfff == abi::NULL_MMIO {
+                    ex.other += 1;
+                    After::Go
+                } else {
+                    After::Stop(format!(
+                        "{name}: guest wrote {} bytes at {addr:#x}, outside the vGPU's BARs ({}): VM stopped",
+                        data.len(),
+                        windows.describe()
+                    ))
+                }
+            }
+            Ok(VcpuExit::Shutdown) => After::Fault("the guest faulted (KVM_EXIT_SHUTDOWN: an exception it cannot handle in ring 3)"),
+            Ok(VcpuExit::Hlt) => After::Fault("the guest halted"),
+            Ok(VcpuExit::InternalError) => After::Fault("KVM internal error (an instruction the hypervisor cannot emulate)"),
+            Ok(VcpuExit::FailEntry(reason, _)) => After::Stop(format!(
+                "{name}: KVM could not enter the guest (hardware entry failure {reason:#x}): VM stopped"
+            )),
+            Ok(VcpuExit::Intr) => {
+                ex.other += 1;
+                After::Go
+            }
+            Ok(other) => After::Stop(format!("{name}: unexpected exit {other:?}: VM stopped")),
+            Err(e) if e.errno() == 4 || e.errno() == 11 => {
+                ex.other += 1;
+                After::Go
+            }
+            Err(e) => After::Stop(format!("{name}: KVM_RUN failed: {e}: VM stopped")),
+        };
+        match after {
+            After::Go => {}
+            After::Exit(code) => break Ok(code),
+            After::Stop(msg) => break Err(msg),
+            After::Fault(what) => {
+                let rip = vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
+                log::debug!("{name}: regs {:?}", vcpu.get_regs());
+                log::debug!("{name}: sregs {:?}", vcpu.get_sregs());
+                break Err(format!("{name}: {what} at rip {rip:#x}: VM stopped"));
+            }
+        }
+    };
+    if opts.coalesce {
+        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, vgpu, &mut ex, &name) {
+            log::warn!("{msg}");
+        }
+    }
+    let wall = start.elapsed();
+    if opts.fence_irq {
+        info.final_rflags = vcpu.get_regs().map(|r| r.rflags).unwrap_or(0);
+        if let Ok(lapic) = vcpu.get_lapic() {
+            let reg = |off: usize| -> u32 {
+                let b: Vec<u8> = lapic.regs[off..off + 4].iter().map(|&c| c as u8).collect();
+                u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+            };
+            let v = IRQ_VECTOR as usize;
+            let bit = 1u32 << (v % 32);
+            info.final_lapic = format!(
+                "SVR {:#x}, ISR[{v:#x}] {}, IRR[{v:#x}] {}",
+                reg(0xf0),
+                reg(0x100 + (v / 32) * 0x10) & bit != 0,
+                reg(0x200 + (v / 32) * 0x10) & bit != 0
+            );
+        }
+    }
+    uart.writer_mut().finish();
+    match stop {
+        Ok(code) => info.exit_code = Some(code),
+        Err(msg) => {
+            eprintln!("gpuvm: {msg}");
+            info.stopped = Some(msg);
+        }
+    }
+    if marks.last().map_or(true, |m| m.phase != abi::PHASE_DONE) {
+        marks.push(mark(abi::PHASE_DONE, &ex));
+    }
+    info.wall_ns = wall.as_nanos() as u64;
+    info.exits = ex;
+    let mmio = ex.mmio_reads + ex.mmio_writes;
+    info.ns_per_mmio_exit = info.wall_ns.checked_div(mmio).unwrap_or(0);
+    info.fence_irq = gvm.read_u32(abi::RESULTS_HEADER + abi::H_FENCE_IRQ) == 1;
+    info.irqs_seen = gvm.read_u64(abi::RESULTS_HEADER + abi::H_IRQS);
+    info.irqs_raised = line.map_or(0, |l| l.raised.load(Ordering::SeqCst));
+    info.calibration = calibration(marks, opts.calibrate);
+    info.console = std::mem::take(&mut uart.writer_mut().lines);
+    *ram_out = Some(gvm);
+    Ok(())
+}
+
+/// Replays the writes KVM queued in the coalesced MMIO ring, in order, before anything else
+/// the vCPU did is handled.
+fn drain_coalesced(
+    vcpu: &mut VcpuFd,
+    windows: &BarWindows,
+    vgpu: &Vgpu,
+    ex: &mut ExitCounts,
+    name: &str,
+) -> Result<(), String> {
+    loop {
+        match vcpu.coalesced_mmio_read() {
+            Ok(Some(e)) => {
+                let len = (e.len as usize).min(e.data.len());
+                if !windows.write(vgpu, e.phys_addr, &e.data[..len]) {
+                    return Err(format!(
+                        "{name}: guest wrote {len} bytes at {:#x}, outside the vGPU's BARs ({}): VM stopped",
+                        e.phys_addr,
+                        windows.describe()
+                    ));
+                }
+                ex.mmio_writes += 1;
+                ex.coalesced_writes += 1;
+            }
+            Ok(None) => return Ok(()),
+            Err(e) => return Err(format!("{name}: reading the coalesced MMIO ring: {e}")),
+        }
+    }
+}
+
+/// Replaces the registered coalesced-MMIO zones with `new`.
+fn set_zones(vm: &VmFd, zones: &mut Vec<(u64, u64)>, new: Vec<(u64, u64)>) {
+    for &(addr, size) in zones.iter() {
+        if let Err(e) = vm.unregister_coalesced_mmio(IoEventAddress::Mmio(addr), size as u32) {
+            log::warn!("KVM_UNREGISTER_COALESCED_MMIO {addr:#x}+{size:#x}: {e}");
+        }
+    }
+    zones.clear();
+    for (addr, size) in new {
+        match vm.register_coalesced_mmio(IoEventAddress::Mmio(addr), size as u32) {
+            Ok(()) => zones.push((addr, size)),
+            Err(e) => log::warn!("KVM_REGISTER_COALESCED_MMIO {addr:#x}+{size:#x}: {e}"),
+        }
+    }
+}
+
+fn le_u32(data: &[u8]) -> u32 {
+    let mut b = [0u8; 4];
+    for (d, s) in b.iter_mut().zip(data) {
+        *d = *s;
+    }
+    u32::from_le_bytes(b)
+}
+
+/// Per-exit costs from the calibration phase markers.
+fn calibration(marks: &[Mark], n: u32) -> Option<Calibration> {
+    if n == 0 {
+        return None;
+    }
+    let at = |p: u32| marks.iter().find(|m| m.phase == p).map(|m| m.at);
+    let per =
+        |a: u32, b: u32| -> Option<u64> { Some((at(b)? - at(a)?).as_nanos() as u64 / n as u64) };
+    Some(Calibration {
+        exits: n,
+        pio_exit_ns: per(abi::PHASE_CAL_PIO, abi::PHASE_CAL_NULL_MMIO)?,
+        bare_mmio_exit_ns: per(abi::PHASE_CAL_NULL_MMIO, abi::PHASE_CAL_VGPU_MMIO)?,
+        vgpu_mmio_exit_ns: per(abi::PHASE_CAL_VGPU_MMIO, abi::PHASE_CAL_END)?,
+    })
+}
+
+/// Builds the init and workload entries from the guest's results block and the phase marks.
+fn collect_results(
+    gvm: Option<&vm::GuestVm>,
+    marks: &[Mark],
+    opts: &KvmOptions,
+    info: &KvmVmInfo,
+) -> (WorkloadRun, Vec<WorkloadRun>) {
+    let not_run = |name: &str| WorkloadRun {
+        name: name.to_string(),
+        bytes: 0,
+        gpu_ns: 0,
+        fence_gpu_ns: 0,
+        wall_ns: 0,
+        mmio_reads: 0,
+        mmio_writes: 0,
+        verified: false,
+        error: Some(match &info.stopped {
+            Some(s) => format!("not run: {s}"),
+            None => "not run".to_string(),
+        }),
+    };
+    let entry = |index: usize, name: &str| -> WorkloadRun {
+        let Some(gvm) = gvm else {
+            return not_run(name);
+        };
+        let base = abi::RESULTS + index as u64 * abi::RESULT_SIZE;
+        let state = gvm.read_u32(base + abi::R_STATE);
+        // The phase's extent: from its mark to the next one.
+        let phase = index as u32;
+        let span = marks
+            .iter()
+            .position(|m| m.phase == phase)
+            .and_then(|i| Some((marks[i], *marks.get(i + 1)?)));
+        let Some((a, b)) = span else {
+            return not_run(name);
+        };
+        let err_len = (gvm.read_u32(base + abi::R_ERR_LEN) as u64).min(abi::R_ERR_MAX) as usize;
+        let mut err = vec![0u8; err_len];
+        let _ = vm_memory::Bytes::read_slice(
+            &gvm.mem,
+            &mut err,
+            vm_memory::GuestAddress(base + abi::R_ERR),
+        );
+        let error = match state {
+            abi::STATE_ERROR => Some(String::from_utf8_lossy(&err).into_owned()),
+            abi::STATE_DONE => None,
+            _ => Some(match &info.stopped {
+                Some(s) => format!("did not finish: {s}"),
+                None => "did not finish".to_string(),
+            }),
+        };
+        WorkloadRun {
+            name: name.to_string(),
+            bytes: gvm.read_u64(base + abi::R_BYTES),
+            gpu_ns: b.busy_ns.saturating_sub(a.busy_ns),
+            fence_gpu_ns: gvm.read_u64(base + abi::R_GPU_NS),
+            wall_ns: (b.at - a.at).as_nanos() as u64,
+            mmio_reads: b.reads - a.reads,
+            mmio_writes: b.writes - a.writes,
+            verified: state == abi::STATE_DONE && gvm.read_u32(base + abi::R_VERIFIED) == 1,
+            error,
+        }
+    };
+    let init = entry(0, "init");
+    let workloads = opts
+        .workloads
+        .iter()
+        .enumerate()
+        .map(|(i, w)| entry(1 + i, w.name()))
+        .collect();
+    (init, workloads)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_program_is_embedded() {
+        assert_eq!(&GUEST_ELF[..4], b"\x7fELF");
+    }
+
+    #[test]
+    fn ram_layout_fits_below_the_mmio_hole() {
+        let (ram, heap, dma) = ram_layout(&KvmOptions {
+            size: 1024,
+            ..KvmOptions::default()
+        });
+        assert_eq!(ram, abi::HEAP_BASE + heap + dma);
+        assert!(ram < abi::MMIO_HOLE);
+        let (ram, heap, dma) = ram_layout(&KvmOptions {
+            guest_ram: 100 << 20,
+            ..KvmOptions::default()
+        });
+        assert_eq!(ram, abi::HEAP_BASE + heap + dma);
+    }
+
+    // The ABI blocks do not overlap.
+    const _: () = {
+        assert!(abi::BP_CALIBRATE >= abi::BP_WORKLOADS + abi::MAX_WORKLOADS as u64);
+        assert!(abi::RESULTS_HEADER + 16 <= abi::PML4_ADDR);
+        assert!(abi::BOOT_PARAMS + 0x1000 <= abi::RESULTS);
+    };
+}
