@@ -1,8 +1,10 @@
 //! The attacks of the threat model (`docs/isolation.md`), each made by a VM running the real
 //! guest driver (plus raw register and PRAMIN writes where the driver would not misbehave on its
 //! own), next to a victim VM running the same driver. For each attack: the attacker gets a fault
-//! or an error, the violation is counted, the victim's VRAM slice and guest RAM are bit-identical
-//! before and after, the victim's workloads still verify, and the host does not panic.
+//! or an error, the violation (or, for memory the attacker merely left unmapped, the fault) is
+//! counted in the attacker's stats, the victim's VRAM slice and guest RAM are bit-identical
+//! before and after, the victim's workloads still verify and its counters stay at zero, and the
+//! host does not panic.
 //!
 //! The attacker's slice is placed right below the victim's, so "one byte beyond the attacker's
 //! slice" is the victim's memory if anything let it through.
@@ -12,8 +14,9 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use gpuvm::clock::{Clock, SimClock};
+use gpuvm::gf100::gpfifo::GpEntry;
 use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
-use gpuvm::gf100::{host as hm, inst, pbus, pffb, pfifo, Target};
+use gpuvm::gf100::{fault, host as hm, inst, pbus, pffb, pfifo, userd, Target};
 use gpuvm::harness::VirtHal;
 use gpuvm::host::{GpuHost, HostConfig};
 use gpuvm::phys::sim::{SimConfig, SimGpu};
@@ -23,7 +26,9 @@ use gpuvm::vgpu::{Vgpu, VgpuStats};
 use gpuvm_guest::hal::Mmio;
 use gpuvm_guest::push::SUBC_HOST;
 use gpuvm_guest::workloads::{self, Workload};
-use gpuvm_guest::{Backing, DriverConfig, DriverError, Gpu, MemLocation, PageSize, PushBuf};
+use gpuvm_guest::{
+    Backing, Channel, DriverConfig, DriverError, Gpu, MemLocation, PageSize, PushBuf,
+};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const SLICE: u64 = 64 << 20;
@@ -214,7 +219,7 @@ fn sysram_pte_outside_guest_ram() {
 
 #[test]
 fn page_table_outside_the_slice() {
-    for shadow in [ShadowMode::Eager, ShadowMode::Lazy, ShadowMode::Incremental] {
+    for shadow in ShadowMode::ALL {
         let s = isolated(shadow, |_, a, _| {
             let r = (|| {
                 let mut ch = a.drv.channel_new()?;
@@ -241,6 +246,161 @@ fn page_table_outside_the_slice() {
             expect_fault(r, "through a page table beyond the slice");
         });
         assert!(s.faults_delivered >= 1, "{shadow}");
+        assert!(s.violations.page_table >= 1, "{shadow}: {:?}", s.violations);
+    }
+}
+
+/// Where the driver put channel `ch`'s structures, read back from them as a hostile driver
+/// would (the channel-table word, then RAMFC through PRAMIN): (guest instance block, pushbuffer
+/// ring VA, GPFIFO ring VA). The driver puts the GPFIFO ring right after the pushbuffer ring.
+fn channel_rings(vm: &mut Vm, ch: &Channel) -> (u64, u64, u64) {
+    let word = raw_rd(vm, pfifo::chan_table(ch.chid()));
+    let (inst_addr, _) = pfifo::chan_decode(word).expect("a bound channel");
+    let lo = vm.drv.pramin_rd32(inst_addr + inst::RAMFC_IB_BASE_LO);
+    let cfg = vm.drv.pramin_rd32(inst_addr + inst::RAMFC_IB_CONFIG);
+    let (ib_va, _) = inst::ib_config_decode(lo, cfg);
+    let pb_bytes = vm.drv.config().pushbuf_bytes;
+    (inst_addr, ib_va - pb_bytes, ib_va)
+}
+
+fn pramin_rd64(vm: &mut Vm, addr: u64) -> u64 {
+    u64::from(vm.drv.pramin_rd32(addr)) | u64::from(vm.drv.pramin_rd32(addr + 4)) << 32
+}
+
+/// The guest-RAM address small-page VA `va` of the address space at `pd` maps, walked through
+/// PRAMIN.
+fn sysram_behind(vm: &mut Vm, pd: u64, va: u64) -> u64 {
+    let pde = Pde::decode(pramin_rd64(vm, pd + mmu::pde_index(va) * mmu::ENTRY_SIZE));
+    let spt = pde.small.expect("a small-page table").addr;
+    let raw = pramin_rd64(vm, spt + mmu::spt_index(va) * mmu::ENTRY_SIZE);
+    let pte = Pte::decode(raw).unwrap().expect("a present PTE");
+    assert_eq!(
+        pte.target,
+        Target::SysCoherent,
+        "the driver's rings are in guest RAM"
+    );
+    pte.addr + va % mmu::SMALL_PAGE_SIZE
+}
+
+/// Submits `pb` with the driver and waits for its fence; expects an MMU fault of the pushbuffer
+/// fetch (unit PFIFO, a read) reported with the guest's own instance block, and returns its VA.
+fn fetch_fault(vm: &mut Vm, ch: &mut Channel, pb: &PushBuf, inst_addr: u64) -> u64 {
+    let r = vm.drv.submit(ch, pb).and_then(|f| vm.drv.fence_wait(ch, f));
+    match r {
+        Err(DriverError::MmuFault {
+            va,
+            unit,
+            write,
+            inst,
+            ..
+        }) => {
+            assert_eq!(unit, fault::UNIT_PFIFO, "the fetch faulted");
+            assert!(!write);
+            assert_eq!(
+                inst, inst_addr,
+                "the guest's instance block, not the shadow"
+            );
+            assert!(ch.is_broken());
+            va
+        }
+        other => panic!("expected an MMU fault of the fetch, got {other:?}"),
+    }
+}
+
+#[test]
+fn gpfifo_entry_or_pushbuffer_at_unmapped_memory() {
+    // Three submissions whose command stream the GPU cannot fetch, each on its own channel of
+    // the attacker: (1) the driver's own GPFIFO entry after the attacker unmapped the whole
+    // pushbuffer ring, (2) a segment that starts in the one page left mapped and runs into the
+    // unmapped rest, (3) a GPFIFO entry naming a VA nothing maps, written straight into the ring
+    // with the doorbell rung by hand. The GPU faults in the attacker's channel each time; the
+    // pushbuffer scan on the submission path stops at the unmapped memory.
+    for shadow in ShadowMode::ALL {
+        let s = isolated(shadow, |w, a, _| {
+            let pb_bytes = a.drv.config().pushbuf_bytes;
+            let mut nop = PushBuf::new();
+            nop.method(SUBC_HOST, hm::NOP, &[0]);
+
+            // (1) The pushbuffer VA is unmapped.
+            let mut ch = a.drv.channel_new().unwrap();
+            let (inst_addr, push_va, _) = channel_rings(a, &ch);
+            a.drv
+                .vm_unmap(ch.vm_mut(), push_va, pb_bytes, PageSize::Small)
+                .unwrap();
+            let va = fetch_fault(a, &mut ch, &nop, inst_addr);
+            assert!(
+                (push_va..push_va + mmu::SMALL_PAGE_SIZE).contains(&va),
+                "{shadow}: fault at {va:#x}, the ring is at {push_va:#x}"
+            );
+            a.drv.channel_free(ch).unwrap();
+
+            // (2) The segment runs past mapped memory: 6 KiB of NOPs from the ring's first
+            // (still mapped) page into its second (unmapped) one.
+            let mut ch = a.drv.channel_new().unwrap();
+            let (inst_addr, push_va, _) = channel_rings(a, &ch);
+            a.drv
+                .vm_unmap(
+                    ch.vm_mut(),
+                    push_va + mmu::SMALL_PAGE_SIZE,
+                    pb_bytes - mmu::SMALL_PAGE_SIZE,
+                    PageSize::Small,
+                )
+                .unwrap();
+            let mut long = PushBuf::new();
+            long.method_ni(SUBC_HOST, hm::NOP, &[0; 1536]);
+            let va = fetch_fault(a, &mut ch, &long, inst_addr);
+            assert_eq!(
+                va,
+                push_va + mmu::SMALL_PAGE_SIZE,
+                "{shadow}: the fetch faults at the first unmapped byte"
+            );
+            a.drv.channel_free(ch).unwrap();
+
+            // (3) A GPFIFO entry naming a VA nothing maps, written into the driver's ring
+            // behind its back (found by walking the channel's page tables through PRAMIN), and
+            // the doorbell: GP_PUT one past it in the channel's USERD page in BAR1.
+            let mut ch = a.drv.channel_new().unwrap();
+            let (inst_addr, _, ib_va) = channel_rings(a, &ch);
+            let pd = ch.vm_mut().pd_addr();
+            let poll = pfifo::userd_poll_decode(raw_rd(a, pfifo::USERD_POLL_BASE)).unwrap();
+            let gp_put = poll + u64::from(ch.chid()) * userd::SIZE + userd::GP_PUT;
+            let put = a.drv.hal_mut().read32(Bar::Bar1, gp_put);
+            let slot = sysram_behind(a, pd, ib_va + u64::from(put) * 8);
+            let entry = GpEntry::new(EVIL_VA, 16).encode().to_le_bytes();
+            a.ram.write_slice(&entry, GuestAddress(slot)).unwrap();
+            a.drv.hal_mut().write32(Bar::Bar1, gp_put, put + 1);
+            w.settle();
+            let src = raw_rd(a, pfifo::VM_FAULT_SOURCE);
+            assert_eq!(src, 1 << fault::UNIT_PFIFO, "{shadow}");
+            let reg = |r| pfifo::vm_fault(fault::UNIT_PFIFO, r);
+            assert_eq!(
+                raw_rd(a, reg(pfifo::VM_FAULT_INST)),
+                (inst_addr >> 12) as u32,
+                "{shadow}: the guest's instance block"
+            );
+            let va = u64::from(raw_rd(a, reg(pfifo::VM_FAULT_ADDR_LO)))
+                | u64::from(raw_rd(a, reg(pfifo::VM_FAULT_ADDR_HI))) << 32;
+            assert_eq!(va, EVIL_VA, "{shadow}");
+            assert_eq!(
+                raw_rd(a, pfifo::chan_state(ch.chid())) & pfifo::STATE_RUNNABLE,
+                0,
+                "{shadow}: the faulting channel stopped"
+            );
+            raw_wr(a, pfifo::VM_FAULT_SOURCE, src);
+            assert_eq!(raw_rd(a, pfifo::INTR) & pfifo::INTR_VM_FAULT, 0);
+            a.drv.channel_free(ch).unwrap();
+
+            let h = w.host.stats();
+            assert_eq!((h.phys_faults, h.unrouted), (3, 0), "{shadow}");
+            // Only the faulting channels stopped: a new channel of the attacker works.
+            let mut ch = a.drv.channel_new().unwrap();
+            let f = a.drv.submit(&mut ch, &nop).unwrap();
+            a.drv.fence_wait(&mut ch, f).unwrap();
+        });
+        // Faults, not violations: the attacker only used VAs of its own address space that map
+        // nothing. The three submissions ended without completing.
+        assert_eq!((s.faults_delivered, s.aborted), (3, 3), "{shadow}");
+        assert_eq!(s.violations.total, 0, "{shadow}: {:?}", s.violations);
     }
 }
 
