@@ -39,12 +39,13 @@ use gf100::{pfifo, userd};
 
 use crate::addr::{HostVram, Iova};
 use crate::channels::VChan;
+use crate::clock::Clock;
 use crate::guest_mem::VramSlice;
 use crate::irq::IrqFlag;
 use crate::mmio::pci::PciConfig;
 use crate::phys::{GpuStats, PhysicalGpu};
 use crate::profile::{ProfileError, VgpuProfile};
-use crate::sched::{FifoScheduler, Scheduler};
+use crate::sched::{Accounting, FifoScheduler, SchedStats, Scheduler};
 use crate::shadow_pt::ShadowPt;
 use crate::vgpu::aperture::GuestBars;
 use crate::vgpu::stats::RateLimit;
@@ -141,7 +142,7 @@ pub enum HostError {
 }
 
 /// Host-wide counters and what is free.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct HostStats {
     /// VMs alive.
     pub vms: usize,
@@ -188,6 +189,8 @@ pub struct HostStats {
     pub unrouted: u64,
     /// The physical GPU's counters.
     pub gpu: GpuStats,
+    /// GPU time per VM as the scheduler accounts it, and the policy's state.
+    pub sched: SchedStats,
 }
 
 /// Host-wide counters kept under the lock.
@@ -225,6 +228,13 @@ pub(crate) struct HostState {
     pub vms: BTreeMap<VmId, VmState>,
     pub sched: Box<dyn Scheduler>,
     pub inflight: Vec<InFlight>,
+    /// GPU time per VM (`crate::sched::account`).
+    pub acct: Accounting,
+    /// The end of the scheduler's deliberate wait, if one is running.
+    pub sched_timer: Option<u64>,
+    /// The time base of scheduling and accounting (the physical GPU's clock); `None`: the
+    /// GPU's PTIMER.
+    pub clock: Option<Arc<dyn Clock>>,
     /// VMs that had work on the GPU since the last non-stall interrupt was serviced.
     pub nonstall: BTreeSet<VmId>,
     pub runlist_next: usize,
@@ -278,6 +288,15 @@ impl HostShared {
         r
     }
 
+    /// See [`GpuHost::next_event_ns`].
+    pub(crate) fn next_event_ns(&self) -> Option<u64> {
+        let st = self.lock();
+        match (self.phys.next_event_ns(), st.sched_timer) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Services the physical GPU.
     pub(crate) fn poll(&self) {
         let lines = {
@@ -314,6 +333,11 @@ impl HostShared {
             let dropped = st.sched.remove_vm(id);
             let before = st.inflight.len();
             st.inflight.retain(|f| f.sub.vm != id);
+            if st.inflight.len() != before {
+                let now = st.now(phys);
+                st.acct.retired(id, now, false);
+            }
+            st.acct.remove_vm(id);
             st.counters.aborted += (dropped + before - st.inflight.len()) as u64;
             st.nonstall.remove(&id);
             crate::channels::runlist::submit_physical(st, phys);
@@ -370,8 +394,23 @@ impl HostState {
                 Effect::ChannelGone(g) => {
                     let dropped = self.sched.remove_channel(id, g);
                     let before = self.inflight.len();
+                    let ended: Vec<_> = self
+                        .inflight
+                        .iter()
+                        .filter(|f| f.sub.vm == id && f.sub.guest_chid == g)
+                        .map(|f| f.sub)
+                        .collect();
                     self.inflight
                         .retain(|f| !(f.sub.vm == id && f.sub.guest_chid == g));
+                    if !ended.is_empty() {
+                        // The GPU time it took until now is still the VM's.
+                        let now = self.now(phys);
+                        let more = self.inflight.iter().any(|f| f.sub.vm == id);
+                        let mut gpu_ns = self.acct.retired(id, now, more);
+                        for s in &ended {
+                            self.sched.complete(s, now, std::mem::take(&mut gpu_ns));
+                        }
+                    }
                     let gone = dropped + before - self.inflight.len();
                     self.counters.aborted += gone as u64;
                     if let Some(vm) = self.vms.get_mut(&id) {
@@ -390,9 +429,24 @@ impl HostState {
         if irq.is_asserted() {
             crate::vgpu::irq::service(self, phys);
         }
-        if !self.inflight.is_empty() || self.sched.queued() > 0 {
+        if !self.inflight.is_empty() || self.sched.queued() > 0 || self.sched_timer.is_some() {
             crate::vgpu::submit::progress(self, phys, max_inflight);
         }
+    }
+
+    /// The time of scheduling and accounting: the GPU's clock if the host was given it, else
+    /// the GPU's PTIMER (32 ns resolution on GF100).
+    pub(crate) fn now(&self, phys: &dyn PhysicalGpu) -> u64 {
+        match &self.clock {
+            Some(c) => c.now_ns(),
+            None => crate::vgpu::submit::gpu_now(phys),
+        }
+    }
+
+    fn sched_stats(&self, phys: &dyn PhysicalGpu) -> SchedStats {
+        let now = self.now(phys);
+        self.acct
+            .stats(now, self.sched.name(), self.sched.snapshot())
     }
 
     /// Recomputes every VM's interrupt line; returns the changes.
@@ -477,6 +531,9 @@ impl GpuHost {
             vms: BTreeMap::new(),
             sched: Box::new(FifoScheduler::new()),
             inflight: Vec::new(),
+            acct: Accounting::default(),
+            sched_timer: None,
+            clock: None,
             nonstall: BTreeSet::new(),
             runlist_next: 0,
             counters: Counters::default(),
@@ -507,7 +564,30 @@ impl GpuHost {
             ));
         }
         st.sched = sched;
+        st.sched_timer = None;
         Ok(())
+    }
+
+    /// Makes scheduling and accounting use `clock`, the physical GPU's own clock (for the
+    /// simulated GPU, the clock it was built with: [`crate::phys::sim::SimGpu::clock`]). Without
+    /// it they read the GPU's PTIMER, whose low 5 bits are zero on GF100, so accounted times are
+    /// only exact to 32 ns.
+    pub fn set_clock(&self, clock: Arc<dyn Clock>) {
+        self.shared.lock().clock = Some(clock);
+    }
+
+    /// When something next happens without anyone touching the GPU: the earlier of the physical
+    /// GPU's next event and the end of the scheduler's deliberate wait. A driver of a simulated
+    /// clock advances it to this time and calls [`GpuHost::poll`] (or lets a guest access the
+    /// device); `None` when nothing is pending.
+    pub fn next_event_ns(&self) -> Option<u64> {
+        self.shared.next_event_ns()
+    }
+
+    /// GPU time per VM, shares over the sliding window, utilisation, and the policy's state.
+    pub fn sched_stats(&self) -> SchedStats {
+        let st = self.shared.lock();
+        st.sched_stats(&*self.shared.phys)
     }
 
     /// Creates a vGPU for `profile`, or says which resource is missing.
@@ -597,7 +677,9 @@ impl GpuHost {
             log: RateLimit::default(),
             effects: Vec::new(),
         };
-        st.sched.add_vm(id, profile.weight);
+        let now = st.now(&*self.shared.phys);
+        st.sched.add_vm(id, profile.weight, now);
+        st.acct.add_vm(id, profile.weight, now);
         st.vms.insert(id, vm);
         log::info!(
             "{id} ('{}'): VRAM {:#x}+{:#x}, channels {}..{}, DMA window {:#x}, shadow {}",
@@ -677,6 +759,15 @@ impl GpuHost {
             phys_fifo_errors: c.phys_fifo_errors,
             unrouted: c.unrouted,
             gpu: self.shared.phys.stats(),
+            sched: st.sched_stats(&*self.shared.phys),
         }
+    }
+}
+
+impl Vgpu {
+    /// When something next happens on the shared GPU without anyone touching it (see
+    /// [`GpuHost::next_event_ns`]): what a guest waiting with a simulated clock advances to.
+    pub fn next_event_ns(&self) -> Option<u64> {
+        self.shared.next_event_ns()
     }
 }

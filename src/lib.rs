@@ -12,7 +12,7 @@
 //! - [`shadow_pt`]: shadow GPU page tables in four modes.
 //! - [`channels`]: channel partitioning, shadow instance blocks, runlist merge, USERD emulation,
 //!   the pushbuffer scan of the submission path.
-//! - [`sched`]: the `Scheduler` trait and the FIFO policy.
+//! - [`sched`]: the `Scheduler` trait, the FIFO, CREDIT and BAND policies, GPU-time accounting.
 //! - [`phys`]: the `PhysicalGpu` trait and the simulated GF100.
 //! - [`harness`]: the shared guest driver run in-process, natively or in N VMs.
 #![deny(missing_docs)]

@@ -3,8 +3,10 @@
 //! and against virtual GPUs sharing one simulated GPU ("virt", one thread per VM). Used by the
 //! `gpuvm` command, the integration tests and the trace recorder.
 
+pub mod exp_isolation;
 pub mod native;
 pub mod virt;
 
+pub use exp_isolation::{run_isolation, IsolationOptions, IsolationReport};
 pub use native::{run_native, NativeHal, NativeOptions, NativeReport, WorkloadRun};
 pub use virt::{run_vms, VirtError, VirtHal, VirtOptions, VirtReport, VmReport};

@@ -31,7 +31,6 @@ use super::native::{MmioCounts, WorkloadRun};
 /// The driver's hardware abstraction on top of a virtual GPU.
 pub struct VirtHal {
     vgpu: Arc<Vgpu>,
-    phys: Arc<dyn PhysicalGpu>,
     clock: Arc<dyn Clock>,
     mem: GuestMemoryMmap,
     dma_base: u64,
@@ -56,7 +55,6 @@ impl VirtHal {
         let irq = Arc::new(IrqFlag::new());
         vgpu.set_irq_line(irq.clone());
         VirtHal {
-            phys: vgpu.phys().clone(),
             vgpu,
             clock,
             mem,
@@ -174,10 +172,11 @@ impl Platform for VirtHal {
                 return false;
             }
             if self.clock.is_simulated() {
-                // Nothing this VM waits for can happen before the GPU's next event. Other VMs'
-                // threads share the clock and may move it too; that only shortens the wait.
+                // Nothing this VM waits for can happen before the GPU's next event or the end of
+                // the scheduler's deliberate wait. Other VMs' threads share the clock and may
+                // move it too; that only shortens the wait.
                 let next = self
-                    .phys
+                    .vgpu
                     .next_event_ns()
                     .unwrap_or(deadline)
                     .clamp(now + 1, deadline);
@@ -350,6 +349,7 @@ pub fn run_vms(opts: &VirtOptions) -> Result<VirtReport, VirtError> {
     }));
     let phys: Arc<dyn PhysicalGpu> = sim.clone();
     let host = GpuHost::new(phys, opts.host.clone())?;
+    host.set_clock(clock.clone());
     let ram = if opts.guest_ram == 0 {
         guest_ram_for(opts.size)
     } else {

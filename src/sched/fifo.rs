@@ -1,16 +1,22 @@
 //! FIFO scheduling: submissions reach the GPU in the order their doorbells arrived (GPUvm's and
-//! Gdev's FIFO baseline). No fairness: a VM with long kernels delays everyone behind it. A
-//! doorbell for a channel that already has a queued submission only moves that submission's
-//! GP_PUT forward (GPUvm queues "fire" commands per VM the same way).
+//! Gdev's FIFO baseline, `gdev_vsched_fifo.c`). No fairness: a VM with long kernels delays
+//! everyone behind it, and the share a VM gets is decided by how long its kernels are, not by
+//! its weight. A doorbell for a channel that already has a queued submission only moves that
+//! submission's GP_PUT forward (GPUvm queues "fire" commands per VM the same way), keeping its
+//! place. The head of the queue blocks the rest (no overtaking): when it may not run yet (another
+//! VM's work is on the GPU, or its channel is busy) nothing is dispatched. No period, no wait.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
-use super::{dispatchable, Scheduler, Submission, VmId};
+use super::{
+    dispatchable, share_ppm, Decision, PolicySnapshot, PolicyVm, Scheduler, Submission, VmId,
+};
 
 /// First come, first served.
 #[derive(Debug, Default)]
 pub struct FifoScheduler {
     queue: VecDeque<Submission>,
+    weights: BTreeMap<VmId, u32>,
 }
 
 impl FifoScheduler {
@@ -25,9 +31,12 @@ impl Scheduler for FifoScheduler {
         "fifo"
     }
 
-    fn add_vm(&mut self, _vm: VmId, _weight: u32) {}
+    fn add_vm(&mut self, vm: VmId, weight: u32, _now_ns: u64) {
+        self.weights.insert(vm, weight);
+    }
 
     fn remove_vm(&mut self, vm: VmId) -> usize {
+        self.weights.remove(&vm);
         let before = self.queue.len();
         self.queue.retain(|s| s.vm != vm);
         before - self.queue.len()
@@ -53,22 +62,39 @@ impl Scheduler for FifoScheduler {
 
     fn complete(&mut self, _s: &Submission, _now_ns: u64, _gpu_ns: u64) {}
 
-    fn pick(
-        &mut self,
-        inflight: &[Submission],
-        max_inflight: usize,
-        _now_ns: u64,
-    ) -> Option<Submission> {
-        let head = self.queue.front()?;
-        if dispatchable(head, inflight, max_inflight) {
-            self.queue.pop_front()
-        } else {
-            None
+    fn decide(&mut self, inflight: &[Submission], max_inflight: usize, _now_ns: u64) -> Decision {
+        match self.queue.front() {
+            Some(head) if dispatchable(head, inflight, max_inflight) => {
+                let s = *head;
+                self.queue.pop_front();
+                Decision::Dispatch(s)
+            }
+            _ => Decision::Idle,
         }
     }
 
     fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    fn snapshot(&self) -> PolicySnapshot {
+        let total: u64 = self.weights.values().map(|&w| u64::from(w)).sum();
+        PolicySnapshot {
+            vms: self
+                .weights
+                .iter()
+                .map(|(&vm, &weight)| PolicyVm {
+                    vm,
+                    weight,
+                    share_ppm: share_ppm(weight, total),
+                    queued: self.queue.iter().filter(|s| s.vm == vm).count(),
+                    credit_ns: None,
+                    util_ppm: None,
+                    position: None,
+                })
+                .collect(),
+            ..PolicySnapshot::default()
+        }
     }
 }
 

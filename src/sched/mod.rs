@@ -1,18 +1,41 @@
-//! Scheduling of GPU work between VMs (GPUvm §"GPU scheduling"; DESIGN §5 "Scheduling"): a guest's
-//! doorbell (GP_PUT write) does not reach the physical GPU directly. The device model turns it
-//! into a [`Submission`] — "channel c of VM v advanced GP_PUT to p" — and hands it to a
-//! [`Scheduler`], which alone decides when it is written to the physical GPU.
+//! Scheduling of GPU work between VMs (GPUvm §"GPU scheduling"; DESIGN §5 "Scheduling"; the
+//! rules and their sources are in `docs/scheduling.md`). A guest's doorbell (GP_PUT write) does
+//! not reach the physical GPU directly. The device model turns it into a [`Submission`] —
+//! "channel c of VM v advanced GP_PUT to p" — and hands it to a [`Scheduler`], which alone
+//! decides when it is written to the physical GPU.
 //!
-//! The trait is event-driven, like Gdev's `on_arrival` / `on_completion`: [`Scheduler::submit`]
-//! when a doorbell arrives, [`Scheduler::complete`] when the GPU has finished a submission, and
-//! [`Scheduler::pick`] whenever the GPU could take more work. The device model enforces the two
-//! rules every policy shares: work of two different VMs never overlaps on the GPU (GPU work is
-//! not preemptive, so fairness comes from what is let in), and at most `max_inflight`
-//! submissions are in flight. Policies here: [`fifo::FifoScheduler`] (arrival order); the fair
-//! ones (BAND, CREDIT) are their own module set.
+//! The trait is **event-driven**, like Gdev's `on_arrival` / `on_completion` plus its credit
+//! thread: [`Scheduler::submit`] when a doorbell arrives, [`Scheduler::complete`] when the GPU
+//! has finished a submission (with the GPU time it took), [`Scheduler::tick`] for period
+//! boundaries, and [`Scheduler::decide`] whenever the GPU could take more work. A decision is
+//! "dispatch this", "nothing now" ([`Decision::Idle`]) or "hold the GPU idle until `t`"
+//! ([`Decision::WaitUntil`], BAND's deliberate short wait); every call carries the time of a
+//! [`crate::clock::Clock`] (the GPU's timeline), so a policy never reads a clock itself and
+//! runs identically under simulated and real time.
+//!
+//! The device model enforces the rules every policy shares ([`dispatchable`]): work of two
+//! different VMs never overlaps on the GPU (GPU work is not preemptive, so fairness comes from
+//! what is let in), at most `max_inflight` submissions are in flight, one per channel.
+//!
+//! Policies: [`fifo::FifoScheduler`] (arrival order), [`credit::CreditScheduler`] (Xen-style
+//! credit) and [`band::BandScheduler`] (Gdev's BAND), selected by [`Policy`] (`fifo`, `credit`,
+//! `band`) with [`SchedParams`]. [`account::Accounting`] measures GPU time per VM.
 
+pub mod account;
+pub mod band;
+pub mod credit;
 pub mod fifo;
+mod list;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
 
+use serde::{Deserialize, Serialize};
+
+pub use account::{Accounting, SchedStats, VmSchedStats};
+pub use band::BandScheduler;
+pub use credit::CreditScheduler;
 pub use fifo::FifoScheduler;
 
 /// Identity of a VM on a [`crate::host::GpuHost`]; never reused while the host lives.
@@ -40,40 +63,113 @@ pub struct Submission {
     pub put: u32,
 }
 
+/// What the GPU should do next, as a policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Write this submission to the GPU now. It is [`dispatchable`].
+    Dispatch(Submission),
+    /// Nothing to dispatch now: no work is queued, or the queued work may not run yet (the GPU
+    /// still holds another VM's work, `max_inflight` is reached, or its channel is busy). The
+    /// next arrival or completion is the next chance.
+    Idle,
+    /// Keep the GPU idle on purpose until this time (BAND's time buffer), even though work is
+    /// queued; ask again then, or earlier when a submission arrives.
+    WaitUntil(u64),
+}
+
+/// One VM as a policy sees it (for statistics and tests).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyVm {
+    /// The VM.
+    pub vm: VmId,
+    /// Its weight.
+    pub weight: u32,
+    /// Its share of GPU time, parts per million (`weight / sum of weights`).
+    pub share_ppm: u32,
+    /// Submissions it has queued.
+    pub queued: usize,
+    /// Its credit (ns), for credit-based policies.
+    pub credit_ns: Option<i64>,
+    /// Its utilisation as the policy last measured it (parts per million), if it keeps one.
+    pub util_ppm: Option<u32>,
+    /// Its position in the policy's run list (0 = head), if it keeps one.
+    pub position: Option<usize>,
+}
+
+/// A policy's state and counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PolicySnapshot {
+    /// Per VM, in VM order.
+    pub vms: Vec<PolicyVm>,
+    /// Deliberate waits started (BAND's time buffer).
+    pub waits: u64,
+    /// Of those, the ones cut short by an arrival that took the GPU.
+    pub waits_taken: u64,
+    /// Moves of a VM to the tail of the run list.
+    pub demotions: u64,
+    /// Period boundaries processed.
+    pub ticks: u64,
+}
+
 /// A scheduling policy. Implementations keep their own queues; the device model calls these on
-/// the events named and never dispatches anything the policy did not pick.
+/// the events named (always with non-decreasing times) and never dispatches anything the policy
+/// did not pick.
 pub trait Scheduler: Send {
-    /// Short name for reports (`fifo`, `band`, ...).
+    /// Short name for reports (`fifo`, `credit`, `band`).
     fn name(&self) -> &'static str;
 
-    /// A VM was created with this share weight (1-100).
-    fn add_vm(&mut self, vm: VmId, weight: u32);
+    /// A VM was created at `now_ns` with this share weight (1-100); shares are the weights
+    /// normalised over the VMs present (`share_i = w_i / sum w`).
+    fn add_vm(&mut self, vm: VmId, weight: u32, now_ns: u64);
 
     /// A VM was destroyed: forget it and drop its queued submissions; returns how many.
     fn remove_vm(&mut self, vm: VmId) -> usize;
 
-    /// A doorbell arrived at GPU time `now_ns`. A policy may coalesce it with a queued
-    /// submission of the same channel (a later GP_PUT covers an earlier one).
+    /// A doorbell arrived at `now_ns` (the *arrival* event). A policy may coalesce it with a
+    /// queued submission of the same channel (a later GP_PUT covers an earlier one).
     fn submit(&mut self, s: Submission, now_ns: u64);
 
     /// Drops the queued submissions of one channel (it was unbound); returns how many.
     fn remove_channel(&mut self, vm: VmId, guest_chid: u32) -> usize;
 
-    /// The GPU finished `s` at `now_ns` after `gpu_ns` of GPU time (for accounting).
+    /// The GPU finished `s` at `now_ns` (the *completion* event); `gpu_ns` is the GPU time
+    /// charged to it: the part of its VM's busy time on the GPU since the previous completion
+    /// or its dispatch (see [`account::Accounting`]).
     fn complete(&mut self, s: &Submission, now_ns: u64, gpu_ns: u64);
 
-    /// The next submission to dispatch, given what is in flight, or `None` to wait. The device
-    /// model calls this repeatedly while it returns something; an implementation must only
-    /// return a submission [`dispatchable`] with `inflight` and `max_inflight`.
+    /// The *period tick*: processes every period boundary up to `now_ns`, each at its own time.
+    /// The device model calls this on every service; policies also catch up on their own at
+    /// every other event, so a late call changes nothing.
+    fn tick(&mut self, _now_ns: u64) {}
+
+    /// The next period boundary, if the policy has periods.
+    fn next_tick_ns(&self) -> Option<u64> {
+        None
+    }
+
+    /// What to do now, given the submissions in flight. The device model calls this after
+    /// every event and repeatedly while it returns [`Decision::Dispatch`]; a dispatched
+    /// submission must be [`dispatchable`] with `inflight` and `max_inflight`.
+    fn decide(&mut self, inflight: &[Submission], max_inflight: usize, now_ns: u64) -> Decision;
+
+    /// [`Scheduler::decide`], keeping only "dispatch this".
     fn pick(
         &mut self,
         inflight: &[Submission],
         max_inflight: usize,
         now_ns: u64,
-    ) -> Option<Submission>;
+    ) -> Option<Submission> {
+        match self.decide(inflight, max_inflight, now_ns) {
+            Decision::Dispatch(s) => Some(s),
+            Decision::Idle | Decision::WaitUntil(_) => None,
+        }
+    }
 
     /// Submissions waiting.
     fn queued(&self) -> usize;
+
+    /// The policy's per-VM state and counters.
+    fn snapshot(&self) -> PolicySnapshot;
 }
 
 /// The rules every policy obeys: nothing beyond `max_inflight`; no overlap of two VMs' work; at
@@ -85,43 +181,156 @@ pub fn dispatchable(s: &Submission, inflight: &[Submission], max_inflight: usize
             .all(|f| f.vm == s.vm && f.phys_chid != s.phys_chid)
 }
 
-/// Creates a scheduler by name (`fifo`); `None` for an unknown name.
-pub fn by_name(name: &str) -> Option<Box<dyn Scheduler>> {
-    match name {
-        "fifo" => Some(Box::new(FifoScheduler::new())),
-        _ => None,
-    }
+/// The scheduling policies, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    /// First come, first served ([`FifoScheduler`]).
+    Fifo,
+    /// Xen-style credit ([`CreditScheduler`]).
+    Credit,
+    /// Gdev's bandwidth-aware non-preemptive scheduler ([`BandScheduler`]).
+    Band,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl Policy {
+    /// Every policy, in the order experiments report them.
+    pub const ALL: [Policy; 3] = [Policy::Fifo, Policy::Credit, Policy::Band];
 
-    fn sub(vm: u32, chid: u32) -> Submission {
-        Submission {
-            vm: VmId(vm),
-            guest_chid: chid,
-            phys_chid: vm * 16 + chid,
-            put: 1,
+    /// The policy's name as written on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Fifo => "fifo",
+            Policy::Credit => "credit",
+            Policy::Band => "band",
         }
     }
 
-    #[test]
-    fn dispatch_rules() {
-        assert!(dispatchable(&sub(0, 0), &[], 1));
-        assert!(!dispatchable(&sub(0, 0), &[], 0));
-        assert!(
-            !dispatchable(&sub(1, 0), &[sub(0, 0)], 4),
-            "two VMs never overlap"
-        );
-        assert!(
-            !dispatchable(&sub(0, 0), &[sub(0, 0)], 4),
-            "one per channel"
-        );
-        assert!(dispatchable(&sub(0, 1), &[sub(0, 0)], 4));
-        assert!(!dispatchable(&sub(0, 1), &[sub(0, 0)], 1));
-        assert_eq!(by_name("fifo").unwrap().name(), "fifo");
-        assert!(by_name("lottery").is_none());
-        assert_eq!(VmId(3).to_string(), "vm3");
+    /// A scheduler of this policy with these parameters.
+    pub fn create(self, params: &SchedParams) -> Box<dyn Scheduler> {
+        match self {
+            Policy::Fifo => Box::new(FifoScheduler::new()),
+            Policy::Credit => Box::new(CreditScheduler::new(params.clone())),
+            Policy::Band => Box::new(BandScheduler::new(params.clone())),
+        }
     }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("unknown scheduler '{s}' (expected fifo, credit or band)"))
+    }
+}
+
+/// What happens to a credit beyond `±credit_limit_ns` at a replenishment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CreditBound {
+    /// Clamp to the bound (DESIGN §5, issue 4: "clamped to ±period"). Default.
+    #[default]
+    Clamp,
+    /// Set to zero (Gdev's code: `gdev_vsched_band_replenish_compute` zeroes a credit above
+    /// `GDEV_CREDIT_INACTIVE_THRESHOLD` — "all credits taken away" — and one below its
+    /// negative).
+    Zero,
+}
+
+/// Parameters of the credit-based policies (FIFO has none). Every default is the value of
+/// Gdev's BAND as published and coded; `docs/scheduling.md` explains each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedParams {
+    /// Budget period: every period each VM's credit grows by `period x share`.
+    /// Default 30 ms: Gdev `GDEV_PERIOD_DEFAULT` (30000 µs); Gdev ATC'12 §scheduling: "budget
+    /// period 30 ms ... we respect Xen's default setup"; GPUvm's 2015 `scheduler` branch uses
+    /// the same.
+    pub period_ns: u64,
+    /// Bound of a credit after replenishment, `±credit_limit_ns`. Default 30 ms (one period):
+    /// Gdev `GDEV_CREDIT_INACTIVE_THRESHOLD` (30000 µs).
+    pub credit_limit_ns: u64,
+    /// What happens beyond the bound. Default [`CreditBound::Clamp`] (the issue); Gdev zeroes.
+    pub credit_bound: CreditBound,
+    /// Utilisation window: a VM's utilisation is its GPU time since the window started over the
+    /// time elapsed, recomputed at every period tick; the window restarts once it is this long.
+    /// Default 1 s: Gdev `GDEV_UPDATE_INTERVAL` (1,000,000 µs, `__gdev_credit_com_thread`).
+    pub util_window_ns: u64,
+    /// BAND's time buffer: how long the GPU is held idle, before it goes to a VM over its share,
+    /// so that a short-running VM can get in first. Default 500 µs: Gdev
+    /// `__gdev_vsched_band_yield_chance` and ATC'12 "waiting time 500 µs"; GPUvm's A3 BAND uses
+    /// the same busy-yield.
+    pub wait_ns: u64,
+    /// How many time buffers one selection may spend. Default 1: Gdev
+    /// `GDEV_VSCHED_BAND_SELECT_CHANCES`.
+    pub wait_chances: u32,
+    /// BAND also yields on arrival: a VM that holds the GPU and is over its share (credit <= 0
+    /// and utilisation > share) and submits more while another VM exists gives the others one
+    /// time buffer first (Gdev's `gdev_vsched_band_schedule_compute`; not in the paper's
+    /// algorithm). Default off.
+    pub arrival_yield: bool,
+    /// When a time buffer held for VM `n` (over its share) is taken by another VM's arrival,
+    /// `n` goes to the tail of the run list. Gdev leaves it in place, and then a VM over its
+    /// share whose credit is not negative can stay ahead of a waiting VM for ever: it is never
+    /// demoted because it only completes work when it runs, and it does not run while others
+    /// keep taking its buffers (found by this crate's property tests; `docs/scheduling.md`).
+    /// Default on; off is Gdev's exact behaviour.
+    pub requeue_on_lost_wait: bool,
+}
+
+impl Default for SchedParams {
+    fn default() -> Self {
+        SchedParams {
+            period_ns: 30_000_000,
+            credit_limit_ns: 30_000_000,
+            credit_bound: CreditBound::Clamp,
+            util_window_ns: 1_000_000_000,
+            wait_ns: 500_000,
+            wait_chances: 1,
+            arrival_yield: false,
+            requeue_on_lost_wait: true,
+        }
+    }
+}
+
+impl SchedParams {
+    /// Checks the values; returns what is wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.period_ns == 0 {
+            return Err("period_ns must be positive".into());
+        }
+        if self.util_window_ns == 0 {
+            return Err("util_window_ns must be positive".into());
+        }
+        if self.credit_limit_ns > i64::MAX as u64 / 4 {
+            return Err("credit_limit_ns is too large".into());
+        }
+        if self.wait_chances == 0 && self.wait_ns > 0 {
+            return Err("wait_chances must be at least 1 when wait_ns is set".into());
+        }
+        Ok(())
+    }
+}
+
+/// Creates a scheduler by name (`fifo`, `credit`, `band`) with default parameters; `None` for an
+/// unknown name.
+pub fn by_name(name: &str) -> Option<Box<dyn Scheduler>> {
+    name.parse::<Policy>()
+        .ok()
+        .map(|p| p.create(&SchedParams::default()))
+}
+
+/// `weight / total` in parts per million (0 when `total` is 0).
+pub fn share_ppm(weight: u32, total: u64) -> u32 {
+    (u64::from(weight) * 1_000_000)
+        .checked_div(total)
+        .map_or(0, |v| v as u32)
 }

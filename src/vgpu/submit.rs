@@ -15,6 +15,13 @@
 //! 4. the physical GP_PUT is written through the physical BAR1 aperture onto the hypervisor's
 //!    USERD page of the physical channel — the physical doorbell.
 //!
+//! The scheduler is asked after every guest access and every poll (`progress`): first the
+//! period ticks due and the completions are delivered, then it decides — dispatch, nothing, or
+//! hold the GPU idle until a time (BAND's wait; the host keeps that time as its timer, see
+//! [`crate::host::GpuHost::next_event_ns`]). Each submission leaving the GPU is charged the
+//! GPU time since the previous mark of its VM (`crate::sched::account`), and the scheduler is
+//! told that time with the completion.
+//!
 //! A submission is complete when the physical GP_GET (in that USERD page) equals its GP_PUT. It
 //! also ends, without completing, when the channel stops (an MMU fault or PBDMA error clears
 //! STATE RUNNABLE), is unbound, or parks on a semaphore acquire — otherwise one guest could hold
@@ -30,7 +37,7 @@ use crate::addr::HostVram;
 use crate::channels::cmdscan::{self, Budget, Ring};
 use crate::host::HostState;
 use crate::phys::{Bar, PhysicalGpu};
-use crate::sched::{dispatchable, Submission, VmId};
+use crate::sched::{dispatchable, Decision, Submission, VmId};
 use crate::shadow_pt::GuestPdb;
 use crate::vgpu::VmCx;
 
@@ -78,17 +85,25 @@ pub(crate) fn doorbell(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: 
         phys_chid: vm.phys_chid(g),
         put: ch.gp_put,
     };
-    st.sched.submit(s, gpu_now(phys));
+    let now = st.now(phys);
+    st.sched.submit(s, now);
 }
 
-/// Retires finished submissions and dispatches what the scheduler picks.
+/// Delivers period ticks, retires finished submissions and does what the scheduler decides.
 pub(crate) fn progress(st: &mut HostState, phys: &dyn PhysicalGpu, max_inflight: usize) {
-    let now = gpu_now(phys);
+    let now = st.now(phys);
+    st.sched.tick(now);
     check_completions(st, phys, now);
+    st.sched_timer = None;
     loop {
         let inflight: Vec<Submission> = st.inflight.iter().map(|f| f.sub).collect();
-        let Some(s) = st.sched.pick(&inflight, max_inflight, now) else {
-            break;
+        let s = match st.sched.decide(&inflight, max_inflight, now) {
+            Decision::Dispatch(s) => s,
+            Decision::Idle => break,
+            Decision::WaitUntil(t) => {
+                st.sched_timer = Some(t);
+                break;
+            }
         };
         if !dispatchable(&s, &inflight, max_inflight) {
             log::error!(
@@ -141,8 +156,9 @@ fn check_completions(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
             Status::Ended => false,
         };
         st.inflight.remove(i);
-        st.sched
-            .complete(&f.sub, now, now.saturating_sub(f.start_ns));
+        let more = st.inflight.iter().any(|o| o.sub.vm == f.sub.vm);
+        let gpu_ns = st.acct.retired(f.sub.vm, now, more);
+        st.sched.complete(&f.sub, now, gpu_ns);
         let vm = st.vms.get_mut(&f.sub.vm);
         if done {
             st.counters.completed += 1;
@@ -226,6 +242,7 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
             sub: s,
             start_ns: now,
         });
+        st.acct.dispatched(s.vm, now);
         st.nonstall.insert(s.vm);
     } else {
         st.counters.aborted += 1;

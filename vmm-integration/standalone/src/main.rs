@@ -5,6 +5,7 @@
 //! in several VMs sharing the GPU through the device model (`gpuvm run`). Later subcommands add
 //! the KVM VMM and the experiments.
 
+mod exp;
 mod kvm;
 mod native;
 mod regs;
@@ -59,6 +60,9 @@ enum Command {
     /// --seed S --count N [--json]` runs a fault-injection campaign with an invariant checker.
     /// Traces are recorded with `gpuvm run --record DIR` (format: docs/trace-format.md).
     Trace(trace::TraceArgs),
+    /// Run one of GPUvm's experiments: `gpuvm exp isolation` (performance isolation under the
+    /// FIFO, CREDIT and BAND schedulers). See docs/experiments.md.
+    Exp(exp::ExpArgs),
 }
 
 fn main() {
@@ -69,6 +73,7 @@ fn main() {
         Command::Regs(args) => regs::run(&args),
         Command::Run(args) => run::run(&args),
         Command::Trace(args) => trace::run(&args),
+        Command::Exp(args) => exp::run(&args),
     };
     match result {
         Ok(true) => {}

@@ -1,0 +1,493 @@
+//! The machinery CREDIT and BAND share (Gdev's `gdev_sched.c` + `gdev_vsched_*.c`, one
+//! physical GPU, compute queue only): a **run list** of VMs, a FIFO queue of submissions per VM,
+//! a credit and a measured utilisation per VM, and the VM that currently holds the GPU.
+//!
+//! Events, each at its time `now` (ticks due before `now` are processed first, each at its own
+//! time, so the state never depends on when the host got round to delivering a tick):
+//!
+//! - **tick** (every `period`, Gdev's `gcreditc` thread): each VM's utilisation becomes its GPU
+//!   time since its window started over the time elapsed (capped at 100 %), and the window
+//!   restarts once it is `util_window` long; then `credit += period x share`, bounded to
+//!   `±credit_limit` ([`CreditBound`]).
+//! - **arrival** of a submission of VM `v` (Gdev `schedule_compute`): it joins `v`'s queue. If
+//!   the GPU is not held (no VM selected) `v` takes it; if a time buffer is running, `v` takes
+//!   it and the buffer ends ("a short-running VM gets in first"), and with
+//!   `requeue_on_lost_wait` the VM the buffer was held for goes to the tail of the run list;
+//!   otherwise it waits. (With `arrival_yield`, a VM over its share that holds the GPU starts a
+//!   time buffer instead.)
+//! - **completion** of a submission of VM `u` (Gdev `select_next_compute`): `credit -= gpu time`,
+//!   utilisation window `+= gpu time`; then *selection*: if the policy's demotion rule holds for
+//!   `u` it moves to the tail of the run list; the next VM is the first in the list with queued
+//!   work; if the policy's time-buffer rule holds for it (BAND: it is not `u` and is over its
+//!   share) the GPU is held idle for `wait` (one chance), else it is selected.
+//!
+//! Gdev decides only at a context's *last* outstanding completion; here every completion is a
+//! decision point, because a VM may keep several submissions in flight on several channels and
+//! would otherwise never give the GPU up. While the selected VM differs from the VM whose work
+//! is on the GPU, that work drains first (no overlap); the selected VM's queue is then
+//! dispatched, up to `max_inflight`, and tops up as long as it stays selected.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use super::{
+    dispatchable, share_ppm, CreditBound, Decision, PolicySnapshot, PolicyVm, SchedParams,
+    Submission, VmId,
+};
+
+/// What a rule sees of a VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VmView {
+    /// Credit, ns.
+    pub credit_ns: i64,
+    /// Utilisation as last measured at a tick, ppm.
+    pub util_ppm: u32,
+    /// Share, ppm.
+    pub share_ppm: u32,
+}
+
+impl VmView {
+    /// Gdev's "over its bandwidth": `bw_used > bw`.
+    pub fn over_share(&self) -> bool {
+        self.util_ppm > self.share_ppm
+    }
+}
+
+/// The rules that tell one credit-based policy from another.
+pub(crate) trait Rules: Send + std::fmt::Debug {
+    /// Policy name.
+    const NAME: &'static str;
+    /// Does VM `u`, whose submission just completed, go to the tail of the run list?
+    fn demote(&self, u: &VmView) -> bool;
+    /// Is the GPU held idle for a time buffer before it goes to `next`, which is not the VM
+    /// that just completed?
+    fn buffer_before(&self, next: &VmView) -> bool;
+    /// Does an arrival of the VM holding the GPU start a time buffer (Gdev's arrival yield)?
+    fn yield_on_arrival(&self, v: &VmView, p: &SchedParams) -> bool;
+}
+
+#[derive(Debug)]
+struct Entry {
+    weight: u32,
+    queue: VecDeque<Submission>,
+    credit: i64,
+    /// GPU time since the utilisation window started.
+    com_time: u64,
+    window_start: u64,
+    util_ppm: u32,
+}
+
+/// A running time buffer.
+#[derive(Debug, Clone, Copy)]
+struct Buffer {
+    until: u64,
+    /// Who gets the GPU when it expires unclaimed.
+    then: VmId,
+    /// The VM whose completion started it (selection is re-run for it on a retry).
+    prev: VmId,
+    /// Chances left including this one.
+    chances: u32,
+}
+
+/// A run-list scheduler with rules `R`.
+#[derive(Debug)]
+pub(crate) struct ListSched<R: Rules> {
+    rules: R,
+    p: SchedParams,
+    vms: BTreeMap<VmId, Entry>,
+    order: Vec<VmId>,
+    total_weight: u64,
+    current: Option<VmId>,
+    buffer: Option<Buffer>,
+    next_tick: Option<u64>,
+    queued: usize,
+    waits: u64,
+    waits_taken: u64,
+    demotions: u64,
+    ticks: u64,
+}
+
+impl<R: Rules> ListSched<R> {
+    pub fn new(rules: R, p: SchedParams) -> ListSched<R> {
+        if let Err(e) = p.validate() {
+            panic!("invalid scheduler parameters: {e}");
+        }
+        ListSched {
+            rules,
+            p,
+            vms: BTreeMap::new(),
+            order: Vec::new(),
+            total_weight: 0,
+            current: None,
+            buffer: None,
+            next_tick: None,
+            queued: 0,
+            waits: 0,
+            waits_taken: 0,
+            demotions: 0,
+            ticks: 0,
+        }
+    }
+
+    pub fn params(&self) -> &SchedParams {
+        &self.p
+    }
+
+    fn view(&self, vm: VmId) -> Option<VmView> {
+        self.vms.get(&vm).map(|e| VmView {
+            credit_ns: e.credit,
+            util_ppm: e.util_ppm,
+            share_ppm: share_ppm(e.weight, self.total_weight),
+        })
+    }
+
+    /// `period x share` of a VM, ns.
+    fn replenishment(&self, weight: u32) -> i64 {
+        if self.total_weight == 0 {
+            return 0;
+        }
+        (u128::from(self.p.period_ns) * u128::from(weight) / u128::from(self.total_weight)) as i64
+    }
+
+    fn bound(&self, credit: i64) -> i64 {
+        let limit = self.p.credit_limit_ns as i64;
+        if credit > limit {
+            match self.p.credit_bound {
+                CreditBound::Clamp => limit,
+                CreditBound::Zero => 0,
+            }
+        } else if credit < -limit {
+            match self.p.credit_bound {
+                CreditBound::Clamp => -limit,
+                CreditBound::Zero => 0,
+            }
+        } else {
+            credit
+        }
+    }
+
+    /// Processes every period boundary up to `now`.
+    pub fn catch_up(&mut self, now: u64) {
+        while let Some(t) = self.next_tick.filter(|&t| t <= now) {
+            self.tick_at(t);
+            self.next_tick = Some(t + self.p.period_ns);
+        }
+    }
+
+    fn tick_at(&mut self, t: u64) {
+        self.ticks += 1;
+        let window = self.p.util_window_ns;
+        let adds: Vec<(VmId, i64)> = self
+            .vms
+            .iter()
+            .map(|(&vm, e)| (vm, self.replenishment(e.weight)))
+            .collect();
+        for (vm, add) in adds {
+            let credit = {
+                let e = self.vms.get_mut(&vm).expect("present");
+                // __gdev_credit_com_thread: bw_used = com_time * 100 / elapsed (capped); the
+                // window restarts once it is GDEV_UPDATE_INTERVAL long.
+                let elapsed = t.saturating_sub(e.window_start);
+                if elapsed > 0 {
+                    e.util_ppm = (u128::from(e.com_time) * 1_000_000 / u128::from(elapsed))
+                        .min(1_000_000) as u32;
+                }
+                if elapsed >= window {
+                    e.com_time = 0;
+                    e.window_start = t;
+                }
+                // replenish_compute: credit += period x share, then the bound.
+                e.credit.saturating_add(add)
+            };
+            let bounded = self.bound(credit);
+            self.vms.get_mut(&vm).expect("present").credit = bounded;
+        }
+    }
+
+    pub fn next_tick_ns(&self) -> Option<u64> {
+        self.next_tick
+    }
+
+    pub fn add_vm(&mut self, vm: VmId, weight: u32, now: u64) {
+        self.catch_up(now);
+        if self.vms.contains_key(&vm) {
+            return;
+        }
+        self.total_weight += u64::from(weight);
+        self.vms.insert(
+            vm,
+            Entry {
+                weight,
+                queue: VecDeque::new(),
+                credit: 0,
+                com_time: 0,
+                window_start: now,
+                util_ppm: 0,
+            },
+        );
+        // gdev_init_scheduler: a new vGPU starts with one replenishment.
+        let c = self.replenishment(weight);
+        let c = self.bound(c);
+        self.vms.get_mut(&vm).expect("present").credit = c;
+        self.order.push(vm);
+        if self.next_tick.is_none() {
+            self.next_tick = Some(now + self.p.period_ns);
+        }
+    }
+
+    pub fn remove_vm(&mut self, vm: VmId) -> usize {
+        let Some(e) = self.vms.remove(&vm) else {
+            return 0;
+        };
+        self.total_weight -= u64::from(e.weight);
+        self.order.retain(|&v| v != vm);
+        self.queued -= e.queue.len();
+        if self.current == Some(vm) {
+            self.current = None;
+        }
+        if self.buffer.is_some_and(|b| b.then == vm || b.prev == vm) {
+            self.buffer = None;
+        }
+        e.queue.len()
+    }
+
+    pub fn remove_channel(&mut self, vm: VmId, guest_chid: u32) -> usize {
+        let Some(e) = self.vms.get_mut(&vm) else {
+            return 0;
+        };
+        let before = e.queue.len();
+        e.queue.retain(|s| s.guest_chid != guest_chid);
+        let n = before - e.queue.len();
+        self.queued -= n;
+        n
+    }
+
+    pub fn queued(&self) -> usize {
+        self.queued
+    }
+
+    fn has_work(&self, vm: VmId) -> bool {
+        self.vms.get(&vm).is_some_and(|e| !e.queue.is_empty())
+    }
+
+    fn first_with_work(&self) -> Option<VmId> {
+        self.order.iter().copied().find(|&v| self.has_work(v))
+    }
+
+    pub fn submit(&mut self, s: Submission, now: u64) {
+        self.catch_up(now);
+        let Some(e) = self.vms.get_mut(&s.vm) else {
+            log::warn!("{}: submission of unknown {}; dropped", R::NAME, s.vm);
+            return;
+        };
+        match e.queue.iter_mut().find(|q| q.phys_chid == s.phys_chid) {
+            Some(q) => q.put = s.put,
+            None => {
+                e.queue.push_back(s);
+                self.queued += 1;
+            }
+        }
+        let v = s.vm;
+        if let Some(b) = self.buffer {
+            // Whoever arrives while the GPU is held free takes it (Gdev: current == NULL).
+            self.buffer = None;
+            self.waits_taken += 1;
+            self.current = Some(v);
+            if self.p.requeue_on_lost_wait && b.then != v {
+                // The VM waited for is over its share and lost its turn: it goes behind the
+                // others, so that it cannot block the run list (see `SchedParams`).
+                self.move_to_tail(b.then);
+            }
+            return;
+        }
+        match self.current {
+            None => self.current = Some(v),
+            Some(c) if c == v => {
+                let others = self.vms.len() > 1;
+                let view = self.view(v).expect("present");
+                if self.p.arrival_yield && others && self.rules.yield_on_arrival(&view, &self.p) {
+                    self.start_buffer(now, v, v, 1);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    fn start_buffer(&mut self, now: u64, then: VmId, prev: VmId, chances: u32) {
+        self.current = None;
+        self.waits += 1;
+        self.buffer = Some(Buffer {
+            until: now.saturating_add(self.p.wait_ns),
+            then,
+            prev,
+            chances,
+        });
+    }
+
+    pub fn complete(&mut self, s: &Submission, now: u64, gpu_ns: u64) {
+        self.catch_up(now);
+        let u = s.vm;
+        let Some(e) = self.vms.get_mut(&u) else {
+            return;
+        };
+        // gdev_select_next_compute: credit -= exec; com_time += exec.
+        e.credit = e.credit.saturating_sub(gpu_ns.min(i64::MAX as u64) as i64);
+        e.com_time = e.com_time.saturating_add(gpu_ns);
+        if self.buffer.is_some() {
+            // A buffer is running (started by an earlier completion of `u`, which still had
+            // work in flight): the list order is updated, the buffer stands.
+            self.demote_if(u);
+            return;
+        }
+        self.select_next(u, now, self.p.wait_chances);
+    }
+
+    fn demote_if(&mut self, u: VmId) {
+        let Some(view) = self.view(u) else {
+            return;
+        };
+        if self.rules.demote(&view) {
+            self.move_to_tail(u);
+        }
+    }
+
+    fn move_to_tail(&mut self, u: VmId) {
+        if self.order.contains(&u) {
+            self.order.retain(|&v| v != u);
+            self.order.push(u);
+            self.demotions += 1;
+        }
+    }
+
+    /// Selection after a completion of `u` (or a buffer retry).
+    fn select_next(&mut self, u: VmId, now: u64, chances: u32) {
+        self.demote_if(u);
+        match self.first_with_work() {
+            None => self.current = None,
+            Some(next) => {
+                let view = self.view(next).expect("present");
+                if next != u && self.p.wait_ns > 0 && self.rules.buffer_before(&view) {
+                    self.start_buffer(now, next, u, chances.max(1));
+                } else {
+                    self.current = Some(next);
+                }
+            }
+        }
+    }
+
+    pub fn decide(&mut self, inflight: &[Submission], max_inflight: usize, now: u64) -> Decision {
+        self.catch_up(now);
+        if self.buffer.is_some() && self.queued == 0 {
+            // Nobody is left to wait for.
+            self.buffer = None;
+            self.current = None;
+        }
+        if let Some(b) = self.buffer {
+            if now < b.until {
+                return Decision::WaitUntil(b.until);
+            }
+            self.buffer = None;
+            if b.chances > 1 && self.vms.contains_key(&b.prev) {
+                self.select_next(b.prev, now, b.chances - 1);
+                if let Some(b) = self.buffer {
+                    return Decision::WaitUntil(b.until);
+                }
+            } else {
+                self.current = Some(b.then);
+            }
+        }
+        // The selected VM lost its work (channel or VM removed) while the GPU is free: the
+        // first VM with work gets it.
+        if inflight.is_empty() && !self.current.is_some_and(|c| self.has_work(c)) {
+            self.current = self.first_with_work();
+        }
+        let Some(c) = self.current else {
+            return Decision::Idle;
+        };
+        if inflight.iter().any(|f| f.vm != c) {
+            // Another VM's work drains first.
+            return Decision::Idle;
+        }
+        let Some(e) = self.vms.get_mut(&c) else {
+            return Decision::Idle;
+        };
+        let Some(i) = e
+            .queue
+            .iter()
+            .position(|s| dispatchable(s, inflight, max_inflight))
+        else {
+            return Decision::Idle;
+        };
+        let s = e.queue.remove(i).expect("index from position");
+        self.queued -= 1;
+        Decision::Dispatch(s)
+    }
+
+    pub fn snapshot(&self) -> PolicySnapshot {
+        PolicySnapshot {
+            vms: self
+                .vms
+                .iter()
+                .map(|(&vm, e)| PolicyVm {
+                    vm,
+                    weight: e.weight,
+                    share_ppm: share_ppm(e.weight, self.total_weight),
+                    queued: e.queue.len(),
+                    credit_ns: Some(e.credit),
+                    util_ppm: Some(e.util_ppm),
+                    position: self.order.iter().position(|&v| v == vm),
+                })
+                .collect(),
+            waits: self.waits,
+            waits_taken: self.waits_taken,
+            demotions: self.demotions,
+            ticks: self.ticks,
+        }
+    }
+}
+
+/// Implements [`super::Scheduler`] for a newtype around a [`ListSched`] with rules `$rules`.
+macro_rules! list_scheduler {
+    ($ty:ty, $rules:ty) => {
+        impl $crate::sched::Scheduler for $ty {
+            fn name(&self) -> &'static str {
+                <$rules as $crate::sched::list::Rules>::NAME
+            }
+            fn add_vm(&mut self, vm: $crate::sched::VmId, weight: u32, now_ns: u64) {
+                self.0.add_vm(vm, weight, now_ns)
+            }
+            fn remove_vm(&mut self, vm: $crate::sched::VmId) -> usize {
+                self.0.remove_vm(vm)
+            }
+            fn submit(&mut self, s: $crate::sched::Submission, now_ns: u64) {
+                self.0.submit(s, now_ns)
+            }
+            fn remove_channel(&mut self, vm: $crate::sched::VmId, guest_chid: u32) -> usize {
+                self.0.remove_channel(vm, guest_chid)
+            }
+            fn complete(&mut self, s: &$crate::sched::Submission, now_ns: u64, gpu_ns: u64) {
+                self.0.complete(s, now_ns, gpu_ns)
+            }
+            fn tick(&mut self, now_ns: u64) {
+                self.0.catch_up(now_ns)
+            }
+            fn next_tick_ns(&self) -> Option<u64> {
+                self.0.next_tick_ns()
+            }
+            fn decide(
+                &mut self,
+                inflight: &[$crate::sched::Submission],
+                max_inflight: usize,
+                now_ns: u64,
+            ) -> $crate::sched::Decision {
+                self.0.decide(inflight, max_inflight, now_ns)
+            }
+            fn queued(&self) -> usize {
+                self.0.queued()
+            }
+            fn snapshot(&self) -> $crate::sched::PolicySnapshot {
+                self.0.snapshot()
+            }
+        }
+    };
+}
+pub(crate) use list_scheduler;

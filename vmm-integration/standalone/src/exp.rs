@@ -1,0 +1,388 @@
+//! `gpuvm exp`: the experiments of GPUvm (ATC'14) that the product reproduces. Today:
+//! `gpuvm exp isolation` — performance isolation of VMs with short and long kernels under the
+//! FIFO, CREDIT and BAND schedulers (`gpuvm::harness::exp_isolation`; `docs/experiments.md`).
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use gpuvm::clock::ClockKind;
+use gpuvm::harness::exp_isolation::{
+    run_isolation, IsolationOptions, IsolationReport, KernelKind, PolicyResult, Progress,
+};
+use gpuvm::sched::{Policy, SchedParams};
+
+use crate::table::{self, Table};
+
+/// Options of `gpuvm exp`.
+#[derive(Args, Debug)]
+pub struct ExpArgs {
+    #[command(subcommand)]
+    which: ExpCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum ExpCommand {
+    /// Performance isolation: VMs with short kernels against VMs with long kernels, under
+    /// FIFO, CREDIT and BAND (GPUvm ATC'14, Gdev ATC'12).
+    ///
+    /// Every VM runs the real guest driver through its own virtual GPU and submits `loop`
+    /// kernels without blocking: short ones (0.5 ms of modeled GPU time, one at a time, as
+    /// Gdev's LUD) or long ones (10 ms, two outstanding, as heartwall). With 2 VMs, vm0 is
+    /// short and vm1 long and starts at 1/6 of the run; with 4 or 8 VMs even VMs are short,
+    /// odd ones long, starts are staggered over the first sixth, and vm2 has weight 2. Shares
+    /// are measured over the time all VMs run: target = weight / sum of weights, achieved =
+    /// the VM's GPU time over all VMs' GPU time. The table shows per VM the target, achieved
+    /// share and error, and per policy the mean and largest error, Jain's index and the GPU's
+    /// utilisation. `--json` prints one object with a `policies` array (per policy: `vms`,
+    /// `mean_error`, `max_error`, `jain_index`, `utilization`, the `series` of shares per
+    /// window and an accounting cross-check); `--svg FILE` plots each VM's share over time,
+    /// one panel per policy. With `--clock sim` (the default) the output is identical from
+    /// run to run.
+    Isolation(IsolationArgs),
+}
+
+/// Options of `gpuvm exp isolation`.
+#[derive(Args, Debug)]
+pub struct IsolationArgs {
+    /// Scheduling policy: fifo, credit, band, or all (each in its own run).
+    #[arg(long, default_value = "all")]
+    sched: String,
+    /// Number of VMs (the documented mixes are for 2, 4 and 8).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(2..=16))]
+    vms: u32,
+    /// Modeled GPU time to run, in seconds (from the end of driver bring-up).
+    #[arg(long, default_value_t = 3.0)]
+    duration: f64,
+    /// Time base: `sim` is deterministic simulated time (fast), `real` follows the host clock.
+    #[arg(long, default_value = "sim")]
+    clock: ClockKind,
+    /// Print one JSON object instead of the tables.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG plot of each VM's share over time (one panel per policy) to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Sampling window of the time series, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    window_ms: u64,
+    /// Kernels a short-kernel VM keeps outstanding (1: it submits the next one when the last
+    /// finished, as Gdev's LUD).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    short_outstanding: u32,
+    /// Kernels a long-kernel VM keeps outstanding.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
+    long_outstanding: u32,
+    /// A guest's reaction time in microseconds: after a fence signals, the VM submits again
+    /// only this much later (the simulated guests otherwise react in no modeled time, so
+    /// BAND's waits never idle the GPU).
+    #[arg(long, default_value_t = 0)]
+    think_us: u64,
+    /// Scheduler parameters as TOML (`period_ns`, `credit_limit_ns`, `credit_bound`,
+    /// `util_window_ns`, `wait_ns`, `wait_chances`, `arrival_yield`, `requeue_on_lost_wait`;
+    /// missing ones keep their defaults, see docs/scheduling.md).
+    #[arg(long, value_name = "FILE")]
+    params: Option<PathBuf>,
+}
+
+/// Runs `gpuvm exp ...`.
+pub fn run(args: &ExpArgs) -> anyhow::Result<bool> {
+    match &args.which {
+        ExpCommand::Isolation(a) => isolation(a),
+    }
+}
+
+fn policies(name: &str) -> anyhow::Result<Vec<Policy>> {
+    if name == "all" {
+        return Ok(Policy::ALL.to_vec());
+    }
+    name.parse::<Policy>().map(|p| vec![p]).map_err(|_| {
+        anyhow::anyhow!("unknown scheduler '{name}' (expected fifo, credit, band or all)")
+    })
+}
+
+fn options(a: &IsolationArgs) -> anyhow::Result<IsolationOptions> {
+    if !(a.duration.is_finite() && a.duration > 0.0 && a.duration <= 86_400.0) {
+        anyhow::bail!("--duration must be a positive number of seconds (at most a day)");
+    }
+    let params = match &a.params {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str::<SchedParams>(&text)
+                .with_context(|| format!("parsing {}", p.display()))?
+        }
+        None => SchedParams::default(),
+    };
+    params
+        .validate()
+        .map_err(|e| anyhow::anyhow!("scheduler parameters: {e}"))?;
+    Ok(IsolationOptions {
+        policies: policies(&a.sched)?,
+        vms: a.vms as usize,
+        duration_ns: (a.duration * 1e9).round() as u64,
+        clock: a.clock,
+        window_ns: a.window_ms.max(1) * 1_000_000,
+        params,
+        short_outstanding: a.short_outstanding as usize,
+        long_outstanding: a.long_outstanding as usize,
+        think_ns: a.think_us.saturating_mul(1000),
+        ..IsolationOptions::default()
+    })
+}
+
+fn isolation(a: &IsolationArgs) -> anyhow::Result<bool> {
+    let opts = options(a)?;
+    let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
+        let total = opts.duration_ns / 1_000_000 * opts.policies.len() as u64;
+        let pb = indicatif::ProgressBar::new(total);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:>8} [{bar:40}] {pos}/{len} ms of modeled time, {elapsed}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        pb
+    });
+    let mut on_progress = |p: Progress| {
+        if let Some(pb) = &bar {
+            pb.set_message(p.policy.name());
+            pb.set_position((p.index as u64 * p.total_ns + p.done_ns) / 1_000_000);
+        }
+    };
+    let wall = std::time::Instant::now();
+    let report = run_isolation(&opts, &mut on_progress).context("isolation experiment")?;
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
+    let wall = wall.elapsed();
+    if let Some(path) = &a.svg {
+        write_svg(&report, path).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if a.json {
+        let mut v = serde_json::to_value(&report)?;
+        if let (Some(path), Some(obj)) = (&a.svg, v.as_object_mut()) {
+            obj.insert("svg".into(), path.display().to_string().into());
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        print!("{}", render(&report));
+        println!("host time: {:.2} s", wall.as_secs_f64());
+        if let Some(path) = &a.svg {
+            println!("plot: {}", path.display());
+        }
+    }
+    Ok(true)
+}
+
+fn kind(k: KernelKind, ns: u64) -> String {
+    match k {
+        KernelKind::Short => format!("short {}", table::ns(ns)),
+        KernelKind::Long => format!("long {}", table::ns(ns)),
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1} %", x * 100.0)
+}
+
+/// The tables of `gpuvm exp isolation`.
+pub fn render(r: &IsolationReport) -> String {
+    let from = r.policies.first().map_or(0, |p| p.measured_from_ns);
+    let mut out = format!(
+        "gpuvm exp isolation: {} VMs on the simulated GF100, {} s of modeled GPU time ({} clock); shares measured from {} s, when every VM runs\n\n",
+        r.vms,
+        r.duration_ns as f64 / 1e9,
+        match r.clock {
+            ClockKind::Sim => "simulated",
+            ClockKind::Real => "real",
+        },
+        from as f64 / 1e9,
+    );
+    let mut t = Table::new([
+        "policy", "vm", "kernels", "out", "weight", "starts", "target", "achieved", "error",
+        "GPU time",
+    ]);
+    for p in &r.policies {
+        for v in &p.vms {
+            t.row([
+                p.policy.name().to_string(),
+                format!("vm{}", v.plan.vm),
+                kind(v.plan.kind, v.plan.kernel_ns),
+                v.plan.outstanding.to_string(),
+                v.plan.weight.to_string(),
+                format!("{:.2} s", v.plan.start_ns as f64 / 1e9),
+                pct(v.target_share),
+                pct(v.achieved_share),
+                pct(v.error),
+                table::ns(v.gpu_ns),
+            ]);
+        }
+    }
+    out += &t.render();
+    out += "\n";
+    out += &summary(&r.policies);
+    out
+}
+
+fn summary(ps: &[PolicyResult]) -> String {
+    let mut t = Table::new([
+        "policy",
+        "mean error",
+        "max error",
+        "Jain index",
+        "utilization",
+        "waits (taken)",
+        "demotions",
+        "dispatched",
+    ]);
+    for p in ps {
+        t.row([
+            p.policy.name().to_string(),
+            pct(p.mean_error),
+            pct(p.max_error),
+            format!("{:.4}", p.jain_index),
+            pct(p.utilization),
+            format!("{} ({})", p.waits, p.waits_taken),
+            p.demotions.to_string(),
+            p.dispatched.to_string(),
+        ]);
+    }
+    t.render()
+}
+
+const COLORS: [plotters::style::RGBColor; 8] = [
+    plotters::style::RGBColor(0x1f, 0x77, 0xb4),
+    plotters::style::RGBColor(0xd6, 0x27, 0x28),
+    plotters::style::RGBColor(0x2c, 0xa0, 0x2c),
+    plotters::style::RGBColor(0xff, 0x7f, 0x0e),
+    plotters::style::RGBColor(0x94, 0x67, 0xbd),
+    plotters::style::RGBColor(0x8c, 0x56, 0x4b),
+    plotters::style::RGBColor(0xe3, 0x77, 0xc2),
+    plotters::style::RGBColor(0x17, 0xbe, 0xcf),
+];
+
+/// Plots each VM's share of each window over time, one panel per policy, with each VM's
+/// target as a thin line (SVG; text is left to the viewer's fonts).
+pub fn write_svg(r: &IsolationReport, path: &Path) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+
+    let panels = r.policies.len().max(1);
+    let height = 60 + 300 * panels as u32;
+    let root = SVGBackend::new(path, (900, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err)?;
+    let (title, body) = root.split_vertically(40);
+    title
+        .titled(
+            &format!(
+                "GPU share per VM over time, {} VMs, {} ms windows",
+                r.vms,
+                r.window_ns / 1_000_000
+            ),
+            ("sans-serif", 22),
+        )
+        .map_err(plot_err)?;
+    let t_max = r.duration_ns as f64 / 1e9;
+    for (p, area) in r.policies.iter().zip(body.split_evenly((panels, 1))) {
+        let mut chart = ChartBuilder::on(&area)
+            .caption(
+                format!(
+                    "{}: mean error {:.1} %, max {:.1} %, Jain {:.3}",
+                    p.policy.name(),
+                    p.mean_error * 100.0,
+                    p.max_error * 100.0,
+                    p.jain_index
+                ),
+                ("sans-serif", 16),
+            )
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..t_max, 0f64..1.0f64)
+            .map_err(plot_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("modeled time (s)")
+            .y_desc("share of the window")
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(plot_err)?;
+        for (i, v) in p.vms.iter().enumerate() {
+            let color = COLORS[i % COLORS.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    [(0.0, v.target_share), (t_max, v.target_share)],
+                    color.mix(0.35).stroke_width(1),
+                ))
+                .map_err(plot_err)?;
+            let points = p.series.t_ns.iter().zip(&p.series.shares[i]);
+            chart
+                .draw_series(LineSeries::new(
+                    points.map(|(&t, &s)| (t as f64 / 1e9, s)),
+                    color.stroke_width(2),
+                ))
+                .map_err(plot_err)?
+                .label(format!(
+                    "vm{} ({}, weight {})",
+                    v.plan.vm,
+                    kind(v.plan.kind, v.plan.kernel_ns),
+                    v.plan.weight
+                ))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .draw()
+            .map_err(plot_err)?;
+    }
+    root.present().map_err(plot_err)?;
+    Ok(())
+}
+
+fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+    anyhow::anyhow!("plot: {e:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_names_and_options() {
+        assert_eq!(policies("all").unwrap(), Policy::ALL.to_vec());
+        assert_eq!(policies("band").unwrap(), vec![Policy::Band]);
+        let e = policies("lottery").unwrap_err().to_string();
+        assert!(e.contains("expected fifo, credit, band or all"), "{e}");
+    }
+
+    #[test]
+    fn table_and_svg_of_a_short_run() {
+        let opts = IsolationOptions {
+            policies: vec![Policy::Fifo, Policy::Band],
+            duration_ns: 600_000_000,
+            ..IsolationOptions::default()
+        };
+        let r = run_isolation(&opts, &mut |_| {}).unwrap();
+        let text = render(&r);
+        assert!(text.contains("2 VMs"), "{text}");
+        assert!(text.contains("short 500.0 us"), "{text}");
+        assert!(text.contains("long 10.0 ms"), "{text}");
+        assert!(text.contains("mean error"), "{text}");
+        let path = std::env::temp_dir().join(format!("gpuvm-exp-{}.svg", std::process::id()));
+        write_svg(&r, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert!(svg.starts_with("<svg"), "{}", &svg[..100]);
+        assert!(svg.contains("band: mean error"));
+        assert!(svg.contains("vm1 (long 10.0 ms, weight 1)"));
+        assert!(
+            svg.matches("<polyline").count() >= 8,
+            "lines for both VMs in both panels"
+        );
+    }
+}
