@@ -67,7 +67,18 @@ pub struct HostConfig {
     pub iova_window: u64,
     /// Most submissions in flight on the GPU at once (all of one VM). Default 4.
     pub max_inflight: usize,
+    /// Hypervisor VRAM reserved for each VM's shadow page tables (directories and tables).
+    /// A VM's shadows never grow beyond it, and a VM is only admitted if its reservation fits
+    /// next to the others', so no VM can starve another of shadow memory. Default 8 MiB: 32
+    /// small-page tables, i.e. 4 GiB of GPU VA mapped in 4 KiB pages (plus large-page tables).
+    pub shadow_vram_per_vm: u64,
 }
+
+/// Smallest per-VM shadow reservation: a page directory and one small-page table.
+pub const MIN_SHADOW_VRAM_PER_VM: u64 = 1 << 20;
+
+/// Hypervisor VRAM kept for shadow instance blocks (one 4 KiB block per physical channel).
+const SHADOW_INSTANCE_RESERVE: u64 = pfifo::CHANNELS as u64 * gf100::inst::SIZE;
 
 impl Default for HostConfig {
     fn default() -> Self {
@@ -75,6 +86,7 @@ impl Default for HostConfig {
             hypervisor_vram: 256 << 20,
             iova_window: 32 << 30,
             max_inflight: 4,
+            shadow_vram_per_vm: 8 << 20,
         }
     }
 }
@@ -511,6 +523,12 @@ impl GpuHost {
                 vram
             )));
         }
+        if cfg.shadow_vram_per_vm < MIN_SHADOW_VRAM_PER_VM {
+            return Err(HostError::Config(format!(
+                "shadow_vram_per_vm {:#x} must be at least {MIN_SHADOW_VRAM_PER_VM:#x}",
+                cfg.shadow_vram_per_vm
+            )));
+        }
         let mut hyp = RangeAllocator::new(0, hyp_size);
         let layout = init::bring_up(&*phys, &mut hyp)?;
         let irq = Arc::new(IrqFlag::new());
@@ -604,6 +622,16 @@ impl GpuHost {
                 window: cfg.iova_window,
             });
         };
+        let shadow_pool = st
+            .hyp
+            .size()
+            .saturating_sub(st.hyp_baseline)
+            .saturating_sub(SHADOW_INSTANCE_RESERVE);
+        if (st.vms.len() as u64 + 1).saturating_mul(cfg.shadow_vram_per_vm) > shadow_pool {
+            return Err(HostError::HypervisorVram {
+                what: "shadow page tables: every VM reserves shadow_vram_per_vm",
+            });
+        }
         let Some(base) = st.part.vram.alloc(slice_size, SLICE_ALIGN) else {
             return Err(HostError::NoVram {
                 profile: profile.name.clone(),
@@ -663,7 +691,11 @@ impl GpuHost {
             chan_base,
             bar1_arena,
             bar3_arena,
-            shadow: ShadowPt::new(profile.shadow),
+            shadow: {
+                let mut shadow = ShadowPt::new(profile.shadow);
+                shadow.set_shadow_limit(cfg.shadow_vram_per_vm);
+                shadow
+            },
             regs: VRegs::default(),
             bars: GuestBars::default(),
             chans: (0..profile.channels).map(|_| VChan::default()).collect(),

@@ -250,6 +250,8 @@ impl Replayer {
                 hypervisor_vram: h.hypervisor_vram,
                 iova_window: h.iova_window,
                 max_inflight: h.max_inflight,
+                // Not recorded in the header: traces are replayed with the default reservation.
+                ..HostConfig::default()
             },
         )
         .map_err(|e| format!("host: {e}"))?;

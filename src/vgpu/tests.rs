@@ -932,3 +932,58 @@ mod fuzz {
         }
     }
 }
+
+/// Each VM reserves `shadow_vram_per_vm` of hypervisor VRAM for its shadows: a VM whose
+/// reservation no longer fits is refused (so no VM can starve another's shadow tables), and
+/// destroying a VM gives its reservation back. Every admitted VM's shadows are capped.
+#[test]
+fn shadow_vram_is_reserved_per_vm_and_admission_is_refused_when_full() {
+    let r = rig();
+    let per_vm = HostConfig::default().shadow_vram_per_vm;
+    let mut vms = Vec::new();
+    let refused = loop {
+        match r.host.create_vgpu(&profile(ShadowMode::Lazy)) {
+            Ok(v) => vms.push(v),
+            Err(e) => break e,
+        }
+        assert!(
+            vms.len() <= 8,
+            "the reservation should run out before 8 VMs in {HYP:#x}"
+        );
+    };
+    assert!(
+        matches!(refused, HostError::HypervisorVram { .. }),
+        "{refused}"
+    );
+    assert!(!vms.is_empty());
+    assert!(vms.len() as u64 * per_vm <= HYP);
+    for v in &vms {
+        assert_eq!(
+            v.shared.access(v.id, |cx| cx.vm.shadow.shadow_limit()),
+            Some(per_vm)
+        );
+    }
+    let last = vms.pop().unwrap();
+    r.host.destroy_vgpu(&last).unwrap();
+    assert!(
+        r.host.create_vgpu(&profile(ShadowMode::Lazy)).is_ok(),
+        "the reservation came back"
+    );
+}
+
+#[test]
+fn a_too_small_shadow_reservation_is_a_configuration_error() {
+    let gpu = Arc::new(SimGpu::new(SimConfig {
+        vram_size: 512 << 20,
+        ..SimConfig::default()
+    }));
+    let e = GpuHost::new(
+        gpu,
+        HostConfig {
+            shadow_vram_per_vm: 4096,
+            ..HostConfig::default()
+        },
+    )
+    .expect_err("refused");
+    assert!(e.to_string().contains("shadow_vram_per_vm"), "{e}");
+}
