@@ -4,6 +4,7 @@
 //! `gpuvm` command, the integration tests and the trace recorder.
 
 pub mod exp_isolation;
+pub mod exp_overhead;
 pub mod native;
 pub mod virt;
 

@@ -41,6 +41,18 @@ enum ExpCommand {
     /// one panel per policy. With `--clock sim` (the default) the output is identical from
     /// run to run.
     Isolation(IsolationArgs),
+    /// Overhead by scheme (GPUvm's overhead figure): every workload under native, fv-naive
+    /// (eager shadowing), fv-lazy, fv (incremental shadowing) and pv; wall time and modeled
+    /// time (wall + exits x exit cost) relative to native, exits and shadow work per workload.
+    /// In-process by default (wall time is host CPU time; no real exits); `--kvm` runs the
+    /// vGPU schemes in real KVM guests. `--json` prints a `results` array (`workload`,
+    /// `scheme`, `wall_ns`, `relative_to_native`, `modeled_ns`, `exits`, `shadow`,
+    /// `verified`, ...); `--svg FILE` writes grouped bars.
+    Overhead(crate::overhead::OverheadArgs),
+    /// Scale (GPUvm's scale figure): the same workload in 1, 2, 4, ... VMs at once; per VM
+    /// count the per-VM and aggregate time, GPU utilisation, exits, and whether everything
+    /// verified. `--json` prints a `points` array; `--svg FILE` plots time against VMs.
+    Scale(crate::scale::ScaleArgs),
 }
 
 /// Options of `gpuvm exp isolation`.
@@ -90,7 +102,26 @@ pub struct IsolationArgs {
 pub fn run(args: &ExpArgs) -> anyhow::Result<bool> {
     match &args.which {
         ExpCommand::Isolation(a) => isolation(a),
+        ExpCommand::Overhead(a) => crate::overhead::run(a),
+        ExpCommand::Scale(a) => crate::scale::run(a),
     }
+}
+
+/// Workload names (or `all`) to workloads.
+pub(crate) fn workload_list(
+    names: &[String],
+) -> anyhow::Result<Vec<gpuvm_guest::workloads::Workload>> {
+    use gpuvm_guest::workloads::Workload;
+    if names.is_empty() || names.iter().any(|n| n == "all") {
+        return Ok(Workload::ALL.to_vec());
+    }
+    names
+        .iter()
+        .map(|n| {
+            n.parse::<Workload>()
+                .map_err(|e| anyhow::anyhow!("'{n}': {e}"))
+        })
+        .collect()
 }
 
 fn policies(name: &str) -> anyhow::Result<Vec<Policy>> {
@@ -253,7 +284,7 @@ fn summary(ps: &[PolicyResult]) -> String {
     t.render()
 }
 
-const COLORS: [plotters::style::RGBColor; 8] = [
+pub(crate) const COLORS: [plotters::style::RGBColor; 8] = [
     plotters::style::RGBColor(0x1f, 0x77, 0xb4),
     plotters::style::RGBColor(0xd6, 0x27, 0x28),
     plotters::style::RGBColor(0x2c, 0xa0, 0x2c),
@@ -344,7 +375,7 @@ pub fn write_svg(r: &IsolationReport, path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
+pub(crate) fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plot: {e:?}")
 }
 

@@ -5,11 +5,15 @@
 //! in several VMs sharing the GPU through the device model (`gpuvm run`). Later subcommands add
 //! the KVM VMM and the experiments.
 
+mod calibrate;
+mod demo;
 mod exp;
 mod kvm;
 mod native;
+mod overhead;
 mod regs;
 mod run;
+mod scale;
 mod table;
 mod trace;
 
@@ -61,8 +65,20 @@ enum Command {
     /// Traces are recorded with `gpuvm run --record DIR` (format: docs/trace-format.md).
     Trace(trace::TraceArgs),
     /// Run one of GPUvm's experiments: `gpuvm exp isolation` (performance isolation under the
-    /// FIFO, CREDIT and BAND schedulers). See docs/experiments.md.
+    /// FIFO, CREDIT and BAND schedulers), `gpuvm exp overhead` (every workload under native,
+    /// fv-naive, fv-lazy, fv and pv), `gpuvm exp scale` (one workload in 1..N VMs). See
+    /// docs/experiments.md.
     Exp(exp::ExpArgs),
+    /// The cost of one MMIO exit on this host: a bare exit (no device work) next to the same
+    /// exit into the vGPU (a BOOT_0 read), timed by one KVM guest in one run, plus a port-I/O
+    /// exit and the device model's share measured in-process. `--json` prints `bare_exit_ns`,
+    /// `vgpu_exit_ns`, `ratio`, `pio_exit_ns`, `inprocess_vgpu_read_ns`. Needs /dev/kvm.
+    Calibrate(calibrate::CalibrateArgs),
+    /// Four VMs share the simulated GPU under the BAND scheduler, each running every workload
+    /// a few times; a live progress bar per VM (on a terminal), then a summary table (workloads
+    /// verified, GPU share per VM, exits) and an SVG plot of each VM's GPU time over time.
+    /// In-process by default (runs anywhere, a few seconds); `--kvm` uses real KVM guests.
+    Demo(demo::DemoArgs),
 }
 
 fn main() {
@@ -74,6 +90,8 @@ fn main() {
         Command::Run(args) => run::run(&args),
         Command::Trace(args) => trace::run(&args),
         Command::Exp(args) => exp::run(&args),
+        Command::Calibrate(args) => calibrate::run(&args),
+        Command::Demo(args) => demo::run(&args),
     };
     match result {
         Ok(true) => {}

@@ -249,3 +249,144 @@ fn run_table_and_bad_arguments() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("nosuch"));
 }
+
+fn json_ok(args: &[&str]) -> serde_json::Value {
+    let out = gpuvm(args);
+    assert!(
+        out.status.success(),
+        "gpuvm {args:?}: stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("valid JSON")
+}
+
+#[test]
+fn exp_overhead_json_has_every_scheme_for_every_workload() {
+    let v = json_ok(&[
+        "exp",
+        "overhead",
+        "--json",
+        "--size",
+        "16",
+        "--repeat",
+        "1",
+        "--workload",
+        "madd",
+        "--workload",
+        "loop",
+    ]);
+    assert_eq!(v["backend"], "in-process");
+    assert_eq!(v["exit_ns"], 25000);
+    let results = v["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2 * 5);
+    for w in ["madd", "loop"] {
+        let schemes: Vec<&str> = results
+            .iter()
+            .filter(|r| r["workload"] == w)
+            .map(|r| r["scheme"].as_str().unwrap())
+            .collect();
+        assert_eq!(schemes, ["native", "fv-naive", "fv-lazy", "fv", "pv"]);
+    }
+    for r in results {
+        assert_eq!(r["verified"], true, "{r}");
+        assert!(r["wall_ns"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["relative_to_native"].as_f64().unwrap() > 0.0, "{r}");
+        let exits = r["exits"].as_u64().unwrap();
+        if r["scheme"] == "native" {
+            assert_eq!(exits, 0);
+            assert_eq!(r["relative_to_native"].as_f64().unwrap(), 1.0);
+        } else {
+            assert!(exits > 0, "{r}");
+            assert_eq!(
+                r["modeled_ns"].as_u64().unwrap(),
+                r["wall_ns"].as_u64().unwrap() + exits * 25000
+            );
+        }
+    }
+    // Eager shadowing rebuilds; incremental updates entries; PV batches.
+    let get = |w: &str, s: &str| {
+        results
+            .iter()
+            .find(|r| r["workload"] == w && r["scheme"] == s)
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        get("madd", "fv-naive")["shadow"]["rebuilds"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert_eq!(get("madd", "fv")["shadow"]["rebuilds"], 0);
+    assert!(get("madd", "pv")["shadow"]["pv_batches"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn exp_scale_json_reports_each_vm_count_verified() {
+    let dir = std::env::temp_dir().join(format!("gpuvm-cli-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("scale.svg");
+    let v = json_ok(&[
+        "exp",
+        "scale",
+        "--vms",
+        "1,2",
+        "--size",
+        "16",
+        "--repeat",
+        "1",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    let points = v["points"].as_array().expect("points");
+    let vms: Vec<u64> = points.iter().map(|p| p["vms"].as_u64().unwrap()).collect();
+    assert_eq!(vms, [1, 2]);
+    for p in points {
+        assert_eq!(p["verified"], true, "{p}");
+        for f in [
+            "per_vm_wall_ns",
+            "aggregate_wall_ns",
+            "gpu_busy_ns",
+            "exits",
+        ] {
+            assert!(p[f].as_u64().unwrap() > 0, "{f}: {p}");
+        }
+        assert!(p["utilization"].as_f64().is_some());
+    }
+    assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let bad = gpuvm(&["exp", "scale", "--vms", "0"]);
+    assert!(!bad.status.success());
+}
+
+#[test]
+fn demo_json_four_vms_under_band_verified_with_a_plot() {
+    let dir = std::env::temp_dir().join(format!("gpuvm-cli-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("demo.svg");
+    let v = json_ok(&[
+        "demo",
+        "--json",
+        "--size",
+        "16",
+        "--rounds",
+        "1",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(v["scheduler"], "band");
+    assert_eq!(v["all_verified"], true);
+    let vms = v["vms"].as_array().expect("vms");
+    assert_eq!(vms.len(), 4);
+    let mut share = 0.0;
+    for vm in vms {
+        assert_eq!(vm["verified"], 7, "{vm}");
+        assert!(vm["exits"].as_u64().unwrap() > 0);
+        share += vm["gpu_share"].as_f64().unwrap();
+    }
+    assert!((share - 1.0).abs() < 1e-6, "{share}");
+    assert_eq!(v["svg"], svg.to_str().unwrap());
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("<polyline"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

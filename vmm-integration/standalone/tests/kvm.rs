@@ -249,3 +249,27 @@ fn a_kvm_guest_runs_with_every_write_exiting() {
     assert_vm_verified(vm, &["loop"]);
     assert_eq!(vm["kvm"]["exits"]["coalesced_writes"], 0);
 }
+
+#[test]
+fn calibrate_json_measures_bare_and_vgpu_exits() {
+    if !kvm_available("calibrate_json_measures_bare_and_vgpu_exits") {
+        let out = gpuvm(&["calibrate", "--json", "--count", "100"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("/dev/kvm"));
+        return;
+    }
+    let out = gpuvm(&["calibrate", "--json", "--count", "200"]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["count"], 200);
+    let bare = v["bare_exit_ns"].as_u64().unwrap();
+    let vgpu = v["vgpu_exit_ns"].as_u64().unwrap();
+    assert!(bare > 0 && vgpu > 0, "{v}");
+    assert!(v["pio_exit_ns"].as_u64().unwrap() > 0, "{v}");
+    let ratio = v["ratio"].as_f64().unwrap();
+    assert!((ratio - vgpu as f64 / bare as f64).abs() < 1e-9, "{v}");
+}

@@ -104,6 +104,8 @@ pub struct KvmOptions {
     pub coalesce: bool,
     /// VRAM of the simulated GPU.
     pub phys_vram: u64,
+    /// Scheduling policy of the host (`None`: its default, FIFO).
+    pub sched: Option<gpuvm::sched::Policy>,
 }
 
 impl Default for KvmOptions {
@@ -122,6 +124,7 @@ impl Default for KvmOptions {
             timeout: Duration::from_secs(600),
             coalesce: true,
             phys_vram: 6 << 30,
+            sched: None,
         }
     }
 }
@@ -270,6 +273,10 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
     let hcfg = HostConfig::default();
     let hyp = hcfg.hypervisor_vram >> 20;
     let host = GpuHost::new(phys, hcfg).context("bringing up the GPU host")?;
+    if let Some(p) = opts.sched {
+        host.set_scheduler(p.create(&gpuvm::sched::SchedParams::default()))
+            .context("setting the scheduler")?;
+    }
     let vram_mib = if opts.vram_mib == 0 {
         (((opts.phys_vram >> 20).saturating_sub(hyp)) / opts.vms as u64).min(1024)
     } else {

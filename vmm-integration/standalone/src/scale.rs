@@ -1,0 +1,316 @@
+//! `gpuvm exp scale`: the same workload in more and more VMs at once (GPUvm's scale figure),
+//! in-process. Every VM brings its driver up and creates its channel (a `loop` warm-up), then
+//! all VMs wait at a barrier and run the workload `--repeat` times together: that part is
+//! measured.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+use gpuvm::clock::ClockKind;
+use gpuvm::harness::exp_overhead::{run_staged, StagedOptions};
+use gpuvm::harness::VirtOptions;
+use gpuvm::profile::ShadowMode;
+use gpuvm::sched::{Policy, SchedParams};
+use gpuvm_guest::workloads::Workload;
+use serde::Serialize;
+
+use crate::table::{self, Table};
+
+/// Options of `gpuvm exp scale`.
+#[derive(Args, Debug)]
+pub struct ScaleArgs {
+    /// VM counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    vms: Vec<u32>,
+    /// The workload every VM runs.
+    #[arg(long, default_value = "mmul")]
+    workload: Workload,
+    /// Times each VM runs it (measured).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=15))]
+    repeat: u32,
+    /// Problem size N.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    size: u32,
+    /// Shadow mode: eager (fv-naive), lazy, incremental (fv) or pv.
+    #[arg(long, default_value = "incremental")]
+    shadow: ShadowMode,
+    /// Scheduler: fifo, credit or band.
+    #[arg(long, default_value = "fifo")]
+    sched: Policy,
+    /// Time base of the simulated GPU: `real` (default here: GPU time passes in real time, so
+    /// utilisation = GPU busy / elapsed) or `sim`.
+    #[arg(long, default_value = "real")]
+    clock: ClockKind,
+    /// Exit cost for the modeled per-VM time, ns.
+    #[arg(long, value_name = "NS", default_value_t = crate::overhead::DEFAULT_EXIT_NS)]
+    exit_ns: u64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG plot of time against VMs to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+}
+
+/// One VM count.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalePoint {
+    /// VMs.
+    pub vms: u32,
+    /// Mean over VMs of each VM's measured wall time, ns.
+    pub per_vm_wall_ns: u64,
+    /// Slowest VM's measured wall time, ns.
+    pub max_vm_wall_ns: u64,
+    /// Barrier to the last VM's end, ns.
+    pub aggregate_wall_ns: u64,
+    /// per_vm_wall_ns + exits per VM x exit_ns.
+    pub per_vm_modeled_ns: u64,
+    /// GPU time of every VM's measured workloads, ns.
+    pub gpu_busy_ns: u64,
+    /// The GPU clock from the barrier to the end, ns.
+    pub gpu_clock_span_ns: u64,
+    /// gpu_busy_ns / gpu_clock_span_ns.
+    pub utilization: f64,
+    /// Exits of all VMs in the measured part.
+    pub exits: u64,
+    /// Workloads run (VMs x repeat).
+    pub runs: u32,
+    /// Every VM came up and verified every run.
+    pub verified: bool,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleReport {
+    /// The workload.
+    pub workload: String,
+    /// Runs per VM.
+    pub repeat: u32,
+    /// Problem size.
+    pub size: u32,
+    /// Shadow mode.
+    pub shadow: ShadowMode,
+    /// Scheduler.
+    pub scheduler: String,
+    /// Clock.
+    pub clock: ClockKind,
+    /// Exit cost in the modeled time, ns.
+    pub exit_ns: u64,
+    /// One entry per VM count.
+    pub points: Vec<ScalePoint>,
+    /// Plot written, if any.
+    pub svg: Option<String>,
+}
+
+/// Measures one VM count.
+pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
+    let mut list = vec![Workload::Loop];
+    list.extend(std::iter::repeat(a.workload).take(a.repeat as usize));
+    let r = run_staged(
+        &StagedOptions {
+            virt: VirtOptions {
+                vms: vms as usize,
+                size: a.size,
+                clock: a.clock,
+                shadow: a.shadow,
+                workloads: list,
+                ..VirtOptions::default()
+            },
+            policy: Some(a.sched),
+            params: SchedParams::default(),
+            weights: Vec::new(),
+            barrier_after: Some(1),
+        },
+        &|_, _, _| {},
+    )
+    .with_context(|| format!("{vms} VMs"))?;
+    let measured = |vm: &gpuvm::harness::exp_overhead::StagedVm| -> (u64, u64, u64) {
+        vm.workloads.iter().skip(1).fold((0, 0, 0), |(w, e, g), p| {
+            (w + p.run.wall_ns, e + p.exits(), g + p.run.gpu_ns)
+        })
+    };
+    let per: Vec<(u64, u64, u64)> = r.vms.iter().map(measured).collect();
+    let n = per.len().max(1) as u64;
+    let wall_sum: u64 = per.iter().map(|p| p.0).sum();
+    let exits: u64 = per.iter().map(|p| p.1).sum();
+    let gpu: u64 = per.iter().map(|p| p.2).sum();
+    let span = r.clock_span_ns.1.saturating_sub(r.clock_span_ns.0);
+    Ok(ScalePoint {
+        vms,
+        per_vm_wall_ns: wall_sum / n,
+        max_vm_wall_ns: per.iter().map(|p| p.0).max().unwrap_or(0),
+        aggregate_wall_ns: r.measured_wall_ns,
+        per_vm_modeled_ns: wall_sum / n + exits / n * a.exit_ns,
+        gpu_busy_ns: gpu,
+        gpu_clock_span_ns: span,
+        utilization: if span == 0 {
+            0.0
+        } else {
+            gpu as f64 / span as f64
+        },
+        exits,
+        runs: vms * a.repeat,
+        verified: r.all_verified() && r.vms.len() == vms as usize,
+    })
+}
+
+/// Runs the command.
+pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
+    anyhow::ensure!(!a.vms.is_empty(), "--vms needs at least one count");
+    for &v in &a.vms {
+        anyhow::ensure!((1..=64).contains(&v), "--vms: {v} is not in 1..=64");
+    }
+    let mut points = Vec::new();
+    for &v in &a.vms {
+        if !a.json {
+            eprintln!("gpuvm exp scale: {v} VMs ...");
+        }
+        points.push(point(a, v)?);
+    }
+    let mut report = ScaleReport {
+        workload: a.workload.name().to_string(),
+        repeat: a.repeat,
+        size: a.size,
+        shadow: a.shadow,
+        scheduler: a.sched.name().to_string(),
+        clock: a.clock,
+        exit_ns: a.exit_ns,
+        points,
+        svg: None,
+    };
+    if let Some(p) = &a.svg {
+        write_svg(&report, p).with_context(|| format!("writing {}", p.display()))?;
+        report.svg = Some(p.display().to_string());
+    }
+    let ok = report.points.iter().all(|p| p.verified);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(ok)
+}
+
+/// The table.
+pub fn render(r: &ScaleReport) -> String {
+    let mut out = format!(
+        "gpuvm exp scale: {} x{} per VM, size {}, shadow {}, {} scheduler, {} clock, in-process\nper VM = mean of each VM's measured wall time; aggregate = barrier to the last VM's end; modeled = per VM + exits per VM x {}\n\n",
+        r.workload,
+        r.repeat,
+        r.size,
+        r.shadow,
+        r.scheduler,
+        match r.clock {
+            ClockKind::Sim => "simulated",
+            ClockKind::Real => "real",
+        },
+        table::ns(r.exit_ns)
+    );
+    let mut t = Table::new([
+        "VMs",
+        "per VM",
+        "slowest VM",
+        "aggregate",
+        "per VM modeled",
+        "GPU busy",
+        "utilization",
+        "exits",
+        "verified",
+    ]);
+    for p in &r.points {
+        t.row([
+            p.vms.to_string(),
+            table::ns(p.per_vm_wall_ns),
+            table::ns(p.max_vm_wall_ns),
+            table::ns(p.aggregate_wall_ns),
+            table::ns(p.per_vm_modeled_ns),
+            table::ns(p.gpu_busy_ns),
+            format!("{:.1} %", p.utilization * 100.0),
+            p.exits.to_string(),
+            if p.verified {
+                format!("{}/{}", p.runs, p.runs)
+            } else {
+                "NO".to_string()
+            },
+        ]);
+    }
+    out += &t.render();
+    if let Some(p) = &r.svg {
+        out += &format!("plot: {p}\n");
+    }
+    out
+}
+
+/// A value of a point to plot.
+type Metric = fn(&ScalePoint) -> u64;
+
+/// Lines of per-VM, aggregate and modeled time (ms) against VMs.
+pub fn write_svg(r: &ScaleReport, path: &Path) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(crate::exp::plot_err)?;
+    let x_max = r.points.iter().map(|p| p.vms).max().unwrap_or(1) as f64;
+    let series: [(&str, Metric); 3] = [
+        ("per VM (wall)", |p| p.per_vm_wall_ns),
+        ("aggregate (wall)", |p| p.aggregate_wall_ns),
+        ("per VM modeled (wall + exits x cost)", |p| {
+            p.per_vm_modeled_ns
+        }),
+    ];
+    let y_max = r
+        .points
+        .iter()
+        .flat_map(|p| series.iter().map(move |(_, f)| f(p)))
+        .max()
+        .unwrap_or(1) as f64
+        / 1e6
+        * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "{} x{} per VM, size {}, shadow {}: time against VMs",
+                r.workload, r.repeat, r.size, r.shadow
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0f64..x_max + 1.0, 0f64..y_max.max(0.001))
+        .map_err(crate::exp::plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("VMs")
+        .y_desc("ms")
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(crate::exp::plot_err)?;
+    for (i, (name, f)) in series.iter().enumerate() {
+        let color = crate::exp::COLORS[i];
+        chart
+            .draw_series(LineSeries::new(
+                r.points.iter().map(|p| (p.vms as f64, f(p) as f64 / 1e6)),
+                color.stroke_width(2),
+            ))
+            .map_err(crate::exp::plot_err)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(
+                r.points
+                    .iter()
+                    .map(|p| Circle::new((p.vms as f64, f(p) as f64 / 1e6), 3, color.filled())),
+            )
+            .map_err(crate::exp::plot_err)?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(crate::exp::plot_err)?;
+    root.present().map_err(crate::exp::plot_err)?;
+    Ok(())
+}
