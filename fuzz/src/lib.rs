@@ -1,0 +1,109 @@
+//! The bodies of gpuvm's cargo-fuzz targets, as plain functions over `&[u8]` so that
+//! `cargo +stable check` / `cargo +stable test` in `fuzz/` build them without libFuzzer.
+//! Each `run` panics exactly when it found something (a panic inside gpuvm, or a broken
+//! invariant asserted here). See `docs/fuzzing.md`.
+
+pub mod pushbuf_decode;
+pub mod shadow_walk;
+pub mod vgpu_mmio;
+
+/// Reads the fuzz input as a stream of little-endian values; past the end it yields zeros.
+pub struct Input<'a> {
+    data: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Input<'a> {
+    /// A reader over `data`.
+    pub fn new(data: &'a [u8]) -> Self {
+        Input { data, pos: 0 }
+    }
+
+    /// True once every byte has been consumed.
+    pub fn is_empty(&self) -> bool {
+        self.pos >= self.data.len()
+    }
+
+    /// The next `n` bytes (zero-padded past the end).
+    pub fn bytes<const N: usize>(&mut self) -> [u8; N] {
+        let mut b = [0u8; N];
+        let start = self.pos.min(self.data.len());
+        let avail = (self.data.len() - start).min(N);
+        b[..avail].copy_from_slice(&self.data[start..start + avail]);
+        self.pos += N;
+        b
+    }
+
+    pub fn u8(&mut self) -> u8 {
+        self.bytes::<1>()[0]
+    }
+
+    pub fn u16(&mut self) -> u16 {
+        u16::from_le_bytes(self.bytes())
+    }
+
+    pub fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.bytes())
+    }
+
+    pub fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.bytes())
+    }
+}
+
+/// FNV-1a over `data`, to compare memory before and after a run.
+pub fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    //! Smoke tests (`cargo +stable test` in `fuzz/`): every target on a few fixed inputs, and on
+    //! every file in `corpus/<target>/` and `artifacts/<target>/` when those exist, so a crash
+    //! found by libFuzzer can be replayed without nightly.
+    use std::path::Path;
+
+    fn inputs(target: &str) -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = vec![
+            vec![],
+            vec![0; 64],
+            vec![0xff; 256],
+            (0..=255u8).collect(),
+            (0..2048u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect(),
+        ];
+        for dir in ["corpus", "artifacts"] {
+            let d = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir).join(target);
+            if let Ok(rd) = std::fs::read_dir(d) {
+                for e in rd.flatten() {
+                    if let Ok(b) = std::fs::read(e.path()) {
+                        v.push(b);
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    #[test]
+    fn vgpu_mmio() {
+        for i in inputs("vgpu_mmio") {
+            super::vgpu_mmio::run(&i);
+        }
+    }
+
+    #[test]
+    fn pushbuf_decode() {
+        for i in inputs("pushbuf_decode") {
+            super::pushbuf_decode::run(&i);
+        }
+    }
+
+    #[test]
+    fn shadow_walk() {
+        for i in inputs("shadow_walk") {
+            super::shadow_walk::run(&i);
+        }
+    }
+}
