@@ -1,45 +1,30 @@
 //! "Native": the guest driver straight on the simulated GF100, no virtualization in between.
 //!
-//! [`NativeHal`] implements the driver's `Mmio`/`Dma`/`Platform` traits on a [`PhysicalGpu`] and
-//! a guest RAM (`vm-memory`), mapped for DMA at IOVA == GPA, and counts every BAR access.
+//! [`NativeHal`] is the in-process HAL ([`super::hal`]) on the bare [`PhysicalGpu`]: the driver's
+//! `Mmio`/`Dma`/`Platform` traits with a guest RAM (`vm-memory`) mapped for DMA at IOVA == GPA,
+//! every BAR access counted.
 //! [`run_native`] brings the driver up and runs the workload suite, measuring each workload.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuvm_guest::hal::{Bar, Dma, Mmio, Platform};
 use gpuvm_guest::workloads::{self, Workload};
 use gpuvm_guest::{DriverConfig, FenceMode, Gpu};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::addr::{Gpa, Iova};
 use crate::clock::{Clock, ClockKind};
-use crate::irq::IrqFlag;
 use crate::phys::sim::{SimConfig, SimGpu};
 use crate::phys::PhysicalGpu;
 
-/// BAR access counters of a [`NativeHal`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct MmioCounts {
-    /// BAR reads (any BAR, any width).
-    pub reads: u64,
-    /// BAR writes (any BAR, any width).
-    pub writes: u64,
-}
+use super::hal::{BareGpu, InProcessHal};
+
+pub use super::hal::MmioCounts;
 
 /// The driver's hardware abstraction on top of a physical (here: simulated) GPU.
-pub struct NativeHal {
-    gpu: Arc<dyn PhysicalGpu>,
-    clock: Arc<dyn Clock>,
-    mem: GuestMemoryMmap,
-    dma_base: u64,
-    dma_size: u64,
-    irq: Arc<IrqFlag>,
-    counts: MmioCounts,
-    dma_errors: u64,
-}
+pub type NativeHal = InProcessHal<BareGpu>;
 
-impl NativeHal {
+impl InProcessHal<BareGpu> {
     /// Wraps `gpu`, whose clock is `clock`, with guest RAM `mem` of which `[dma_base, dma_base +
     /// dma_size)` is handed to the driver for DMA. The caller maps that range for the GPU.
     pub fn new(
@@ -49,156 +34,12 @@ impl NativeHal {
         dma_base: u64,
         dma_size: u64,
     ) -> NativeHal {
-        let irq = Arc::new(IrqFlag::new());
-        gpu.set_irq_line(irq.clone());
-        NativeHal {
-            gpu,
-            clock,
-            mem,
-            dma_base,
-            dma_size,
-            irq,
-            counts: MmioCounts::default(),
-            dma_errors: 0,
-        }
-    }
-
-    /// BAR accesses so far.
-    pub fn counts(&self) -> MmioCounts {
-        self.counts
-    }
-
-    /// Guest-RAM accesses by the driver that fell outside guest RAM (a driver bug if nonzero).
-    pub fn dma_errors(&self) -> u64 {
-        self.dma_errors
+        InProcessHal::with_device(BareGpu(gpu), clock, mem, dma_base, dma_size)
     }
 
     /// The GPU underneath.
     pub fn gpu(&self) -> &Arc<dyn PhysicalGpu> {
-        &self.gpu
-    }
-
-    /// The interrupt line the GPU drives.
-    pub fn irq(&self) -> &Arc<IrqFlag> {
-        &self.irq
-    }
-}
-
-impl Mmio for NativeHal {
-    fn read32(&mut self, bar: Bar, offset: u64) -> u32 {
-        self.counts.reads += 1;
-        match bar {
-            Bar::Bar0 => match u32::try_from(offset) {
-                Ok(off) => self.gpu.read_reg(off),
-                Err(_) => gf100::BAD_REGISTER,
-            },
-            Bar::Bar1 | Bar::Bar3 => {
-                let mut b = [0u8; 4];
-                self.gpu.read_aperture(bar, offset, &mut b);
-                u32::from_le_bytes(b)
-            }
-        }
-    }
-
-    fn write32(&mut self, bar: Bar, offset: u64, value: u32) {
-        self.counts.writes += 1;
-        match bar {
-            Bar::Bar0 => {
-                if let Ok(off) = u32::try_from(offset) {
-                    self.gpu.write_reg(off, value);
-                }
-            }
-            Bar::Bar1 | Bar::Bar3 => self.gpu.write_aperture(bar, offset, &value.to_le_bytes()),
-        }
-    }
-
-    fn read64(&mut self, bar: Bar, offset: u64) -> u64 {
-        match bar {
-            // A 64-bit register read is two 32-bit bus cycles on BAR0.
-            Bar::Bar0 => {
-                let lo = self.read32(bar, offset) as u64;
-                let hi = self.read32(bar, offset + 4) as u64;
-                hi << 32 | lo
-            }
-            Bar::Bar1 | Bar::Bar3 => {
-                self.counts.reads += 1;
-                let mut b = [0u8; 8];
-                self.gpu.read_aperture(bar, offset, &mut b);
-                u64::from_le_bytes(b)
-            }
-        }
-    }
-
-    fn write64(&mut self, bar: Bar, offset: u64, value: u64) {
-        match bar {
-            Bar::Bar0 => {
-                self.write32(bar, offset, value as u32);
-                self.write32(bar, offset + 4, (value >> 32) as u32);
-            }
-            Bar::Bar1 | Bar::Bar3 => {
-                self.counts.writes += 1;
-                self.gpu.write_aperture(bar, offset, &value.to_le_bytes());
-            }
-        }
-    }
-}
-
-impl Dma for NativeHal {
-    fn base(&self) -> u64 {
-        self.dma_base
-    }
-
-    fn size(&self) -> u64 {
-        self.dma_size
-    }
-
-    fn read(&mut self, addr: u64, buf: &mut [u8]) {
-        if self.mem.read_slice(buf, GuestAddress(addr)).is_err() {
-            self.dma_errors += 1;
-            buf.fill(0xff);
-        }
-    }
-
-    fn write(&mut self, addr: u64, data: &[u8]) {
-        if self.mem.write_slice(data, GuestAddress(addr)).is_err() {
-            self.dma_errors += 1;
-        }
-    }
-}
-
-impl Platform for NativeHal {
-    fn delay_ns(&mut self, ns: u64) {
-        self.clock.wait_ns(ns);
-        self.gpu.poll();
-    }
-
-    fn wait_for_interrupt(&mut self, timeout_ns: u64) -> bool {
-        let deadline = self.clock.now_ns().saturating_add(timeout_ns);
-        loop {
-            self.gpu.poll();
-            if self.irq.is_asserted() {
-                return true;
-            }
-            let now = self.clock.now_ns();
-            if now >= deadline {
-                return false;
-            }
-            if self.clock.is_simulated() {
-                // Nothing can change before the GPU's next event: jump there (or to the deadline).
-                let next = self
-                    .gpu
-                    .next_event_ns()
-                    .unwrap_or(deadline)
-                    .clamp(now + 1, deadline);
-                self.clock.wait_ns(next - now);
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-
-    fn has_interrupts(&self) -> bool {
-        true
+        &self.device().0
     }
 }
 

@@ -4,43 +4,34 @@
 //! the device model, counted per VM), used by `gpuvm run`, the integration tests and the
 //! experiments.
 //!
-//! [`VirtHal`] implements the driver's `Mmio` / `Dma` / `Platform` traits on a [`Vgpu`]: BAR
-//! accesses go to [`Vgpu::bar_read`] / [`Vgpu::bar_write`], DMA is the VM's guest RAM at GPA ==
-//! bus address (the device model relocates it into the VM's IOVA window), a delay lets the clock
-//! pass and polls the host, and `wait_for_interrupt` sleeps on the VM's interrupt line, jumping a
-//! simulated clock straight to the GPU's next event (as [`super::native::NativeHal`] does).
+//! [`VirtHal`] is the in-process HAL ([`super::hal`]) on a [`Vgpu`]: BAR accesses go to
+//! [`Vgpu::bar_read`] / [`Vgpu::bar_write`], DMA is the VM's guest RAM at GPA == bus address (the
+//! device model relocates it into the VM's IOVA window), a delay lets the clock pass and polls the
+//! host, and `wait_for_interrupt` sleeps on the VM's interrupt line, jumping a simulated clock
+//! straight to the next event of the GPU or the scheduler (as [`super::native::NativeHal`] does
+//! for the bare GPU).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpuvm_guest::hal::{Bar, Dma, Mmio, Platform};
 use gpuvm_guest::workloads::{self, Workload};
 use gpuvm_guest::{DriverConfig, FenceMode, Gpu};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::clock::{Clock, ClockKind};
 use crate::host::{GpuHost, HostConfig, HostError, HostStats};
-use crate::irq::IrqFlag;
 use crate::phys::sim::{SimConfig, SimGpu};
 use crate::phys::PhysicalGpu;
 use crate::profile::{ShadowMode, VgpuProfile};
 use crate::vgpu::{Vgpu, VgpuError, VgpuStats};
 
-use super::native::{MmioCounts, WorkloadRun};
+use super::hal::{InProcessHal, MmioCounts};
+use super::native::WorkloadRun;
 
 /// The driver's hardware abstraction on top of a virtual GPU.
-pub struct VirtHal {
-    vgpu: Arc<Vgpu>,
-    clock: Arc<dyn Clock>,
-    mem: GuestMemoryMmap,
-    dma_base: u64,
-    dma_size: u64,
-    irq: Arc<IrqFlag>,
-    counts: MmioCounts,
-    dma_errors: u64,
-}
+pub type VirtHal = InProcessHal<Arc<Vgpu>>;
 
-impl VirtHal {
+impl InProcessHal<Arc<Vgpu>> {
     /// Wraps `vgpu`, whose physical GPU runs on `clock`, with the VM's RAM `mem`, of which
     /// `[dma_base, dma_base + dma_size)` is handed to the driver for DMA. The caller attaches
     /// `mem` to the vGPU ([`Vgpu::attach_guest_memory`]). The VM's interrupt line is connected to
@@ -52,143 +43,12 @@ impl VirtHal {
         dma_base: u64,
         dma_size: u64,
     ) -> VirtHal {
-        let irq = Arc::new(IrqFlag::new());
-        vgpu.set_irq_line(irq.clone());
-        VirtHal {
-            vgpu,
-            clock,
-            mem,
-            dma_base,
-            dma_size,
-            irq,
-            counts: MmioCounts::default(),
-            dma_errors: 0,
-        }
+        InProcessHal::with_device(vgpu, clock, mem, dma_base, dma_size)
     }
 
     /// The vGPU.
     pub fn vgpu(&self) -> &Arc<Vgpu> {
-        &self.vgpu
-    }
-
-    /// BAR accesses so far.
-    pub fn counts(&self) -> MmioCounts {
-        self.counts
-    }
-
-    /// Guest-RAM accesses by the driver outside guest RAM.
-    pub fn dma_errors(&self) -> u64 {
-        self.dma_errors
-    }
-
-    /// The VM's interrupt line.
-    pub fn irq(&self) -> &Arc<IrqFlag> {
-        &self.irq
-    }
-}
-
-impl Mmio for VirtHal {
-    fn read32(&mut self, bar: Bar, offset: u64) -> u32 {
-        self.counts.reads += 1;
-        let mut b = [0u8; 4];
-        self.vgpu.bar_read(bar, offset, &mut b);
-        u32::from_le_bytes(b)
-    }
-
-    fn write32(&mut self, bar: Bar, offset: u64, value: u32) {
-        self.counts.writes += 1;
-        self.vgpu.bar_write(bar, offset, &value.to_le_bytes());
-    }
-
-    fn read64(&mut self, bar: Bar, offset: u64) -> u64 {
-        match bar {
-            // A 64-bit register read is two 32-bit bus cycles on BAR0.
-            Bar::Bar0 => {
-                let lo = self.read32(bar, offset) as u64;
-                let hi = self.read32(bar, offset + 4) as u64;
-                hi << 32 | lo
-            }
-            Bar::Bar1 | Bar::Bar3 => {
-                self.counts.reads += 1;
-                let mut b = [0u8; 8];
-                self.vgpu.bar_read(bar, offset, &mut b);
-                u64::from_le_bytes(b)
-            }
-        }
-    }
-
-    fn write64(&mut self, bar: Bar, offset: u64, value: u64) {
-        match bar {
-            Bar::Bar0 => {
-                self.write32(bar, offset, value as u32);
-                self.write32(bar, offset + 4, (value >> 32) as u32);
-            }
-            Bar::Bar1 | Bar::Bar3 => {
-                self.counts.writes += 1;
-                self.vgpu.bar_write(bar, offset, &value.to_le_bytes());
-            }
-        }
-    }
-}
-
-impl Dma for VirtHal {
-    fn base(&self) -> u64 {
-        self.dma_base
-    }
-
-    fn size(&self) -> u64 {
-        self.dma_size
-    }
-
-    fn read(&mut self, addr: u64, buf: &mut [u8]) {
-        if self.mem.read_slice(buf, GuestAddress(addr)).is_err() {
-            self.dma_errors += 1;
-            buf.fill(0xff);
-        }
-    }
-
-    fn write(&mut self, addr: u64, data: &[u8]) {
-        if self.mem.write_slice(data, GuestAddress(addr)).is_err() {
-            self.dma_errors += 1;
-        }
-    }
-}
-
-impl Platform for VirtHal {
-    fn delay_ns(&mut self, ns: u64) {
-        self.clock.wait_ns(ns);
-        self.vgpu.poll();
-    }
-
-    fn wait_for_interrupt(&mut self, timeout_ns: u64) -> bool {
-        let deadline = self.clock.now_ns().saturating_add(timeout_ns);
-        loop {
-            self.vgpu.poll();
-            if self.irq.is_asserted() {
-                return true;
-            }
-            let now = self.clock.now_ns();
-            if now >= deadline {
-                return false;
-            }
-            if self.clock.is_simulated() {
-                // Nothing this VM waits for can happen before the GPU's next event or the end of
-                // the scheduler's deliberate wait. Other VMs' threads share the clock and may
-                // move it too; that only shortens the wait.
-                let next = self
-                    .vgpu
-                    .next_event_ns()
-                    .unwrap_or(deadline)
-                    .clamp(now + 1, deadline);
-                self.clock.wait_ns(next - now);
-            } else {
-                std::thread::yield_now();
-            }
-        }
-    }
-
-    fn has_interrupts(&self) -> bool {
-        true
+        self.device()
     }
 }
 
@@ -433,7 +293,7 @@ pub trait HarnessHal: gpuvm_guest::Hal {
 
 impl HarnessHal for VirtHal {
     fn counts(&self) -> MmioCounts {
-        self.counts
+        InProcessHal::counts(self)
     }
 }
 

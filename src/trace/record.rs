@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use gpuvm_guest::hal::{Bar, Dma, Mmio, Platform};
 
 use crate::clock::Clock;
+use crate::harness::hal::{sim_wait_step, split64_read, split64_write};
 use crate::harness::VirtHal;
 use crate::host::HostConfig;
 use crate::irq::IrqFlag;
@@ -238,22 +239,13 @@ impl<H: Mmio> Mmio for RecordingHal<H> {
     // 8-byte accesses: on BAR0 two 32-bit bus cycles (recorded as two lines, as the device saw
     // them), on BAR1/BAR3 one 8-byte access (as `VirtHal` does).
     fn read64(&mut self, bar: Bar, offset: u64) -> u64 {
-        if bar == Bar::Bar0 {
-            let lo = self.read32(bar, offset) as u64;
-            let hi = self.read32(bar, offset + 4) as u64;
-            hi << 32 | lo
-        } else {
-            self.read(bar, offset, 8)
-        }
+        split64_read(bar, offset, |off, width| self.read(bar, off, width))
     }
 
     fn write64(&mut self, bar: Bar, offset: u64, value: u64) {
-        if bar == Bar::Bar0 {
-            self.write32(bar, offset, value as u32);
-            self.write32(bar, offset + 4, (value >> 32) as u32);
-        } else {
-            self.write(bar, offset, 8, value)
-        }
+        split64_write(bar, offset, value, |off, width, v| {
+            self.write(bar, off, width, v)
+        })
     }
 }
 
@@ -330,12 +322,8 @@ impl<H> Platform for RecordingHal<H> {
                 return false;
             }
             if self.clock.is_simulated() {
-                let next = self
-                    .phys
-                    .next_event_ns()
-                    .unwrap_or(deadline)
-                    .clamp(now + 1, deadline);
-                self.clock.wait_ns(next - now);
+                let step = sim_wait_step(now, deadline, self.phys.next_event_ns());
+                self.clock.wait_ns(step);
                 let now = self.clock.now_ns();
                 self.push(&mut g, Op::Clock { ns: now });
             } else {
