@@ -72,7 +72,19 @@ pub struct HostConfig {
     /// next to the others', so no VM can starve another of shadow memory. Default 8 MiB: 32
     /// small-page tables, i.e. 4 GiB of GPU VA mapped in 4 KiB pages (plus large-page tables).
     pub shadow_vram_per_vm: u64,
+    /// The hang watchdog, in ns of GPU time (the host's clock): a submission still not
+    /// complete this long after its dispatch is taken to be hung. The host then resets the
+    /// engine running it (PMC ENABLE bit toggle, which aborts the operation), kills the guest
+    /// channel (STATE RUNNABLE cleared and kept clear until the guest unbinds it; the guest
+    /// sees PFIFO SCHED_ERROR 0x0a CTXSW_TIMEOUT, PFIFO INTR bit 8), drops the channel's queued
+    /// submissions, charges the time to the VM and counts the kill (`watchdog_kills`); the GPU
+    /// goes on with the other VMs' work. Default 2 s (no submission of the Gdev workloads comes
+    /// near it); 0 turns the watchdog off.
+    pub watchdog_ns: u64,
 }
+
+/// The default hang watchdog: 2 s of GPU time.
+pub const DEFAULT_WATCHDOG_NS: u64 = 2_000_000_000;
 
 /// Smallest per-VM shadow reservation: a page directory and one small-page table.
 pub const MIN_SHADOW_VRAM_PER_VM: u64 = 1 << 20;
@@ -87,6 +99,7 @@ impl Default for HostConfig {
             iova_window: 32 << 30,
             max_inflight: 4,
             shadow_vram_per_vm: 8 << 20,
+            watchdog_ns: DEFAULT_WATCHDOG_NS,
         }
     }
 }
@@ -183,8 +196,11 @@ pub struct HostStats {
     pub dispatched: u64,
     /// Submissions the GPU finished.
     pub completed: u64,
-    /// Submissions that ended without finishing (error, unbind, parked, VM destroyed).
+    /// Submissions that ended without finishing (error, unbind, parked, VM destroyed,
+    /// watchdog).
     pub aborted: u64,
+    /// Channels killed by the hang watchdog ([`HostConfig::watchdog_ns`]).
+    pub watchdog_kills: u64,
     /// Physical runlists submitted.
     pub runlist_submits: u64,
     /// Physical interrupt services.
@@ -211,6 +227,7 @@ pub(crate) struct Counters {
     pub dispatched: u64,
     pub completed: u64,
     pub aborted: u64,
+    pub watchdog_kills: u64,
     pub runlist_submits: u64,
     pub irq_services: u64,
     pub phys_faults: u64,
@@ -244,6 +261,9 @@ pub(crate) struct HostState {
     pub acct: Accounting,
     /// The end of the scheduler's deliberate wait, if one is running.
     pub sched_timer: Option<u64>,
+    /// The watchdog's view of the engines: a physical channel seen busy on an engine without
+    /// a submission in flight, and since when (`crate::vgpu::submit`).
+    pub engine_watch: Option<(u32, u64)>,
     /// The time base of scheduling and accounting (the physical GPU's clock); `None`: the
     /// GPU's PTIMER.
     pub clock: Option<Arc<dyn Clock>>,
@@ -293,7 +313,7 @@ impl HostShared {
             if r.is_some() {
                 st.apply_effects(&*self.phys, id);
             }
-            st.service(&*self.phys, &self.irq, self.cfg.max_inflight);
+            st.service(&*self.phys, &self.irq, &self.cfg);
             (r, st.line_changes())
         };
         apply_lines(lines);
@@ -303,10 +323,11 @@ impl HostShared {
     /// See [`GpuHost::next_event_ns`].
     pub(crate) fn next_event_ns(&self) -> Option<u64> {
         let st = self.lock();
-        match (self.phys.next_event_ns(), st.sched_timer) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let watchdog = crate::vgpu::submit::watchdog_deadline(&st, self.cfg.watchdog_ns);
+        [self.phys.next_event_ns(), st.sched_timer, watchdog]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Services the physical GPU.
@@ -314,7 +335,7 @@ impl HostShared {
         let lines = {
             let mut st = self.lock();
             self.phys.poll();
-            st.service(&*self.phys, &self.irq, self.cfg.max_inflight);
+            st.service(&*self.phys, &self.irq, &self.cfg);
             st.line_changes()
         };
         apply_lines(lines);
@@ -404,30 +425,8 @@ impl HostState {
                 Effect::RunlistChanged => runlist = true,
                 Effect::Doorbell(g) => crate::vgpu::submit::doorbell(self, phys, id, g),
                 Effect::ChannelGone(g) => {
-                    let dropped = self.sched.remove_channel(id, g);
-                    let before = self.inflight.len();
-                    let ended: Vec<_> = self
-                        .inflight
-                        .iter()
-                        .filter(|f| f.sub.vm == id && f.sub.guest_chid == g)
-                        .map(|f| f.sub)
-                        .collect();
-                    self.inflight
-                        .retain(|f| !(f.sub.vm == id && f.sub.guest_chid == g));
-                    if !ended.is_empty() {
-                        // The GPU time it took until now is still the VM's.
-                        let now = self.now(phys);
-                        let more = self.inflight.iter().any(|f| f.sub.vm == id);
-                        let mut gpu_ns = self.acct.retired(id, now, more);
-                        for s in &ended {
-                            self.sched.complete(s, now, std::mem::take(&mut gpu_ns));
-                        }
-                    }
-                    let gone = dropped + before - self.inflight.len();
-                    self.counters.aborted += gone as u64;
-                    if let Some(vm) = self.vms.get_mut(&id) {
-                        vm.stats.aborted += gone as u64;
-                    }
+                    let now = self.now(phys);
+                    self.drop_channel_work(id, g, now);
                 }
             }
         }
@@ -436,13 +435,46 @@ impl HostState {
         }
     }
 
+    /// Drops the queued and in-flight submissions of VM `id`'s guest channel `g` (unbound or
+    /// killed): the GPU time they took until `now` is still the VM's, and they count as
+    /// aborted. Returns how many were dropped.
+    pub(crate) fn drop_channel_work(&mut self, id: VmId, g: u32, now: u64) -> usize {
+        let dropped = self.sched.remove_channel(id, g);
+        let before = self.inflight.len();
+        let ended: Vec<_> = self
+            .inflight
+            .iter()
+            .filter(|f| f.sub.vm == id && f.sub.guest_chid == g)
+            .map(|f| f.sub)
+            .collect();
+        self.inflight
+            .retain(|f| !(f.sub.vm == id && f.sub.guest_chid == g));
+        if !ended.is_empty() {
+            let more = self.inflight.iter().any(|f| f.sub.vm == id);
+            let mut gpu_ns = self.acct.retired(id, now, more);
+            for s in &ended {
+                self.sched.complete(s, now, std::mem::take(&mut gpu_ns));
+            }
+        }
+        let gone = dropped + before - self.inflight.len();
+        self.counters.aborted += gone as u64;
+        if let Some(vm) = self.vms.get_mut(&id) {
+            vm.stats.aborted += gone as u64;
+        }
+        gone
+    }
+
     /// Services physical interrupts, completions and dispatch.
-    fn service(&mut self, phys: &dyn PhysicalGpu, irq: &IrqFlag, max_inflight: usize) {
+    fn service(&mut self, phys: &dyn PhysicalGpu, irq: &IrqFlag, cfg: &HostConfig) {
         if irq.is_asserted() {
             crate::vgpu::irq::service(self, phys);
         }
-        if !self.inflight.is_empty() || self.sched.queued() > 0 || self.sched_timer.is_some() {
-            crate::vgpu::submit::progress(self, phys, max_inflight);
+        if !self.inflight.is_empty()
+            || self.sched.queued() > 0
+            || self.sched_timer.is_some()
+            || self.engine_watch.is_some()
+        {
+            crate::vgpu::submit::progress(self, phys, cfg.max_inflight, cfg.watchdog_ns);
         }
     }
 
@@ -551,6 +583,7 @@ impl GpuHost {
             inflight: Vec::new(),
             acct: Accounting::default(),
             sched_timer: None,
+            engine_watch: None,
             clock: None,
             nonstall: BTreeSet::new(),
             runlist_next: 0,
@@ -594,8 +627,10 @@ impl GpuHost {
         self.shared.lock().clock = Some(clock);
     }
 
-    /// When something next happens without anyone touching the GPU: the earlier of the physical
-    /// GPU's next event and the end of the scheduler's deliberate wait. A driver of a simulated
+    /// When something next happens without anyone touching the GPU: the earliest of the physical
+    /// GPU's next event, the end of the scheduler's deliberate wait and the hang watchdog's next
+    /// deadline ([`HostConfig::watchdog_ns`] after the dispatch of the oldest submission in
+    /// flight). A driver of a simulated
     /// clock advances it to this time and calls [`GpuHost::poll`] (or lets a guest access the
     /// device); `None` when nothing is pending.
     pub fn next_event_ns(&self) -> Option<u64> {
@@ -783,6 +818,7 @@ impl GpuHost {
             dispatched: c.dispatched,
             completed: c.completed,
             aborted: c.aborted,
+            watchdog_kills: c.watchdog_kills,
             runlist_submits: c.runlist_submits,
             irq_services: c.irq_services,
             phys_faults: c.phys_faults,

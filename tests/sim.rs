@@ -80,7 +80,7 @@ fn unknown_registers_read_bad_and_writes_are_dropped_and_counted() {
         0x00_0008u32,
         0x40_0000,
         0x61_0000,
-        0x00_2640,
+        0x00_26fc,
         0x1f_fffc,
         0x123_4568,
     ] {

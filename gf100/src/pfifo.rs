@@ -61,6 +61,16 @@ pub const KICK: u32 = 0x002634;
 /// (`gf100_fifo_intr_sched_ctxsw`) reads busy as 0x80000000 and unk0 as 0x00040000; both read
 /// save 0x00100000 and unk1 0x00001000. ENVY only names bit 24 FAULTED.
 pub const ENG_STATE: u32 = 0x002640;
+/// `ENG_STATE[e]`.
+pub const fn eng_state(e: u32) -> u32 {
+    ENG_STATE + e * 4
+}
+/// ENG_STATE busy bit as old nouveau's CTXSW-timeout handler (`gf100_fifo_intr_sched_ctxsw`)
+/// reads it (see the uncertainty above); the simulator sets it while the engine runs an
+/// operation.
+pub const ENG_STATE_BUSY: u32 = 1 << 31;
+/// ENG_STATE channel id field.
+pub const ENG_STATE_CHID_MASK: u32 = 0x7f;
 /// `VM_FAULT[u]` at 0x2800 + u*0x10: +0 instance, +4 VA low, +8 VA high, +0xc flags.
 pub const VM_FAULT: u32 = 0x002800;
 /// Stride of the VM_FAULT array.

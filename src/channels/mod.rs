@@ -12,8 +12,9 @@
 //! BAR3) refreshes the copy, as GPUvm's "barrier" table does. Unbinding detaches the shadow page
 //! directory and frees the copy.
 //!
-//! STATE writes are forwarded (RUNNABLE and the engine field only); STATE reads show the
-//! physical state (so a guest sees RUNNABLE cleared after its channel faulted). KICK is
+//! STATE writes are forwarded (RUNNABLE and the engine field only; RUNNABLE is dropped while the
+//! channel is killed by the watchdog, until the guest unbinds it); STATE reads show the
+//! physical state (so a guest sees RUNNABLE cleared after its channel faulted or was killed). KICK is
 //! translated. Runlists are in `runlist`, USERD emulation in `userd`, the pushbuffer scan of
 //! the submission path in [`cmdscan`].
 
@@ -60,6 +61,10 @@ pub(crate) struct VChan {
     pub gp_put: u32,
     /// GP_PUT last written to the physical channel.
     pub phys_put: u32,
+    /// Killed by the host's watchdog: STATE RUNNABLE can no longer be set and doorbells are
+    /// ignored until the guest unbinds the channel (and binds it again), as after nouveau's
+    /// recovery of a hung channel.
+    pub killed: bool,
 }
 
 /// Guest channel id of a CHAN_TABLE / STATE offset.
@@ -100,10 +105,11 @@ pub(crate) fn table_write(cx: &mut VmCx, g: u32, state: bool, value: u32) {
     }
     if state {
         let p = cx.vm.phys_chid(g);
-        cx.phys.write_reg(
-            pfifo::chan_state(p),
-            value & (pfifo::STATE_RUNNABLE | pfifo::STATE_ENGINE_MASK),
-        );
+        let mut mask = pfifo::STATE_RUNNABLE | pfifo::STATE_ENGINE_MASK;
+        if cx.vm.chans[g as usize].killed {
+            mask &= !pfifo::STATE_RUNNABLE;
+        }
+        cx.phys.write_reg(pfifo::chan_state(p), value & mask);
     } else {
         chan_write(cx, g, value);
     }
@@ -343,6 +349,7 @@ pub(crate) fn refresh_all(cx: &mut VmCx) {
 /// Unbinds guest channel `g` (if bound): the physical channel is unbound, the shadow detached
 /// and the shadow instance block scrubbed and freed.
 pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
+    cx.vm.chans[g as usize].killed = false;
     let Some(b) = cx.vm.chans[g as usize].bound.take() else {
         return;
     };

@@ -86,6 +86,9 @@ pub struct GpuStats {
     pub engine_ops: u64,
     /// Modeled time the GPU was busy (command fetch and engine operations), in ns.
     pub busy_ns: u64,
+    /// Engine operations aborted by an engine reset (PMC ENABLE bit cleared while the engine
+    /// ran them): the watchdog's recovery of a hung engine.
+    pub engine_aborts: u64,
 }
 
 /// A GF100, real or simulated.

@@ -213,9 +213,7 @@ impl ShadowPt {
         self.spaces
             .keys()
             .filter(|k| {
-                pdb.map_or(true, |p| {
-                    k.addr == p.addr && Mem::of(k.target) == Mem::of(p.target)
-                })
+                pdb.is_none_or(|p| k.addr == p.addr && Mem::of(k.target) == Mem::of(p.target))
             })
             .copied()
             .collect()

@@ -72,11 +72,15 @@ pub enum FaultClass {
     IrqStorm,
     /// The VM destroyed right after a doorbell (work in flight).
     DestroyMidSubmission,
+    /// A compute launch in a pushbuffer the driver wrote to guest RAM turned into a `loop`
+    /// kernel of 2^60 iterations: an engine that hangs for modeled years, until the host's
+    /// watchdog kills the channel.
+    HungEngine,
 }
 
 impl FaultClass {
     /// Every class.
-    pub const ALL: [FaultClass; 18] = [
+    pub const ALL: [FaultClass; 19] = [
         FaultClass::BitFlip,
         FaultClass::RandomOffset,
         FaultClass::WrongWidth,
@@ -95,6 +99,7 @@ impl FaultClass {
         FaultClass::DoorbellStorm,
         FaultClass::IrqStorm,
         FaultClass::DestroyMidSubmission,
+        FaultClass::HungEngine,
     ];
 
     /// The name used on the command line and in JSON.
@@ -118,6 +123,7 @@ impl FaultClass {
             FaultClass::DoorbellStorm => "doorbell-storm",
             FaultClass::IrqStorm => "irq-storm",
             FaultClass::DestroyMidSubmission => "destroy-mid-submission",
+            FaultClass::HungEngine => "hung-engine",
         }
     }
 
@@ -634,6 +640,9 @@ pub fn mutate(trace: &Trace, class: FaultClass, r: &mut Rng) -> (Trace, String) 
             let at = (i + 1).min(ev_.len());
             ev_.splice(at..at, storm);
         }
+        FaultClass::HungEngine => {
+            desc = hang_a_launch(&mut ev_, r);
+        }
         FaultClass::DestroyMidSubmission => {
             let i = r.pick(&doorbells).unwrap_or(ev_.len() / 2);
             let cut = (i + 1 + r.below(8) as usize).min(ev_.len());
@@ -662,6 +671,48 @@ pub fn mutate(trace: &Trace, class: FaultClass, r: &mut Rng) -> (Trace, String) 
         },
         desc,
     )
+}
+
+/// Rewrites one compute launch found in the guest-RAM writes (an incrementing KERNEL method
+/// with at least 6 words on any subchannel) into a `loop` kernel of 2^60 iterations writing
+/// to the launch's first address argument.
+fn hang_a_launch(ev_: &mut [Event], r: &mut Rng) -> String {
+    use gf100::compute as cc;
+    let mut found = Vec::new();
+    for (k, e) in ev_.iter().enumerate() {
+        let Op::DmaWrite { data, .. } = &e.op else {
+            continue;
+        };
+        for (w, c) in data.chunks_exact(4).enumerate() {
+            let word = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            let hit = (0..gf100::method::SUBCHANNELS).find(|&s| {
+                (6..=1 + cc::MAX_ARGS as u32).any(|n| word == gf100::method::incr(s, cc::KERNEL, n))
+            });
+            if hit.is_some() && (w + 7) * 4 <= data.len() {
+                found.push((k, w));
+            }
+        }
+    }
+    let Some((k, w)) = r.pick(&found) else {
+        return "no kernel launch found".into();
+    };
+    let line = ev_[k].line;
+    if let Op::DmaWrite { data, .. } = &mut ev_[k].op {
+        let iterations: u64 = 1 << 60;
+        let words = [
+            cc::KernelId::Loop as u32,
+            // ARG0/1 (the first address) stay.
+            u32::from_le_bytes(data[(w + 2) * 4..(w + 3) * 4].try_into().unwrap_or([0; 4])),
+            u32::from_le_bytes(data[(w + 3) * 4..(w + 4) * 4].try_into().unwrap_or([0; 4])),
+            (iterations >> 32) as u32,
+            iterations as u32,
+        ];
+        for (i, v) in words.iter().enumerate() {
+            let o = (w + 1 + i) * 4;
+            data[o..o + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    format!("line {line}: compute launch at word {w} made a 2^60-iteration loop")
 }
 
 /// Counters of one fault class.
@@ -873,7 +924,11 @@ fn baseline(traces: &[Arc<Trace>]) -> Result<Baseline, String> {
 }
 
 fn detections(s: &VgpuStats) -> u64 {
-    s.violations.total + s.faults_delivered + s.bar_faults + s.pbdma_errors_delivered
+    s.violations.total
+        + s.faults_delivered
+        + s.bar_faults
+        + s.pbdma_errors_delivered
+        + s.watchdog_kills
 }
 
 /// The outcome of one injection.

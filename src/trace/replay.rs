@@ -336,7 +336,7 @@ impl Replayer {
                     cur[s] += 1;
                 }
                 if let Some(e) = ev.get(cur[s]) {
-                    if best.map_or(true, |(q, _)| e.seq < q) {
+                    if best.is_none_or(|(q, _)| e.seq < q) {
                         best = Some((e.seq, s));
                     }
                 }
@@ -369,7 +369,8 @@ impl Replayer {
 
     /// Lets the GPU reach its next event (for synchronizing reads); false if it has none.
     fn wait_gpu(&self) -> bool {
-        match self.sim.next_event_ns() {
+        // The host's next event: the GPU's, the scheduler's timer or the hang watchdog's deadline.
+        match self.host.next_event_ns() {
             Some(t) => {
                 let now = self.clock.now_ns();
                 self.clock.advance_to(t.max(now + 1));

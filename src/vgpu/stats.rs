@@ -187,6 +187,9 @@ pub struct VgpuStats {
     /// Submissions that ended otherwise (channel stopped by an error, unbound, or parked on a
     /// semaphore acquire).
     pub aborted: u64,
+    /// Channels of this VM the host's watchdog killed: a submission was still running
+    /// `HostConfig::watchdog_ns` after dispatch (a hung engine).
+    pub watchdog_kills: u64,
     /// Guest TLB flushes through the register (0x100cbc).
     pub guest_tlb_flushes: u64,
     /// Guest TLB invalidates found in pushbuffers (host method MEM_OP_B).

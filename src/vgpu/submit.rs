@@ -28,9 +28,15 @@
 //! the GPU for ever. A submission to a channel that is not runnable or not on the VM's runlist
 //! is written to the GPU (it runs when the guest enables the channel, as on hardware) but not
 //! counted in flight. Work of a parked or disabled channel that later resumes runs outside the
-//! scheduler's accounting (the GPU is not preemptive; the watchdog is a separate mechanism).
+//! scheduler's accounting (the GPU is not preemptive).
+//!
+//! **Watchdog.** A submission still running `HostConfig::watchdog_ns` after dispatch (or an
+//! engine busy that long with a channel with nothing in flight) is hung: the host resets the
+//! engine (PMC ENABLE toggle, found through ENG_STATE), kills the guest channel (STATE RUNNABLE
+//! cleared and kept clear until unbound; SCHED_ERROR CTXSW_TIMEOUT to the guest), drops its
+//! work, charges the VM and goes on with the others.
 
-use gf100::{pfifo, ptimer, userd, Target};
+use gf100::{host, pfifo, pmc, ptimer, userd, Target};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::addr::HostVram;
@@ -45,7 +51,8 @@ use crate::vgpu::VmCx;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct InFlight {
     pub sub: Submission,
-    /// GPU time of dispatch.
+    /// GPU time of dispatch (restarted when the watchdog killed a submission ahead of it): the
+    /// watchdog's reference.
     pub start_ns: u64,
 }
 
@@ -69,7 +76,7 @@ pub(crate) fn doorbell(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: 
     let Some(ch) = vm.chans.get(g as usize) else {
         return;
     };
-    if ch.bound.is_none() {
+    if ch.bound.is_none() || ch.killed {
         return;
     }
     let busy = st
@@ -90,10 +97,16 @@ pub(crate) fn doorbell(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: 
 }
 
 /// Delivers period ticks, retires finished submissions and does what the scheduler decides.
-pub(crate) fn progress(st: &mut HostState, phys: &dyn PhysicalGpu, max_inflight: usize) {
+pub(crate) fn progress(
+    st: &mut HostState,
+    phys: &dyn PhysicalGpu,
+    max_inflight: usize,
+    watchdog_ns: u64,
+) {
     let now = st.now(phys);
     st.sched.tick(now);
     check_completions(st, phys, now);
+    watchdog(st, phys, now, watchdog_ns);
     st.sched_timer = None;
     loop {
         let inflight: Vec<Submission> = st.inflight.iter().map(|f| f.sub).collect();
@@ -115,6 +128,146 @@ pub(crate) fn progress(st: &mut HostState, phys: &dyn PhysicalGpu, max_inflight:
         }
         dispatch(st, phys, s, now);
     }
+}
+
+/// Granularity of watchdog deadlines: PTIMER's resolution on GF100 (its low 5 bits read 0), so
+/// that a host timed by PTIMER reads the deadline exactly when the clock reaches it.
+const WATCHDOG_GRANULE_NS: u64 = 32;
+
+/// When the watchdog next fires: `watchdog_ns` after the dispatch of the oldest submission in
+/// flight (rounded up to PTIMER's 32 ns); `None` when off or nothing is in flight.
+pub(crate) fn watchdog_deadline(st: &HostState, watchdog_ns: u64) -> Option<u64> {
+    if watchdog_ns == 0 {
+        return None;
+    }
+    st.inflight
+        .iter()
+        .map(|f| f.start_ns)
+        .chain(st.engine_watch.map(|(_, since)| since))
+        .map(|t| {
+            t.saturating_add(watchdog_ns)
+                .next_multiple_of(WATCHDOG_GRANULE_NS)
+        })
+        .min()
+}
+
+/// The hang watchdog (MxGPU-style hang detection, nouveau-style recovery): every submission
+/// still running `watchdog_ns` after its dispatch has its channel killed.
+fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u64) {
+    if watchdog_ns == 0 {
+        st.engine_watch = None;
+        return;
+    }
+    while let Some(f) = st.inflight.iter().copied().min_by_key(|f| f.start_ns) {
+        let d = f
+            .start_ns
+            .saturating_add(watchdog_ns)
+            .next_multiple_of(WATCHDOG_GRANULE_NS);
+        if d > now {
+            break;
+        }
+        kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
+    }
+    watch_engines(st, phys, now, watchdog_ns);
+}
+
+/// The engine side of the watchdog, for work the scheduler does not account (a channel the
+/// guest enabled after its submission, see the module comment): an engine seen busy with the
+/// same channel, which has no submission in flight, from one service to another for
+/// `watchdog_ns` gets that channel killed the same way.
+fn watch_engines(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u64) {
+    if watchdog_ns == 0 {
+        st.engine_watch = None;
+        return;
+    }
+    let busy = (0..pfifo::ENGINES).find_map(|e| {
+        let s = phys.read_reg(pfifo::eng_state(e));
+        (s & pfifo::ENG_STATE_BUSY != 0).then_some(s & pfifo::ENG_STATE_CHID_MASK)
+    });
+    let Some(p) = busy.filter(|&p| !st.inflight.iter().any(|f| f.sub.phys_chid == p)) else {
+        st.engine_watch = None;
+        return;
+    };
+    match st.engine_watch {
+        Some((q, since)) if q == p => {
+            if since.saturating_add(watchdog_ns) > now {
+                return;
+            }
+            st.engine_watch = None;
+            let owner = st.part.owner.get(p as usize).copied().flatten();
+            match owner.and_then(|id| st.vms.get(&id).map(|vm| (id, p - vm.chan_base))) {
+                Some((id, g)) => kill(st, phys, id, g, since, now),
+                None => {
+                    // A destroyed VM's operation: nobody to tell, but the engine is reset.
+                    phys.write_reg(pfifo::chan_state(p), 0);
+                    let reset = reset_engines_of(phys, p);
+                    st.counters.watchdog_kills += 1;
+                    log::warn!("watchdog: engines {reset:?} hung by unowned channel {p}; reset");
+                }
+            }
+        }
+        _ => st.engine_watch = Some((p, now)),
+    }
+}
+
+/// Kills the channel of the hung submission `f` at `now`: stops the physical channel, resets the
+/// engine running it (which aborts the operation, see `docs/registers.md`), marks the guest
+/// channel killed and reports SCHED_ERROR CTXSW_TIMEOUT to the guest, drops the channel's work
+/// (charged to the VM) and restarts the watchdog for the submissions still in flight (they were
+/// waiting behind the hung one on the single GPU timeline).
+fn kill(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: u32, start: u64, now: u64) {
+    let Some(p) = st.vms.get(&id).map(|vm| vm.phys_chid(g)) else {
+        return;
+    };
+    // 1. Disable the channel so that PFIFO does not pick it again.
+    phys.write_reg(pfifo::chan_state(p), 0);
+    // 2. Reset the engine that runs it (nouveau `gf100_fifo_intr_sched_ctxsw` + engine recovery:
+    //    PMC ENABLE bit off and on). Only the engine whose ENG_STATE names this channel.
+    let reset = reset_engines_of(phys, p);
+    // 3. The guest sees what nouveau would: a CTXSW timeout and its channel no longer runnable.
+    let elapsed = now.saturating_sub(start);
+    if let Some(vm) = st.vms.get_mut(&id) {
+        if let Some(ch) = vm.chans.get_mut(g as usize) {
+            ch.killed = true;
+        }
+        vm.regs.sched_error(pfifo::SCHED_ERR_CTXSW_TIMEOUT);
+        vm.stats.watchdog_kills += 1;
+        log::warn!(
+            "{id} ('{}'): watchdog: channel {g} (physical {p}) still running {elapsed} ns after dispatch; \
+             killed (engines reset: {reset:?})",
+            vm.profile.name
+        );
+    }
+    st.counters.watchdog_kills += 1;
+    // 4. Its work goes; the time it took is the VM's.
+    st.drop_channel_work(id, g, now);
+    // 5. The others waited behind it: their watchdog starts again.
+    for o in &mut st.inflight {
+        o.start_ns = o.start_ns.max(now);
+    }
+}
+
+/// Resets (PMC ENABLE bit off and on) every engine whose ENG_STATE shows it busy with physical
+/// channel `p`, which aborts the operation; returns the engines.
+fn reset_engines_of(phys: &dyn PhysicalGpu, p: u32) -> Vec<u32> {
+    let mut reset = Vec::new();
+    for e in 0..pfifo::ENGINES {
+        let s = phys.read_reg(pfifo::eng_state(e));
+        if s & pfifo::ENG_STATE_BUSY == 0 || s & pfifo::ENG_STATE_CHID_MASK != p {
+            continue;
+        }
+        let bit = match e {
+            host::ENGINE_PGRAPH => pmc::ENABLE_PGRAPH,
+            host::ENGINE_PCOPY0 => pmc::ENABLE_PCOPY0,
+            host::ENGINE_PCOPY1 => pmc::ENABLE_PCOPY1,
+            _ => continue,
+        };
+        let enable = phys.read_reg(pmc::ENABLE);
+        phys.write_reg(pmc::ENABLE, enable & !bit);
+        phys.write_reg(pmc::ENABLE, enable | bit);
+        reset.push(e);
+    }
+    reset
 }
 
 /// How a submission in flight stands.

@@ -139,7 +139,12 @@ impl State {
         })
     }
 
-    fn write_reg(&mut self, offset: u32, value: u32) {
+    fn write_reg(&mut self, offset: u32, value: u32, now: u64) {
+        if offset == gf100::pmc::ENABLE {
+            let before = self.regs.read(offset, now).unwrap_or(0);
+            self.fifo
+                .reset_engines(&mut self.core, before & !value, now);
+        }
         let pramin = gf100::pbus::PRAMIN_BASE..gf100::pbus::PRAMIN_BASE + gf100::pbus::PRAMIN_SIZE;
         let known = if offset & 3 != 0 {
             false
@@ -296,9 +301,9 @@ impl PhysicalGpu for SimGpu {
     }
 
     fn write_reg(&self, offset: u32, value: u32) {
-        self.with_state(|s, _| {
+        self.with_state(|s, now| {
             s.core.stats.mmio_writes += 1;
-            s.write_reg(offset, value);
+            s.write_reg(offset, value, now);
         })
     }
 

@@ -87,7 +87,7 @@ impl Exec<'_> {
             return self.start_entry();
         }
         loop {
-            let seg_done = self.ch.seg.as_ref().map_or(true, Segment::done);
+            let seg_done = self.ch.seg.as_ref().is_none_or(Segment::done);
             if seg_done {
                 self.finish_entry();
                 return Outcome::EntryDone;

@@ -91,6 +91,26 @@ impl Default for Fifo {
     }
 }
 
+/// The PFIFO engine (ENGINE_INTR / ENG_STATE index) doing `work`; `None` for command fetch
+/// (PFIFO's own PBDMA).
+fn engine_of(work: Work) -> Option<u32> {
+    match work {
+        Work::Fetch => None,
+        Work::Kernel => Some(host::ENGINE_PGRAPH),
+        Work::Copy { .. } => Some(host::ENGINE_PCOPY0),
+    }
+}
+
+/// The PMC ENABLE bit of PFIFO engine `e`.
+fn pmc_enable_bit(e: u32) -> Option<u32> {
+    match e {
+        host::ENGINE_PGRAPH => Some(gf100::pmc::ENABLE_PGRAPH),
+        host::ENGINE_PCOPY0 => Some(gf100::pmc::ENABLE_PCOPY0),
+        host::ENGINE_PCOPY1 => Some(gf100::pmc::ENABLE_PCOPY1),
+        _ => None,
+    }
+}
+
 /// Channel-table index and word (0 CHAN, 4 STATE) of `offset`.
 fn chan_index(offset: u32) -> Option<(usize, u32)> {
     let rel = offset.checked_sub(pfifo::CHAN_TABLE)?;
@@ -116,6 +136,11 @@ impl Fifo {
             pfifo::RUNLIST_RD_BASE => self.runlist_rd_base,
             pfifo::RUNLIST_RD_LEN => self.runlist_len & !pfifo::RUNLIST_PENDING,
             pfifo::KICK => self.kick,
+            o if (pfifo::ENG_STATE..pfifo::eng_state(pfifo::ENGINES)).contains(&o)
+                && o % 4 == 0 =>
+            {
+                self.eng_state((o - pfifo::ENG_STATE) / 4)
+            }
             o => match (chan_index(o), eng_mask_index(o)) {
                 (Some((chid, 0)), _) => self.channels[chid].chan_word,
                 (Some((chid, _)), _) => self.channels[chid].state_word,
@@ -135,6 +160,7 @@ impl Fifo {
             pfifo::RUNLIST_SUBMIT => self.submit_runlist(core, value),
             pfifo::RUNLIST_RD_BASE | pfifo::RUNLIST_RD_LEN => {}
             pfifo::KICK => self.kick(core, value),
+            o if (pfifo::ENG_STATE..pfifo::eng_state(pfifo::ENGINES)).contains(&o) => {}
             o => match (chan_index(o), eng_mask_index(o)) {
                 (Some((chid, 0)), _) => self.write_chan(core, chid, value),
                 (Some((chid, _)), _) => self.write_state(chid, value),
@@ -302,6 +328,47 @@ impl Fifo {
             Some(f) => Some(f.end),
             None => self.more_work.then_some(self.gpu_time),
         }
+    }
+
+    /// ENG_STATE\[e\]: BUSY and the channel while engine `e` runs an operation, else 0.
+    fn eng_state(&self, e: u32) -> u32 {
+        match self.inflight {
+            Some(f) if engine_of(f.work) == Some(e) => pfifo::ENG_STATE_BUSY | f.chid as u32,
+            _ => 0,
+        }
+    }
+
+    /// PMC ENABLE bits in `cleared` went from 1 to 0 at `now`: an engine held in reset aborts
+    /// the operation it is running. The timeline is freed at `now` (the time so far counts as
+    /// busy), the channel is stopped (STATE RUNNABLE cleared) and its PBDMA stops at the entry
+    /// boundary it was in (the rest of the segment is dropped); memory effects already done
+    /// stay. Returns true if an operation was aborted.
+    pub(crate) fn reset_engines(&mut self, core: &mut Core, cleared: u32, now: u64) -> bool {
+        let Some(f) = self.inflight else {
+            return false;
+        };
+        let hit = engine_of(f.work)
+            .and_then(pmc_enable_bit)
+            .is_some_and(|bit| cleared & bit != 0);
+        if !hit {
+            return false;
+        }
+        let at = now.clamp(f.start, f.end);
+        let duration = at - f.start;
+        core.stats.busy_ns = core.stats.busy_ns.saturating_add(duration);
+        core.stats.engine_aborts += 1;
+        self.inflight = None;
+        self.gpu_time = self.gpu_time.max(at);
+        let ch = &mut self.channels[f.chid];
+        ch.busy_ns = ch.busy_ns.saturating_add(duration);
+        ch.seg = None;
+        ch.run = None;
+        ch.stop();
+        if self.current == Some(f.chid) {
+            self.current = None;
+        }
+        self.dirty = true;
+        true
     }
 
     /// Modeled GPU time channel `chid` has occupied.

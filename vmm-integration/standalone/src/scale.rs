@@ -106,7 +106,7 @@ pub struct ScaleReport {
 /// Measures one VM count.
 pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
     let mut list = vec![Workload::Loop];
-    list.extend(std::iter::repeat(a.workload).take(a.repeat as usize));
+    list.extend(std::iter::repeat_n(a.workload, a.repeat as usize));
     let r = run_staged(
         &StagedOptions {
             virt: VirtOptions {

@@ -631,7 +631,7 @@ fn run_vcpu(
             info.stopped = Some(msg);
         }
     }
-    if marks.last().map_or(true, |m| m.phase != abi::PHASE_DONE) {
+    if marks.last().is_none_or(|m| m.phase != abi::PHASE_DONE) {
         marks.push(mark(abi::PHASE_DONE, &ex));
     }
     info.wall_ns = wall.as_nanos() as u64;

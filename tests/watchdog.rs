@@ -1,0 +1,255 @@
+//! The hang watchdog (issue 6: "the watchdog recovers from a hung engine without touching other
+//! VMs' work"). Two VMs run the real guest driver on one simulated GF100. VM 0 launches a loop
+//! kernel of 2^60 iterations (modeled years of PGRAPH time); the host's watchdog resets the
+//! engine and kills VM 0's channel, VM 0's driver sees PFIFO SCHED_ERROR 0x0a CTXSW_TIMEOUT and
+//! its channel no longer runnable, while VM 1's memory stays bit-identical and its workloads —
+//! queued behind the hung kernel — all complete and verify. Teardown gives everything back.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use gpuvm::clock::{Clock, SimClock};
+use gpuvm::gf100::compute::Kernel;
+use gpuvm::gf100::{host as hm, pfifo};
+use gpuvm::harness::VirtHal;
+use gpuvm::host::{GpuHost, HostConfig, DEFAULT_WATCHDOG_NS};
+use gpuvm::phys::sim::{SimConfig, SimGpu};
+use gpuvm::phys::{Bar, PhysicalGpu};
+use gpuvm::profile::{ShadowMode, VgpuProfile};
+use gpuvm::vgpu::Vgpu;
+use gpuvm_guest::hal::Mmio;
+use gpuvm_guest::workloads::{self, Workload};
+use gpuvm_guest::{Channel, DriverConfig, DriverError, Gpu, MemLocation, PushBuf};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+const SLICE: u64 = 64 << 20;
+const RAM: u64 = 24 << 20;
+/// The watchdog of these tests: 200 ms of GPU time.
+const WATCHDOG_NS: u64 = 200_000_000;
+/// Iterations of the hung kernel.
+const HUNG_ITERATIONS: u64 = 1 << 60;
+
+struct Vm {
+    vgpu: Arc<Vgpu>,
+    ram: GuestMemoryMmap,
+    drv: Gpu<VirtHal>,
+}
+
+struct World {
+    gpu: Arc<SimGpu>,
+    host: GpuHost,
+    clock: Arc<SimClock>,
+}
+
+fn world(watchdog_ns: u64) -> World {
+    let clock = Arc::new(SimClock::new());
+    let gpu = Arc::new(SimGpu::new(SimConfig {
+        vram_size: 512 << 20,
+        clock: clock.clone(),
+        ..SimConfig::default()
+    }));
+    let host = GpuHost::new(
+        gpu.clone(),
+        HostConfig {
+            hypervisor_vram: 32 << 20,
+            watchdog_ns,
+            ..HostConfig::default()
+        },
+    )
+    .unwrap();
+    host.set_clock(clock.clone());
+    World { gpu, host, clock }
+}
+
+impl World {
+    fn vm(&self, name: &str) -> Vm {
+        let vgpu = self
+            .host
+            .create_vgpu(&VgpuProfile {
+                name: name.into(),
+                vram_mib: SLICE >> 20,
+                channels: 16,
+                weight: 1,
+                shadow: ShadowMode::Eager,
+            })
+            .unwrap();
+        let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
+        vgpu.attach_guest_memory(ram.clone()).unwrap();
+        let clock: Arc<dyn Clock> = self.clock.clone();
+        let hal = VirtHal::new(vgpu.clone(), clock, ram.clone(), 0, RAM);
+        let drv = Gpu::init(
+            hal,
+            DriverConfig {
+                // Longer than the watchdog: the drivers must see the kill, not time out.
+                timeout_ns: 20 * WATCHDOG_NS,
+                ..DriverConfig::default()
+            },
+        )
+        .expect("driver init");
+        Vm { vgpu, ram, drv }
+    }
+
+    /// Hash of a VM's whole VRAM slice and guest RAM.
+    fn fingerprint(&self, vm: &Vm) -> u64 {
+        let s = vm.vgpu.vram_slice();
+        let mut v = vec![0u8; s.size as usize];
+        self.gpu.read_vram(s.base, &mut v);
+        let mut r = vec![0u8; RAM as usize];
+        vm.ram.read_slice(&mut r, GuestAddress(0)).unwrap();
+        let mut h = DefaultHasher::new();
+        v.hash(&mut h);
+        r.hash(&mut h);
+        h.finish()
+    }
+
+    fn settle(&self) {
+        for _ in 0..100 {
+            self.clock.advance(100_000);
+            self.host.poll();
+        }
+    }
+}
+
+fn run_suite(vm: &mut Vm) {
+    for w in Workload::ALL {
+        let r = workloads::run(&mut vm.drv, w, 32).unwrap_or_else(|e| panic!("{w}: {e}"));
+        assert!(r.verified, "{w}");
+    }
+}
+
+/// Opens a channel and launches the hung kernel on it (without waiting).
+fn launch_hung(vm: &mut Vm) -> (Channel, gpuvm_guest::Fence) {
+    let mut ch = vm.drv.channel_new().expect("channel");
+    let out = vm
+        .drv
+        .buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, true)
+        .expect("buffer");
+    let mut pb = PushBuf::new();
+    pb.kernel(&Kernel::Loop {
+        dst: out.va(),
+        iterations: HUNG_ITERATIONS,
+        seed: 7,
+    });
+    let f = vm.drv.submit(&mut ch, &pb).expect("submit");
+    (ch, f)
+}
+
+fn expect_ctxsw_timeout(r: Result<(), DriverError>) {
+    match r {
+        Err(DriverError::ChannelError { code, .. }) if code == pfifo::SCHED_ERR_CTXSW_TIMEOUT => {}
+        other => panic!("expected SCHED_ERROR CTXSW_TIMEOUT, got {other:?}"),
+    }
+}
+
+fn state_of(vm: &mut Vm, ch: &Channel) -> u32 {
+    vm.drv
+        .hal_mut()
+        .read32(Bar::Bar0, u64::from(pfifo::chan_state(ch.chid())))
+}
+
+#[test]
+fn default_watchdog_is_two_seconds() {
+    assert_eq!(HostConfig::default().watchdog_ns, DEFAULT_WATCHDOG_NS);
+    assert_eq!(DEFAULT_WATCHDOG_NS, 2_000_000_000);
+}
+
+#[test]
+fn watchdog_kills_only_the_hung_channel() {
+    let w = world(WATCHDOG_NS);
+    let mut vm0 = w.vm("hung");
+    let mut vm1 = w.vm("innocent");
+    run_suite(&mut vm1);
+    w.settle();
+    let fp1 = w.fingerprint(&vm1);
+    let t0 = w.clock.now_ns();
+
+    // 1. The hung kernel occupies PGRAPH; the host's next event is the watchdog's deadline.
+    let (mut ch, f) = launch_hung(&mut vm0);
+    // Past the command fetch, into the kernel.
+    w.clock.advance(1_000_000);
+    vm0.vgpu.poll();
+    let p = vm0.vgpu.phys_channels().start + ch.chid();
+    let eng = w.gpu.read_reg(pfifo::eng_state(hm::ENGINE_PGRAPH));
+    assert_eq!(eng, pfifo::ENG_STATE_BUSY | p, "PGRAPH runs VM 0's channel");
+    assert_eq!(w.host.stats().inflight, 1);
+    let next = w.host.next_event_ns().expect("a deadline");
+    assert!(
+        next <= w.clock.now_ns() + WATCHDOG_NS + 32,
+        "next event {next} is the watchdog, not the kernel's end"
+    );
+
+    // 2. VM 0's driver waits; the watchdog kills the channel; the driver sees CTXSW_TIMEOUT.
+    expect_ctxsw_timeout(vm0.drv.fence_wait(&mut ch, f));
+    assert!(w.clock.now_ns() - t0 >= WATCHDOG_NS);
+    assert!(w.clock.now_ns() - t0 < 2 * WATCHDOG_NS);
+    assert_eq!(state_of(&mut vm0, &ch) & pfifo::STATE_RUNNABLE, 0);
+    // The guest cannot make it runnable again (only unbinding and rebinding does).
+    vm0.drv.hal_mut().write32(
+        Bar::Bar0,
+        u64::from(pfifo::chan_state(ch.chid())),
+        pfifo::STATE_RUNNABLE,
+    );
+    assert_eq!(state_of(&mut vm0, &ch) & pfifo::STATE_RUNNABLE, 0);
+    assert_eq!(w.gpu.read_reg(pfifo::eng_state(hm::ENGINE_PGRAPH)), 0);
+    let s0 = vm0.vgpu.stats();
+    assert_eq!(s0.watchdog_kills, 1);
+    assert_eq!(s0.aborted, 1);
+    let hs = w.host.stats();
+    assert_eq!(hs.watchdog_kills, 1);
+    assert_eq!(hs.gpu.engine_aborts, 1);
+    assert_eq!(hs.phys_fifo_errors, 0);
+    assert_eq!((hs.inflight, hs.queued), (0, 0));
+    // The hung time is VM 0's.
+    let sched = w.host.sched_stats();
+    let gpu0 = sched.vms.iter().find(|v| v.vm == vm0.vgpu.id()).unwrap();
+    assert!(gpu0.busy_ns >= WATCHDOG_NS, "{sched:?}");
+    assert_eq!(w.fingerprint(&vm1), fp1, "VM 1's memory changed");
+
+    // 3. Again, with VM 1's work queued behind the hung kernel: it all completes and verifies.
+    let (ch2, _f2) = launch_hung(&mut vm0);
+    let busy1 = w.gpu.channel_busy_ns(vm1.vgpu.phys_channels().start);
+    let c1 = vm1.vgpu.stats().completions;
+    run_suite(&mut vm1);
+    let s1 = vm1.vgpu.stats();
+    assert!(s1.completions > c1);
+    assert_eq!(s1.watchdog_kills, 0);
+    assert_eq!(s1.aborted, 0);
+    assert_eq!(s1.violations.total, 0);
+    assert_eq!(
+        s1.faults_delivered + s1.bar_faults + s1.pbdma_errors_delivered,
+        0
+    );
+    assert!(w.gpu.channel_busy_ns(vm1.vgpu.phys_channels().start) >= busy1);
+    assert_eq!(w.host.stats().watchdog_kills, 2);
+    assert_eq!(vm0.vgpu.stats().watchdog_kills, 2);
+    assert!(w.host.stats().gpu.busy_ns > 0);
+
+    // 4. Teardown: the killed channels free normally, and nothing leaks.
+    vm0.drv.channel_free(ch).ok();
+    vm0.drv.channel_free(ch2).ok();
+    w.settle();
+    w.host.destroy_vgpu(&vm0.vgpu).unwrap();
+    w.host.destroy_vgpu(&vm1.vgpu).unwrap();
+    let hs = w.host.stats();
+    assert_eq!(hs.vms, 0);
+    assert_eq!(hs.channels_free, 128);
+    assert_eq!(hs.vram_free, hs.vram_assignable);
+    assert_eq!(hs.hypervisor_vram_used, hs.hypervisor_vram_host);
+    assert_eq!((hs.inflight, hs.queued), (0, 0));
+    assert_eq!(hs.gpu.engine_aborts, 2);
+}
+
+#[test]
+fn watchdog_off_leaves_the_kernel_running() {
+    let w = world(0);
+    let mut vm0 = w.vm("hung");
+    let (_ch, _f) = launch_hung(&mut vm0);
+    vm0.vgpu.poll();
+    w.clock.advance(10 * DEFAULT_WATCHDOG_NS);
+    w.host.poll();
+    let hs = w.host.stats();
+    assert_eq!(hs.watchdog_kills, 0);
+    assert_eq!(hs.inflight, 1);
+    assert!(w.host.next_event_ns().unwrap() > w.clock.now_ns() + 1_000_000_000);
+}
