@@ -156,16 +156,10 @@ fn campaign_contains_every_fault() {
 /// A hung engine (a compute launch made a 2^60-iteration loop): the watchdog kills the guilty
 /// VM's channel every time, and the innocent VM loses nothing.
 ///
-/// Ignored, and the reason issue 6 stays open: injection #12 of this seed (a launch made hung at
-/// line 169431 of vm0's trace) is killed by the watchdog, but the innocent vm1 ends with 0 of its
-/// 3 completions and its slice differs from the clean replay at 0x475000. Not yet diagnosed:
-/// either the innocent trace's replay runs ahead while the GPU waits 2 s for the watchdog (a
-/// replay artifact: its results are simply missing), or the engine reset aborts vm1's own
-/// operation (a real availability bug). `tests/watchdog.rs` shows the watchdog recovering with
-/// live drivers. Reproduce: `cargo test --release --test fault_injection hung_engine -- --ignored
-/// --nocapture`.
+/// (This once failed when the innocent VM's own submission, waiting behind a hang the scheduler did not
+/// account, reached its deadline first and was killed instead: in-flight deadlines now wait
+/// while an engine runs unaccounted work.)
 #[test]
-#[ignore = "one injection loses the innocent VM's completions; under investigation"]
 fn hung_engine_is_contained_by_the_watchdog() {
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let traces = load("2vm-campaign");

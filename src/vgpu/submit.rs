@@ -158,17 +158,32 @@ fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u
         st.engine_watch = None;
         return;
     }
-    while let Some(f) = st.inflight.iter().copied().min_by_key(|f| f.start_ns) {
-        let d = f
-            .start_ns
-            .saturating_add(watchdog_ns)
-            .next_multiple_of(WATCHDOG_GRANULE_NS);
-        if d > now {
-            break;
+    // While an engine runs a channel with nothing in flight, the submissions in flight are
+    // waiting behind that work on the single GPU timeline, not hung themselves: their deadlines
+    // do not fire, the engine side of the watchdog deals with the culprit (and restarts them).
+    if unaccounted_busy_channel(st, phys).is_none() {
+        while let Some(f) = st.inflight.iter().copied().min_by_key(|f| f.start_ns) {
+            let d = f
+                .start_ns
+                .saturating_add(watchdog_ns)
+                .next_multiple_of(WATCHDOG_GRANULE_NS);
+            if d > now {
+                break;
+            }
+            kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
         }
-        kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
     }
     watch_engines(st, phys, now, watchdog_ns);
+}
+
+/// The physical channel an engine is busy with while no submission of it is in flight (work the
+/// scheduler does not account), if any.
+fn unaccounted_busy_channel(st: &HostState, phys: &dyn PhysicalGpu) -> Option<u32> {
+    let busy = (0..pfifo::ENGINES).find_map(|e| {
+        let s = phys.read_reg(pfifo::eng_state(e));
+        (s & pfifo::ENG_STATE_BUSY != 0).then_some(s & pfifo::ENG_STATE_CHID_MASK)
+    });
+    busy.filter(|&p| !st.inflight.iter().any(|f| f.sub.phys_chid == p))
 }
 
 /// The engine side of the watchdog, for work the scheduler does not account (a channel the
@@ -180,11 +195,7 @@ fn watch_engines(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_
         st.engine_watch = None;
         return;
     }
-    let busy = (0..pfifo::ENGINES).find_map(|e| {
-        let s = phys.read_reg(pfifo::eng_state(e));
-        (s & pfifo::ENG_STATE_BUSY != 0).then_some(s & pfifo::ENG_STATE_CHID_MASK)
-    });
-    let Some(p) = busy.filter(|&p| !st.inflight.iter().any(|f| f.sub.phys_chid == p)) else {
+    let Some(p) = unaccounted_busy_channel(st, phys) else {
         st.engine_watch = None;
         return;
     };
@@ -203,6 +214,10 @@ fn watch_engines(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_
                     let reset = reset_engines_of(phys, p);
                     st.counters.watchdog_kills += 1;
                     log::warn!("watchdog: engines {reset:?} hung by unowned channel {p}; reset");
+                    // The submissions in flight waited behind it: their watchdog starts again.
+                    for o in &mut st.inflight {
+                        o.start_ns = o.start_ns.max(now);
+                    }
                 }
             }
         }
