@@ -7,7 +7,7 @@ use gpuvm::harness::{run_native, NativeOptions, NativeReport};
 use gpuvm_guest::workloads::Workload;
 use gpuvm_guest::FenceMode;
 
-use crate::table::{self, Table};
+use crate::table;
 
 /// Options of `gpuvm native`.
 #[derive(Args, Debug)]
@@ -61,31 +61,6 @@ pub fn run(args: &NativeArgs) -> anyhow::Result<bool> {
 }
 
 fn render(r: &NativeReport) -> String {
-    let mut t = Table::new([
-        "workload",
-        "bytes",
-        "gpu time",
-        "wall time",
-        "mmio reads",
-        "mmio writes",
-        "verified",
-    ]);
-    for w in std::iter::once(&r.init).chain(&r.workloads) {
-        let verdict = match (&w.error, w.verified) {
-            (Some(e), _) => format!("FAILED: {e}"),
-            (None, true) => "yes".to_string(),
-            (None, false) => "NO".to_string(),
-        };
-        t.row([
-            w.name.clone(),
-            table::bytes(w.bytes),
-            table::ns(w.gpu_ns),
-            table::ns(w.wall_ns),
-            w.mmio_reads.to_string(),
-            w.mmio_writes.to_string(),
-            verdict,
-        ]);
-    }
     let ok = r.workloads.iter().filter(|w| w.verified).count();
     format!(
         "gpuvm native: guest driver on the simulated GF100 (Quadro 6000), size {}, {} clock\n\n{}\n{ok}/{} workloads verified; GPU busy {} in total, {} MMU faults, {} bad-register accesses\n",
@@ -94,7 +69,7 @@ fn render(r: &NativeReport) -> String {
             ClockKind::Sim => "simulated",
             ClockKind::Real => "real",
         },
-        t.render(),
+        table::workload_table(std::iter::once(&r.init).chain(&r.workloads)),
         r.workloads.len(),
         table::ns(r.gpu.busy_ns),
         r.gpu.mmu_faults,

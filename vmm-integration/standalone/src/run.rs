@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::Args;
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::{run_vms, VirtOptions, VirtReport, VmReport};
+use gpuvm::harness::{run_vms, VirtOptions, VirtReport};
 use gpuvm::profile::ShadowMode;
 use gpuvm_guest::workloads::Workload;
 use gpuvm_guest::FenceMode;
@@ -121,38 +121,6 @@ pub fn run(args: &RunArgs) -> anyhow::Result<bool> {
     Ok(report.all_verified())
 }
 
-fn verdict(error: &Option<String>, verified: bool) -> String {
-    match (error, verified) {
-        (Some(e), _) => format!("FAILED: {e}"),
-        (None, true) => "yes".to_string(),
-        (None, false) => "NO".to_string(),
-    }
-}
-
-fn workload_table(vm: &VmReport) -> String {
-    let mut t = Table::new([
-        "workload",
-        "bytes",
-        "gpu time",
-        "wall time",
-        "mmio reads",
-        "mmio writes",
-        "verified",
-    ]);
-    for w in std::iter::once(&vm.init).chain(&vm.workloads) {
-        t.row([
-            w.name.clone(),
-            table::bytes(w.bytes),
-            table::ns(w.gpu_ns),
-            table::ns(w.wall_ns),
-            w.mmio_reads.to_string(),
-            w.mmio_writes.to_string(),
-            verdict(&w.error, w.verified),
-        ]);
-    }
-    t.render()
-}
-
 fn render(r: &VirtReport) -> String {
     let mut out = format!(
         "gpuvm run: {} VMs sharing the simulated GF100 (Quadro 6000), shadow page tables {}, size {}, {} clock\n",
@@ -165,7 +133,11 @@ fn render(r: &VirtReport) -> String {
         },
     );
     for vm in &r.vms {
-        out += &format!("\nvm{}\n{}", vm.vm, workload_table(vm));
+        out += &format!(
+            "\nvm{}\n{}",
+            vm.vm,
+            table::workload_table(std::iter::once(&vm.init).chain(&vm.workloads))
+        );
     }
     let mut t = Table::new([
         "vm",

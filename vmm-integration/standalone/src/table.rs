@@ -50,6 +50,42 @@ impl Table {
     }
 }
 
+/// The "verified" cell of a workload row: `yes`, `NO`, or the failure.
+pub fn verdict(error: &Option<String>, verified: bool) -> String {
+    match (error, verified) {
+        (Some(e), _) => format!("FAILED: {e}"),
+        (None, true) => "yes".to_string(),
+        (None, false) => "NO".to_string(),
+    }
+}
+
+/// The per-workload table every run command prints (bring-up first, then each workload).
+pub fn workload_table<'a>(
+    runs: impl IntoIterator<Item = &'a gpuvm::harness::WorkloadRun>,
+) -> String {
+    let mut t = Table::new([
+        "workload",
+        "bytes",
+        "gpu time",
+        "wall time",
+        "mmio reads",
+        "mmio writes",
+        "verified",
+    ]);
+    for w in runs {
+        t.row([
+            w.name.clone(),
+            bytes(w.bytes),
+            ns(w.gpu_ns),
+            ns(w.wall_ns),
+            w.mmio_reads.to_string(),
+            w.mmio_writes.to_string(),
+            verdict(&w.error, w.verified),
+        ]);
+    }
+    t.render()
+}
+
 /// Formats nanoseconds with a unit suited to the magnitude.
 pub fn ns(v: u64) -> String {
     match v {

@@ -1,7 +1,7 @@
 //! `gpuvm run --kvm`: output (the table, or JSON in the shape of the in-process `gpuvm run`
 //! with a `kvm` object per VM).
 
-use super::{run_kvm, KvmOptions, KvmReport, KvmVmReport};
+use super::{run_kvm, KvmOptions, KvmReport};
 use crate::table::{self, Table};
 
 /// Runs the VMs and prints the report; `Ok(false)` if a workload did not verify or a VM was
@@ -16,38 +16,6 @@ pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
     Ok(report.all_verified())
 }
 
-fn verdict(error: &Option<String>, verified: bool) -> String {
-    match (error, verified) {
-        (Some(e), _) => format!("FAILED: {e}"),
-        (None, true) => "yes".to_string(),
-        (None, false) => "NO".to_string(),
-    }
-}
-
-fn workload_table(vm: &KvmVmReport) -> String {
-    let mut t = Table::new([
-        "workload",
-        "bytes",
-        "gpu time",
-        "wall time",
-        "mmio reads",
-        "mmio writes",
-        "verified",
-    ]);
-    for w in std::iter::once(&vm.init).chain(&vm.workloads) {
-        t.row([
-            w.name.clone(),
-            table::bytes(w.bytes),
-            table::ns(w.gpu_ns),
-            table::ns(w.wall_ns),
-            w.mmio_reads.to_string(),
-            w.mmio_writes.to_string(),
-            verdict(&w.error, w.verified),
-        ]);
-    }
-    t.render()
-}
-
 /// The human-readable report.
 pub fn render(r: &KvmReport) -> String {
     let mut out = format!(
@@ -59,7 +27,11 @@ pub fn render(r: &KvmReport) -> String {
         r.size,
     );
     for vm in &r.vms {
-        out += &format!("\nvm{}\n{}", vm.vm, workload_table(vm));
+        out += &format!(
+            "\nvm{}\n{}",
+            vm.vm,
+            table::workload_table(std::iter::once(&vm.init).chain(&vm.workloads))
+        );
         if let Some(s) = &vm.kvm.stopped {
             out += &format!("stopped: {s}\n");
         }
