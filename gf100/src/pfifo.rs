@@ -309,3 +309,41 @@ pub const PBDMA_CHID_MASK: u32 = 0x7f;
 /// `0x001f0001`: RUNNABLE plus engine 0x1f "none"; NV-FIFO-OLD `gf100_fifo_gpfifo_init`). A
 /// device model forwards only RUNNABLE and this field of a guest's STATE write.
 pub const STATE_ENGINE_MASK: u32 = 0x001f_0000;
+
+/// The source-register bitmask of a register array: bit i set when element i is nonzero (how
+/// `SUBFIFO_INTR_SOURCE` summarises the PBDMA INTRs and `ENGINE_INTR_SOURCE` the
+/// `ENGINE_INTR[e]`s).
+pub fn source_mask(regs: impl IntoIterator<Item = u32>) -> u32 {
+    regs.into_iter()
+        .take(32)
+        .enumerate()
+        .filter(|&(_, v)| v != 0)
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// PFIFO INTR as read at 0x2100: the latched (write-1-to-clear) bits plus the level bits that
+/// follow the source registers: VM_FAULT (bit 28) while `VM_FAULT_SOURCE` is nonzero, PBDMA
+/// (29) while `SUBFIFO_INTR_SOURCE` is, RUNLIST_DONE (30) while `INTR_RUNLIST` has its event bit,
+/// NON_STALL (31) while `ENGINE_INTR_SOURCE` is (ENVY `gf100_pfifo_intr`; nouveau's handler).
+pub const fn intr_status(
+    latched: u32,
+    vm_fault_source: u32,
+    subfifo_source: u32,
+    runlist_intr: u32,
+    engine_source: u32,
+) -> u32 {
+    let mut v = latched;
+    if vm_fault_source != 0 {
+        v |= INTR_VM_FAULT;
+    }
+    if subfifo_source != 0 {
+        v |= INTR_PBDMA;
+    }
+    if runlist_intr & INTR_RUNLIST_EVENT != 0 {
+        v |= INTR_RUNLIST_DONE;
+    }
+    if engine_source != 0 {
+        v |= INTR_NON_STALL;
+    }
+    v
+}

@@ -77,3 +77,25 @@ pub const fn boot0_stepping(boot0: u32) -> u32 {
 pub const fn boot0_is_fermi(boot0: u32) -> bool {
     boot0 & 0x1f00_0000 != 0 && boot0_chipset(boot0) & 0x1f0 == 0x0c0
 }
+
+/// PMC INTR_HOST as read at 0x100 on a GPU whose only modeled interrupt source is PFIFO: bit 8
+/// while PFIFO INTR & INTR_EN is nonzero, bit 31 when software-raised, then masked by
+/// INTR_MASK_HOST (NV-MC `gf100_mc_intr`).
+pub const fn intr_host(pfifo_intr: u32, pfifo_intr_en: u32, software: bool, mask: u32) -> u32 {
+    let mut v = 0;
+    if pfifo_intr & pfifo_intr_en != 0 {
+        v |= INTR_PFIFO;
+    }
+    if software {
+        v |= INTR_SOFTWARE;
+    }
+    v & mask
+}
+
+/// Whether the interrupt line is asserted for an INTR_HOST value and INTR_EN_HOST: hardware
+/// bits need INTR_EN bit 0, the software bit needs bit 1.
+pub const fn line_asserted(intr_host: u32, intr_en_host: u32) -> bool {
+    let hw = intr_host & !INTR_SOFTWARE != 0 && intr_en_host & INTR_EN_HARDWARE != 0;
+    let sw = intr_host & INTR_SOFTWARE != 0 && intr_en_host & INTR_EN_SOFTWARE != 0;
+    hw || sw
+}

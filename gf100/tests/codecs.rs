@@ -637,3 +637,51 @@ proptest! {
         prop_assert_eq!(gf100::pv::Op::from_bytes(&o.to_bytes()), o);
     }
 }
+
+#[test]
+fn interrupt_tree_levels_follow_their_sources() {
+    assert_eq!(pfifo::source_mask([0, 5, 0, 1]), 0b1010);
+    assert_eq!(pfifo::intr_status(0, 0, 0, 0, 0), 0);
+    assert_eq!(
+        pfifo::intr_status(1, 0, 0, 0, 0),
+        1,
+        "latched bits pass through"
+    );
+    assert_eq!(pfifo::intr_status(0, 4, 0, 0, 0), pfifo::INTR_VM_FAULT);
+    assert_eq!(pfifo::intr_status(0, 0, 2, 0, 0), pfifo::INTR_PBDMA);
+    assert_eq!(
+        pfifo::intr_status(0, 0, 0, pfifo::INTR_RUNLIST_EVENT, 0),
+        pfifo::INTR_RUNLIST_DONE
+    );
+    assert_eq!(
+        pfifo::intr_status(0, 0, 0, 1, 0),
+        0,
+        "only the event bit counts"
+    );
+    assert_eq!(pfifo::intr_status(0, 0, 0, 0, 1), pfifo::INTR_NON_STALL);
+    let fault = pfifo::INTR_VM_FAULT;
+    assert_eq!(
+        pmc::intr_host(fault, pfifo::INTR_EN_DEFAULT, false, !0),
+        pmc::INTR_PFIFO
+    );
+    assert_eq!(
+        pmc::intr_host(pfifo::INTR_NON_STALL, pfifo::INTR_EN_DEFAULT, false, !0),
+        0,
+        "bit 31 not enabled"
+    );
+    assert_eq!(
+        pmc::intr_host(fault, !0, true, !pmc::INTR_PFIFO),
+        pmc::INTR_SOFTWARE,
+        "masked"
+    );
+    assert!(pmc::line_asserted(pmc::INTR_PFIFO, pmc::INTR_EN_HARDWARE));
+    assert!(!pmc::line_asserted(pmc::INTR_PFIFO, pmc::INTR_EN_SOFTWARE));
+    assert!(pmc::line_asserted(
+        pmc::INTR_SOFTWARE,
+        pmc::INTR_EN_SOFTWARE
+    ));
+    assert!(!pmc::line_asserted(
+        pmc::INTR_SOFTWARE,
+        pmc::INTR_EN_HARDWARE
+    ));
+}

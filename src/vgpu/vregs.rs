@@ -133,60 +133,38 @@ impl Default for VRegs {
 impl VRegs {
     /// SUBFIFO_INTR_SOURCE: bit i = virtual PBDMA i has a pending interrupt.
     pub(crate) fn subfifo_source(&self) -> u32 {
-        self.pbdma
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| p.intr != 0)
-            .fold(0, |m, (i, _)| m | 1 << i)
+        pfifo::source_mask(self.pbdma.iter().map(|p| p.intr))
     }
 
     /// ENGINE_INTR_SOURCE: bit e = engine e has a pending non-stall interrupt.
     pub(crate) fn engine_source(&self) -> u32 {
-        self.engine_intr
-            .iter()
-            .enumerate()
-            .filter(|(_, v)| **v != 0)
-            .fold(0, |m, (i, _)| m | 1 << i)
+        pfifo::source_mask(self.engine_intr.iter().copied())
     }
 
     /// Virtual PFIFO INTR: latched bits plus the level bits of the source registers.
     pub(crate) fn pfifo_intr(&self) -> u32 {
-        let mut v = self.fifo_latched;
-        if self.vm_fault_source != 0 {
-            v |= pfifo::INTR_VM_FAULT;
-        }
-        if self.subfifo_source() != 0 {
-            v |= pfifo::INTR_PBDMA;
-        }
-        if self.runlist_intr & pfifo::INTR_RUNLIST_EVENT != 0 {
-            v |= pfifo::INTR_RUNLIST_DONE;
-        }
-        if self.engine_source() != 0 {
-            v |= pfifo::INTR_NON_STALL;
-        }
-        v
+        pfifo::intr_status(
+            self.fifo_latched,
+            self.vm_fault_source,
+            self.subfifo_source(),
+            self.runlist_intr,
+            self.engine_source(),
+        )
     }
 
     /// Virtual PMC INTR_HOST.
     pub(crate) fn pmc_intr(&self) -> u32 {
-        let mut v = 0;
-        if self.pfifo_intr() & self.fifo_en != 0 {
-            v |= pmc::INTR_PFIFO;
-        }
-        if self.pmc_software {
-            v |= pmc::INTR_SOFTWARE;
-        }
-        v & self.pmc_mask
+        pmc::intr_host(
+            self.pfifo_intr(),
+            self.fifo_en,
+            self.pmc_software,
+            self.pmc_mask,
+        )
     }
 
     /// The level of the VM's interrupt line.
     pub(crate) fn line_level(&self) -> bool {
-        let intr = self.pmc_intr();
-        let hw =
-            intr & !pmc::INTR_SOFTWARE != 0 && self.pmc_intr_en_host & pmc::INTR_EN_HARDWARE != 0;
-        let sw =
-            intr & pmc::INTR_SOFTWARE != 0 && self.pmc_intr_en_host & pmc::INTR_EN_SOFTWARE != 0;
-        hw || sw
+        pmc::line_asserted(self.pmc_intr(), self.pmc_intr_en_host)
     }
 
     /// Latches a channel-table error (PFIFO INTR bit 0).
