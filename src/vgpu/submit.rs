@@ -161,7 +161,11 @@ fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u
     // While an engine runs a channel with nothing in flight, the submissions in flight are
     // waiting behind that work on the single GPU timeline, not hung themselves: their deadlines
     // do not fire, the engine side of the watchdog deals with the culprit (and restarts them).
-    if unaccounted_busy_channel(st, phys).is_none() {
+    // The engines are scanned once per call (this runs on every exit while work is in flight),
+    // and again only if a kill changed what they run.
+    let mut unaccounted = unaccounted_busy_channel(st, phys);
+    if unaccounted.is_none() {
+        let mut killed = false;
         while let Some(f) = st.inflight.iter().copied().min_by_key(|f| f.start_ns) {
             let d = f
                 .start_ns
@@ -171,9 +175,13 @@ fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u
                 break;
             }
             kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
+            killed = true;
+        }
+        if killed {
+            unaccounted = unaccounted_busy_channel(st, phys);
         }
     }
-    watch_engines(st, phys, now, watchdog_ns);
+    watch_engines(st, phys, now, watchdog_ns, unaccounted);
 }
 
 /// The physical channel an engine is busy with while no submission of it is in flight (work the
@@ -190,12 +198,14 @@ fn unaccounted_busy_channel(st: &HostState, phys: &dyn PhysicalGpu) -> Option<u3
 /// guest enabled after its submission, see the module comment): an engine seen busy with the
 /// same channel, which has no submission in flight, from one service to another for
 /// `watchdog_ns` gets that channel killed the same way.
-fn watch_engines(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u64) {
-    if watchdog_ns == 0 {
-        st.engine_watch = None;
-        return;
-    }
-    let Some(p) = unaccounted_busy_channel(st, phys) else {
+fn watch_engines(
+    st: &mut HostState,
+    phys: &dyn PhysicalGpu,
+    now: u64,
+    watchdog_ns: u64,
+    unaccounted: Option<u32>,
+) {
+    let Some(p) = unaccounted else {
         st.engine_watch = None;
         return;
     };
