@@ -9,115 +9,31 @@
 //! The attacker's slice is placed right below the victim's, so "one byte beyond the attacker's
 //! slice" is the victim's memory if anything let it through.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
-use std::sync::Arc;
-
-use gpuvm::clock::{Clock, SimClock};
 use gpuvm::gf100::gpfifo::GpEntry;
 use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
 use gpuvm::gf100::{fault, host as hm, inst, pbus, pffb, pfifo, userd, Target};
-use gpuvm::harness::VirtHal;
-use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
-use gpuvm::phys::{Bar, PhysicalGpu};
-use gpuvm::profile::{ShadowMode, VgpuProfile};
-use gpuvm::vgpu::{Vgpu, VgpuStats};
+use gpuvm::host::HostConfig;
+use gpuvm::phys::Bar;
+use gpuvm::profile::ShadowMode;
+use gpuvm::vgpu::VgpuStats;
 use gpuvm_guest::hal::Mmio;
 use gpuvm_guest::push::SUBC_HOST;
-use gpuvm_guest::workloads::{self, Workload};
-use gpuvm_guest::{
-    Backing, Channel, DriverConfig, DriverError, Gpu, MemLocation, PageSize, PushBuf,
-};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use gpuvm_guest::{Backing, Channel, DriverError, MemLocation, PageSize, PushBuf};
+use vm_memory::{Bytes, GuestAddress};
 
-const SLICE: u64 = 64 << 20;
-const RAM: u64 = 24 << 20;
+mod support;
+use support::vgpu_rig::{run_suite, world as rig_world, Vm, World, RAM, SLICE};
+
 /// A VA far from anything the driver maps (PDE 0xe00).
 const EVIL_VA: u64 = 0x0070_0000_0000;
 
-struct Vm {
-    vgpu: Arc<Vgpu>,
-    ram: GuestMemoryMmap,
-    drv: Gpu<VirtHal>,
-}
-
-struct World {
-    gpu: Arc<SimGpu>,
-    host: GpuHost,
-    clock: Arc<SimClock>,
-}
-
 fn world() -> World {
-    let clock = Arc::new(SimClock::new());
-    let gpu = Arc::new(SimGpu::new(SimConfig {
-        vram_size: 512 << 20,
-        clock: clock.clone(),
-        ..SimConfig::default()
-    }));
-    let host = GpuHost::new(
-        gpu.clone(),
-        HostConfig {
-            hypervisor_vram: 32 << 20,
-            ..HostConfig::default()
-        },
-    )
-    .unwrap();
-    World { gpu, host, clock }
+    rig_world(HostConfig::default())
 }
 
 impl World {
     fn vm(&self, shadow: ShadowMode) -> Vm {
-        let vgpu = self
-            .host
-            .create_vgpu(&VgpuProfile {
-                name: "iso".into(),
-                vram_mib: SLICE >> 20,
-                channels: 16,
-                weight: 1,
-                shadow,
-            })
-            .unwrap();
-        let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
-        vgpu.attach_guest_memory(ram.clone()).unwrap();
-        let clock: Arc<dyn Clock> = self.clock.clone();
-        let hal = VirtHal::new(vgpu.clone(), clock, ram.clone(), 0, RAM);
-        let drv = Gpu::init(
-            hal,
-            DriverConfig {
-                timeout_ns: 1_000_000_000,
-                ..DriverConfig::default()
-            },
-        )
-        .expect("driver init");
-        Vm { vgpu, ram, drv }
-    }
-
-    /// Hash of a VM's whole VRAM slice and guest RAM.
-    fn fingerprint(&self, vm: &Vm) -> u64 {
-        let s = vm.vgpu.vram_slice();
-        let mut v = vec![0u8; s.size as usize];
-        self.gpu.read_vram(s.base, &mut v);
-        let mut r = vec![0u8; RAM as usize];
-        vm.ram.read_slice(&mut r, GuestAddress(0)).unwrap();
-        let mut h = DefaultHasher::new();
-        v.hash(&mut h);
-        r.hash(&mut h);
-        h.finish()
-    }
-
-    fn settle(&self) {
-        for _ in 0..100 {
-            self.clock.advance(100_000);
-            self.host.poll();
-        }
-    }
-}
-
-fn run_suite(vm: &mut Vm) {
-    for w in Workload::ALL {
-        let r = workloads::run(&mut vm.drv, w, 32).unwrap_or_else(|e| panic!("{w}: {e}"));
-        assert!(r.verified, "{w}");
+        self.vm_with("iso", shadow, 1_000_000_000)
     }
 }
 

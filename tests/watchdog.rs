@@ -5,116 +5,34 @@
 //! its channel no longer runnable, while VM 1's memory stays bit-identical and its workloads —
 //! queued behind the hung kernel — all complete and verify. Teardown gives everything back.
 
-use std::collections::hash_map::DefaultHasher;
-use std::hash::{Hash, Hasher};
-use std::sync::Arc;
-
-use gpuvm::clock::{Clock, SimClock};
+use gpuvm::clock::Clock;
 use gpuvm::gf100::compute::Kernel;
 use gpuvm::gf100::{host as hm, pfifo};
-use gpuvm::harness::VirtHal;
-use gpuvm::host::{GpuHost, HostConfig, DEFAULT_WATCHDOG_NS};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
+use gpuvm::host::{HostConfig, DEFAULT_WATCHDOG_NS};
 use gpuvm::phys::{Bar, PhysicalGpu};
-use gpuvm::profile::{ShadowMode, VgpuProfile};
-use gpuvm::vgpu::Vgpu;
+use gpuvm::profile::ShadowMode;
 use gpuvm_guest::hal::Mmio;
-use gpuvm_guest::workloads::{self, Workload};
-use gpuvm_guest::{Channel, DriverConfig, DriverError, Gpu, MemLocation, PushBuf};
-use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+use gpuvm_guest::{Channel, DriverError, MemLocation, PushBuf};
 
-const SLICE: u64 = 64 << 20;
-const RAM: u64 = 24 << 20;
+mod support;
+use support::vgpu_rig::{run_suite, world as rig_world, Vm, World};
+
 /// The watchdog of these tests: 200 ms of GPU time.
 const WATCHDOG_NS: u64 = 200_000_000;
 /// Iterations of the hung kernel.
 const HUNG_ITERATIONS: u64 = 1 << 60;
 
-struct Vm {
-    vgpu: Arc<Vgpu>,
-    ram: GuestMemoryMmap,
-    drv: Gpu<VirtHal>,
-}
-
-struct World {
-    gpu: Arc<SimGpu>,
-    host: GpuHost,
-    clock: Arc<SimClock>,
-}
-
 fn world(watchdog_ns: u64) -> World {
-    let clock = Arc::new(SimClock::new());
-    let gpu = Arc::new(SimGpu::new(SimConfig {
-        vram_size: 512 << 20,
-        clock: clock.clone(),
-        ..SimConfig::default()
-    }));
-    let host = GpuHost::new(
-        gpu.clone(),
-        HostConfig {
-            hypervisor_vram: 32 << 20,
-            watchdog_ns,
-            ..HostConfig::default()
-        },
-    )
-    .unwrap();
-    host.set_clock(clock.clone());
-    World { gpu, host, clock }
+    rig_world(HostConfig {
+        watchdog_ns,
+        ..HostConfig::default()
+    })
 }
 
 impl World {
     fn vm(&self, name: &str) -> Vm {
-        let vgpu = self
-            .host
-            .create_vgpu(&VgpuProfile {
-                name: name.into(),
-                vram_mib: SLICE >> 20,
-                channels: 16,
-                weight: 1,
-                shadow: ShadowMode::Eager,
-            })
-            .unwrap();
-        let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
-        vgpu.attach_guest_memory(ram.clone()).unwrap();
-        let clock: Arc<dyn Clock> = self.clock.clone();
-        let hal = VirtHal::new(vgpu.clone(), clock, ram.clone(), 0, RAM);
-        let drv = Gpu::init(
-            hal,
-            DriverConfig {
-                // Longer than the watchdog: the drivers must see the kill, not time out.
-                timeout_ns: 20 * WATCHDOG_NS,
-                ..DriverConfig::default()
-            },
-        )
-        .expect("driver init");
-        Vm { vgpu, ram, drv }
-    }
-
-    /// Hash of a VM's whole VRAM slice and guest RAM.
-    fn fingerprint(&self, vm: &Vm) -> u64 {
-        let s = vm.vgpu.vram_slice();
-        let mut v = vec![0u8; s.size as usize];
-        self.gpu.read_vram(s.base, &mut v);
-        let mut r = vec![0u8; RAM as usize];
-        vm.ram.read_slice(&mut r, GuestAddress(0)).unwrap();
-        let mut h = DefaultHasher::new();
-        v.hash(&mut h);
-        r.hash(&mut h);
-        h.finish()
-    }
-
-    fn settle(&self) {
-        for _ in 0..100 {
-            self.clock.advance(100_000);
-            self.host.poll();
-        }
-    }
-}
-
-fn run_suite(vm: &mut Vm) {
-    for w in Workload::ALL {
-        let r = workloads::run(&mut vm.drv, w, 32).unwrap_or_else(|e| panic!("{w}: {e}"));
-        assert!(r.verified, "{w}");
+        // Longer than the watchdog: the drivers must see the kill, not time out.
+        self.vm_with(name, ShadowMode::Eager, 20 * WATCHDOG_NS)
     }
 }
 

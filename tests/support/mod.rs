@@ -2,3 +2,5 @@
 
 #[allow(dead_code)]
 pub mod sim_rig;
+#[allow(dead_code)]
+pub mod vgpu_rig;
