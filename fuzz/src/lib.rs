@@ -4,6 +4,7 @@
 //! invariant asserted here). See `docs/fuzzing.md`.
 
 pub mod pushbuf_decode;
+pub mod seeds;
 pub mod shadow_walk;
 pub mod vgpu_mmio;
 
@@ -71,7 +72,9 @@ mod tests {
             vec![0; 64],
             vec![0xff; 256],
             (0..=255u8).collect(),
-            (0..2048u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect(),
+            (0..2048u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect(),
         ];
         for dir in ["corpus", "artifacts"] {
             let d = Path::new(env!("CARGO_MANIFEST_DIR")).join(dir).join(target);
@@ -91,6 +94,94 @@ mod tests {
         for i in inputs("vgpu_mmio") {
             super::vgpu_mmio::run(&i);
         }
+    }
+
+    /// Every kind of operation survives encode -> decode unchanged.
+    #[test]
+    fn vgpu_mmio_ops_round_trip() {
+        use super::vgpu_mmio::FuzzOp;
+        use gpuvm::phys::Bar;
+        let ops = vec![
+            FuzzOp::Bar {
+                bar: Bar::Bar0,
+                offset: 0x2254,
+                width: 4,
+                write: true,
+                value: 0x8000_0001,
+            },
+            FuzzOp::Bar {
+                bar: Bar::Bar0,
+                offset: 0x70_0008,
+                width: 8,
+                write: false,
+                value: 7,
+            },
+            FuzzOp::Bar {
+                bar: Bar::Bar1,
+                offset: 0x10_0040,
+                width: 4,
+                write: true,
+                value: 0x40,
+            },
+            FuzzOp::Bar {
+                bar: Bar::Bar3,
+                offset: 0x3f_fff8,
+                width: 8,
+                write: true,
+                value: u64::MAX,
+            },
+            FuzzOp::Bar {
+                bar: Bar::Bar1,
+                offset: 0x7ff_fffe,
+                width: 2,
+                write: false,
+                value: 0,
+            },
+            FuzzOp::Config {
+                offset: 0x04,
+                width: 2,
+                write: true,
+                value: 0x6,
+            },
+            FuzzOp::Config {
+                offset: 0xffc,
+                width: 4,
+                write: false,
+                value: 0,
+            },
+            FuzzOp::Advance { us: 65535 },
+            FuzzOp::RamWrite {
+                gpa: 0x12_3458,
+                value: 0xdead_beef,
+            },
+            FuzzOp::Poll,
+            FuzzOp::Destroy,
+        ];
+        let mut bytes = Vec::new();
+        for op in &ops {
+            op.encode(&mut bytes);
+        }
+        let mut inp = super::Input::new(&bytes);
+        let mut back = Vec::new();
+        while let Some(op) = FuzzOp::decode(&mut inp) {
+            back.push(op);
+        }
+        assert_eq!(back, ops);
+    }
+
+    /// A seed made from a recorded trace drives VM 0 through bring-up to real submissions
+    /// that complete: the corpus starts deep in the device, not at empty inputs.
+    #[test]
+    fn trace_seed_reaches_completed_submissions() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/traces/1vm-lazy/vm0.mmiotrace.xz");
+        let trace = gpuvm::trace::format::read_file(&path).expect("reading the trace");
+        let (bytes, ops) = super::seeds::vgpu_mmio_seed(&trace);
+        assert!(ops.len() < super::vgpu_mmio::MAX_OPS, "{} ops", ops.len());
+        let summary = super::vgpu_mmio::run(&bytes);
+        assert_eq!(summary.ops, ops.len());
+        assert!(summary.doorbells > 0, "{summary:?}");
+        assert!(summary.completions > 0, "{summary:?}");
     }
 
     #[test]

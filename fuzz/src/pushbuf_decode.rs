@@ -74,7 +74,10 @@ pub fn run(data: &[u8]) {
     let mut tables: Vec<(u64, u64)> = vec![(ch.vm.pd, gf100::mmu::PD_SIZE)];
     tables.extend(ch.vm.spts.values().map(|&s| (s, gf100::mmu::SPT_SIZE)));
     tables.push((canary, 0x1000));
-    let before: Vec<u64> = tables.iter().map(|&(a, l)| region_hash(&rig, a, l)).collect();
+    let before: Vec<u64> = tables
+        .iter()
+        .map(|&(a, l)| region_hash(&rig, a, l))
+        .collect();
 
     // The rest of the input is the pushbuffer, in words, split into entries at the positions
     // the split bytes choose.
@@ -116,7 +119,10 @@ pub fn run(data: &[u8]) {
     assert!(idle, "the GPU did not go idle within 10,000 events");
     let get = rig.gp_get(&ch);
     assert!(get < IB_ENTRIES, "GP_GET {get} outside the ring");
-    let after: Vec<u64> = tables.iter().map(|&(a, l)| region_hash(&rig, a, l)).collect();
+    let after: Vec<u64> = tables
+        .iter()
+        .map(|&(a, l)| region_hash(&rig, a, l))
+        .collect();
     assert_eq!(after, before, "the channel wrote memory it does not map");
     // The GPU still answers its registers.
     let _ = rig.gpu.read_reg(gf100::pmc::BOOT_0);

@@ -182,7 +182,10 @@ fn check(t: &ShadowTranslation, va: u64, mode: ShadowMode) {
         ),
         _ => {
             let gpa = t.addr.checked_sub(IOVA).unwrap_or_else(|| {
-                panic!("{mode:?}: VA {va:#x} -> IOVA {:#x}, below the window", t.addr)
+                panic!(
+                    "{mode:?}: VA {va:#x} -> IOVA {:#x}, below the window",
+                    t.addr
+                )
             });
             assert!(
                 RAM.iter().any(|&(b, l)| gpa >= b && gpa < b + l),
@@ -193,13 +196,23 @@ fn check(t: &ShadowTranslation, va: u64, mode: ShadowMode) {
     }
 }
 
-fn vas<'a>(inp: &mut Input, writes: impl Iterator<Item = &'a Write>, pd: (Target, u64)) -> Vec<u64> {
+fn vas<'a>(
+    inp: &mut Input,
+    writes: impl Iterator<Item = &'a Write>,
+    pd: (Target, u64),
+) -> Vec<u64> {
     let mut v = Vec::new();
     // The VAs covered by every PDE written: first, middle and last small and large pages.
     for w in writes {
         if w.target == pd.0 && w.addr >= pd.1 && w.addr < pd.1 + mmu::PD_SIZE {
             let base = (w.addr - pd.1) / 8 * mmu::PDE_COVERAGE;
-            for off in [0, 0x1000, 0x2_0000, mmu::PDE_COVERAGE / 2, mmu::PDE_COVERAGE - 1] {
+            for off in [
+                0,
+                0x1000,
+                0x2_0000,
+                mmu::PDE_COVERAGE / 2,
+                mmu::PDE_COVERAGE - 1,
+            ] {
                 v.push(base + off);
             }
         }
@@ -214,7 +227,11 @@ fn vas<'a>(inp: &mut Input, writes: impl Iterator<Item = &'a Write>, pd: (Target
 pub fn run(data: &[u8]) {
     let mut inp = Input::new(data);
     let pd_sel = inp.u8();
-    let pd_target = if pd_sel & 1 == 0 { Target::Vram } else { Target::SysCoherent };
+    let pd_target = if pd_sel & 1 == 0 {
+        Target::Vram
+    } else {
+        Target::SysCoherent
+    };
     let pd_addr = match pd_target {
         Target::Vram => (u64::from(inp.u16()) << 12) % (SLICE - mmu::PD_SIZE + 0x1000),
         _ => {
@@ -301,13 +318,21 @@ pub fn run(data: &[u8]) {
         }
         results.push((mode, res));
         sp.destroy(&mut cx);
-        assert_eq!(hyp.used(), 0, "{mode:?}: shadow memory leaked after destroy");
+        assert_eq!(
+            hyp.used(),
+            0,
+            "{mode:?}: shadow memory leaked after destroy"
+        );
     }
     let full: Vec<_> = results
         .iter()
         .filter(|(m, _)| *m != ShadowMode::Pv)
         .collect();
     for w in full.windows(2) {
-        assert_eq!(w[0].1, w[1].1, "{:?} and {:?} disagree after a flush", w[0].0, w[1].0);
+        assert_eq!(
+            w[0].1, w[1].1,
+            "{:?} and {:?} disagree after a flush",
+            w[0].0, w[1].0
+        );
     }
 }

@@ -19,28 +19,34 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::{fnv, Input};
 
-const VRAM: u64 = 256 << 20;
+const VRAM: u64 = 1536 << 20;
+/// VM 1's (the victim's) slice and RAM.
 const SLICE_MIB: u64 = 64;
 const GUEST_RAM: usize = 1 << 20;
-/// Accesses per input at most (keeps one execution short).
-const MAX_OPS: usize = 512;
+/// VM 0's (the attacker's) slice and RAM: large enough for the recorded traces that seed the
+/// corpus (1 GiB slices, 18 MiB of RAM); both are allocated lazily.
+const ATTACKER_MIB: u64 = 1024;
+const ATTACKER_RAM: usize = 32 << 20;
+/// Accesses per input at most (keeps one execution bounded; trace seeds use a few thousand).
+pub const MAX_OPS: usize = 16384;
 /// VM 1's VRAM is checked in this many pages spread over its slice.
 const SAMPLES: u64 = 32;
 
-fn profile(name: &str, shadow: ShadowMode) -> VgpuProfile {
+fn profile(name: &str, shadow: ShadowMode, vram_mib: u64, channels: u32) -> VgpuProfile {
     VgpuProfile {
         name: name.into(),
-        vram_mib: SLICE_MIB,
-        channels: 4,
+        vram_mib,
+        channels,
         weight: 1,
         shadow,
     }
 }
 
-fn vm(host: &GpuHost, name: &str, shadow: ShadowMode) -> (Arc<Vgpu>, GuestMemoryMmap) {
-    let v = host.create_vgpu(&profile(name, shadow)).expect("create_vgpu");
-    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), GUEST_RAM)]).unwrap();
-    v.attach_guest_memory(mem.clone()).expect("attach_guest_memory");
+fn vm(host: &GpuHost, p: &VgpuProfile, ram: usize) -> (Arc<Vgpu>, GuestMemoryMmap) {
+    let v = host.create_vgpu(p).expect("create_vgpu");
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram)]).unwrap();
+    v.attach_guest_memory(mem.clone())
+        .expect("attach_guest_memory");
     (v, mem)
 }
 
@@ -94,10 +100,70 @@ fn plant(gpu: &SimGpu, v1: &Vgpu, ram1: &GuestMemoryMmap) {
     ram1.write_slice(&ram, GuestAddress(0)).unwrap();
 }
 
+/// One decoded operation of VM 0. The input is a stream of these; [`FuzzOp::encode`] writes
+/// the bytes that decode back to the same operation (used to seed the corpus from recorded
+/// traces, `crate::seeds`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FuzzOp {
+    /// A BAR access of `width` bytes (1, 2, 4 or 8) at `offset` in `bar`.
+    Bar {
+        /// Which BAR.
+        bar: Bar,
+        /// Offset in the BAR (already reduced into the BAR and aligned as the input asked).
+        offset: u64,
+        /// 1, 2, 4 or 8.
+        width: u8,
+        /// Write (else read).
+        write: bool,
+        /// The value written (little-endian, low `width` bytes).
+        value: u64,
+    },
+    /// A config-space access of at most 4 bytes.
+    Config {
+        /// Offset in config space.
+        offset: u16,
+        /// 1, 2 or 4.
+        width: u8,
+        /// Write (else read).
+        write: bool,
+        /// The value written.
+        value: u32,
+    },
+    /// Advance the clock by `us` microseconds and poll the host.
+    Advance {
+        /// Microseconds.
+        us: u16,
+    },
+    /// Write 8 bytes of VM 0's guest RAM at `gpa` (reduced into its RAM), as its driver does
+    /// before a doorbell.
+    RamWrite {
+        /// Guest-physical address.
+        gpa: u32,
+        /// The bytes.
+        value: u64,
+    },
+    /// `Vgpu::poll` of VM 0.
+    Poll,
+    /// Destroy VM 0 (once; later operations hit a destroyed vGPU).
+    Destroy,
+}
+
+/// Tag byte layout: bits 0-3 the kind, bits 4-5 log2 of the width, bit 6 write.
+const TAG_CONFIG: u8 = 12;
+const TAG_ADVANCE: u8 = 14;
+const TAG_OTHER: u8 = 15;
+/// A `TAG_OTHER` tag with these bits set (0x7f) is a guest RAM write; 0xff destroys VM 0;
+/// every other `TAG_OTHER` tag polls.
+const TAG_RAM_WRITE: u8 = 0x7f;
+const TAG_DESTROY: u8 = 0xff;
+/// Offset selectors that take the raw offset modulo the BAR size (no region bias), aligned.
+const SEL_RAW_BAR0: u8 = 0xe0;
+const SEL_RAW_APERTURE: u8 = 0xc0;
+
 fn bar0_offset(inp: &mut Input, width: u64) -> u64 {
     let sel = inp.u8();
     let raw = u64::from(inp.u32());
-    let off = if sel < 0xe0 {
+    let off = if sel < SEL_RAW_BAR0 {
         let r = &BAR0_REGIONS[sel as usize % BAR0_REGIONS.len()];
         u64::from(r.offset) + raw % u64::from(r.size.max(1))
     } else {
@@ -114,11 +180,129 @@ fn aperture_offset(inp: &mut Input, bar: Bar, width: u64) -> u64 {
     let sel = inp.u8();
     let raw = u64::from(inp.u32());
     // Mostly the first 16 MiB, where a driver maps things; sometimes anywhere.
-    let off = if sel < 0xc0 { raw % (16 << 20) } else { raw % bar.size() };
+    let off = if sel < SEL_RAW_APERTURE {
+        raw % (16 << 20)
+    } else {
+        raw % bar.size()
+    };
     (off & !(width - 1)).min(bar.size() - width)
 }
 
-pub fn run(data: &[u8]) {
+impl FuzzOp {
+    /// Decodes the next operation, or `None` at the end of the input.
+    pub fn decode(inp: &mut Input) -> Option<FuzzOp> {
+        if inp.is_empty() {
+            return None;
+        }
+        let tag = inp.u8();
+        let width = 1u64 << ((tag >> 4) & 3);
+        let write = tag & 0x40 != 0;
+        let value = inp.u64();
+        let bar_op = |bar, offset| FuzzOp::Bar {
+            bar,
+            offset,
+            width: width as u8,
+            write,
+            value,
+        };
+        Some(match tag & 0x0f {
+            0..=6 => bar_op(Bar::Bar0, bar0_offset(inp, width)),
+            7..=9 => bar_op(Bar::Bar1, aperture_offset(inp, Bar::Bar1, width)),
+            10..=11 => bar_op(Bar::Bar3, aperture_offset(inp, Bar::Bar3, width)),
+            12..=13 => {
+                let raw = inp.u16();
+                let offset = if raw & 0x8000 == 0 {
+                    raw % 0x100
+                } else {
+                    raw % 0x1000
+                };
+                FuzzOp::Config {
+                    offset,
+                    width: width.min(4) as u8,
+                    write,
+                    value: value as u32,
+                }
+            }
+            TAG_ADVANCE => FuzzOp::Advance { us: inp.u16() },
+            _ => match tag {
+                TAG_DESTROY => FuzzOp::Destroy,
+                TAG_RAM_WRITE => FuzzOp::RamWrite {
+                    gpa: inp.u32(),
+                    value,
+                },
+                _ => FuzzOp::Poll,
+            },
+        })
+    }
+
+    /// Appends the bytes that [`FuzzOp::decode`] turns back into this operation. BAR offsets
+    /// use the raw (unbiased, aligned) selector, so an offset must be aligned to its width.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let tag = |kind: u8, width: u8, write: bool| -> u8 {
+            kind | ((width.trailing_zeros() as u8) << 4) | if write { 0x40 } else { 0 }
+        };
+        match *self {
+            FuzzOp::Bar {
+                bar,
+                offset,
+                width,
+                write,
+                value,
+            } => {
+                let (kind, sel) = match bar {
+                    Bar::Bar0 => (0, SEL_RAW_BAR0),
+                    Bar::Bar1 => (7, SEL_RAW_APERTURE),
+                    Bar::Bar3 => (10, SEL_RAW_APERTURE),
+                };
+                out.push(tag(kind, width, write));
+                out.extend_from_slice(&value.to_le_bytes());
+                out.push(sel);
+                out.extend_from_slice(&(offset as u32).to_le_bytes());
+            }
+            FuzzOp::Config {
+                offset,
+                width,
+                write,
+                value,
+            } => {
+                out.push(tag(TAG_CONFIG, width, write));
+                out.extend_from_slice(&u64::from(value).to_le_bytes());
+                out.extend_from_slice(&(offset | 0x8000).to_le_bytes());
+            }
+            FuzzOp::Advance { us } => {
+                out.push(TAG_ADVANCE);
+                out.extend_from_slice(&[0; 8]);
+                out.extend_from_slice(&us.to_le_bytes());
+            }
+            FuzzOp::RamWrite { gpa, value } => {
+                out.push(TAG_RAM_WRITE);
+                out.extend_from_slice(&value.to_le_bytes());
+                out.extend_from_slice(&gpa.to_le_bytes());
+            }
+            FuzzOp::Poll => {
+                out.push(TAG_OTHER);
+                out.extend_from_slice(&[0; 8]);
+            }
+            FuzzOp::Destroy => {
+                out.push(TAG_DESTROY);
+                out.extend_from_slice(&[0; 8]);
+            }
+        }
+    }
+}
+
+/// What one run did (for tests of the seed corpus; the fuzz entry point ignores it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunSummary {
+    /// Operations executed.
+    pub ops: usize,
+    /// Doorbells VM 0 rang that the device model accepted.
+    pub doorbells: u64,
+    /// VM 0's submissions that completed on the GPU.
+    pub completions: u64,
+}
+
+pub fn run(data: &[u8]) -> RunSummary {
     let clock = Arc::new(SimClock::new());
     let gpu = Arc::new(SimGpu::new(SimConfig {
         vram_size: VRAM,
@@ -135,55 +319,70 @@ pub fn run(data: &[u8]) {
     .expect("GpuHost::new");
     let mut inp = Input::new(data);
     let mode = ShadowMode::ALL[inp.u8() as usize % 4];
-    let (v0, _ram0) = vm(&host, "attacker", mode);
-    let (v1, ram1) = vm(&host, "victim", ShadowMode::Lazy);
+    let (v0, ram0) = vm(
+        &host,
+        &profile("attacker", mode, ATTACKER_MIB, 16),
+        ATTACKER_RAM,
+    );
+    let (v1, ram1) = vm(
+        &host,
+        &profile("victim", ShadowMode::Lazy, SLICE_MIB, 4),
+        GUEST_RAM,
+    );
     plant(&gpu, &v1, &ram1);
     let before = snapshot(&gpu, &v1, &ram1);
 
     let mut destroyed = false;
-    for _ in 0..MAX_OPS {
-        if inp.is_empty() {
+    let mut summary = RunSummary::default();
+    while summary.ops < MAX_OPS {
+        let Some(op) = FuzzOp::decode(&mut inp) else {
             break;
-        }
-        let tag = inp.u8();
-        let width = 1u64 << ((tag >> 4) & 3);
-        let write = tag & 0x40 != 0;
-        let value = inp.u64().to_le_bytes();
-        let w = width as usize;
-        match tag & 0x0f {
-            0..=6 => {
-                let off = bar0_offset(&mut inp, width);
-                access(&v0, Bar::Bar0, off, write, &value[..w]);
-            }
-            7..=9 => {
-                let off = aperture_offset(&mut inp, Bar::Bar1, width);
-                access(&v0, Bar::Bar1, off, write, &value[..w]);
-            }
-            10..=11 => {
-                let off = aperture_offset(&mut inp, Bar::Bar3, width);
-                access(&v0, Bar::Bar3, off, write, &value[..w]);
-            }
-            12..=13 => {
-                let raw = inp.u16();
-                let off = if raw & 0x8000 == 0 { raw % 0x100 } else { raw % 0x1000 };
-                let w = w.min(4);
+        };
+        summary.ops += 1;
+        match op {
+            FuzzOp::Bar {
+                bar,
+                offset,
+                width,
+                write,
+                value,
+            } => access(
+                &v0,
+                bar,
+                offset,
+                write,
+                &value.to_le_bytes()[..width as usize],
+            ),
+            FuzzOp::Config {
+                offset,
+                width,
+                write,
+                value,
+            } => {
+                let w = width as usize;
                 if write {
-                    v0.config_write(off, &value[..w]);
+                    v0.config_write(offset, &value.to_le_bytes()[..w]);
                 } else {
                     let mut b = [0u8; 4];
-                    v0.config_read(off, &mut b[..w]);
+                    v0.config_read(offset, &mut b[..w]);
                 }
             }
-            14 => {
-                clock.advance(u64::from(inp.u16()) * 1000);
+            FuzzOp::Advance { us } => {
+                clock.advance(u64::from(us) * 1000);
                 host.poll();
             }
-            _ => {
-                if tag == 0xff && !destroyed {
+            FuzzOp::RamWrite { gpa, value } => {
+                let gpa = u64::from(gpa) % (ATTACKER_RAM as u64 - 8);
+                ram0.write_obj(value, GuestAddress(gpa)).unwrap();
+            }
+            FuzzOp::Poll => v0.poll(),
+            FuzzOp::Destroy => {
+                if !destroyed {
+                    let s = v0.stats();
+                    summary.doorbells = s.doorbells;
+                    summary.completions = s.completions;
                     host.destroy_vgpu(&v0).expect("destroy_vgpu");
                     destroyed = true;
-                } else {
-                    v0.poll();
                 }
             }
         }
@@ -197,12 +396,24 @@ pub fn run(data: &[u8]) {
         host.poll();
     }
     host.poll();
-    assert_eq!(snapshot(&gpu, &v1, &ram1), before, "VM 1 changed by VM 0's accesses");
+    assert_eq!(
+        snapshot(&gpu, &v1, &ram1),
+        before,
+        "VM 1 changed by VM 0's accesses"
+    );
     if !destroyed {
+        let s = v0.stats();
+        summary.doorbells = s.doorbells;
+        summary.completions = s.completions;
         host.destroy_vgpu(&v0).expect("destroy_vgpu");
     }
     host.poll();
-    assert_eq!(snapshot(&gpu, &v1, &ram1), before, "VM 1 changed by VM 0's teardown");
+    assert_eq!(
+        snapshot(&gpu, &v1, &ram1),
+        before,
+        "VM 1 changed by VM 0's teardown"
+    );
+    summary
 }
 
 fn access(v: &Vgpu, bar: Bar, off: u64, write: bool, value: &[u8]) {

@@ -1,0 +1,41 @@
+//! Writes `vgpu_mmio` seed inputs made from recorded traces into `corpus/vgpu_mmio/`:
+//! `cargo +stable run --release --bin seed_corpus -- ../tests/traces/*/*.mmiotrace.xz`
+//! (see docs/fuzzing.md and `gpuvm_fuzz::seeds`).
+
+use std::path::{Path, PathBuf};
+
+fn main() {
+    let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    if args.is_empty() {
+        eprintln!("usage: seed_corpus TRACE...  (writes corpus/vgpu_mmio/trace-*)");
+        std::process::exit(2);
+    }
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/vgpu_mmio");
+    std::fs::create_dir_all(&out).expect("creating corpus/vgpu_mmio");
+    for path in args {
+        let trace = match gpuvm::trace::format::read_file(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("{}: {e}", path.display());
+                std::process::exit(1);
+            }
+        };
+        let (bytes, ops) = gpuvm_fuzz::seeds::vgpu_mmio_seed(&trace);
+        let name = path
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|d| d.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let stem = path.file_name().unwrap_or_default().to_string_lossy();
+        let stem = stem.split('.').next().unwrap_or("vm");
+        let file = out.join(format!("trace-{name}-{stem}"));
+        std::fs::write(&file, &bytes).expect("writing a seed");
+        println!(
+            "{} -> {} ({} ops, {} bytes)",
+            path.display(),
+            file.display(),
+            ops.len(),
+            bytes.len()
+        );
+    }
+}
