@@ -332,6 +332,7 @@ struct Boot {
     irq_vector: u32,
     irq_gsi: u32,
     calibrate: u32,
+    gate: bool,
 }
 
 fn bp32(off: u64) -> u32 {
@@ -372,6 +373,7 @@ fn read_boot() -> Boot {
         irq_vector: bp32(abi::BP_IRQ_VECTOR),
         irq_gsi: bp32(abi::BP_IRQ_GSI),
         calibrate: bp32(abi::BP_CALIBRATE),
+        gate: bp32(abi::BP_GATE) == 1,
     }
 }
 
@@ -692,6 +694,8 @@ fn calibrate(n: u32, bar0: u64) {
 
 // ---------------------------------------------------------------------------------------------
 
+mod stream;
+
 #[no_mangle]
 #[link_section = ".text._start"]
 pub extern "C" fn _start() -> ! {
@@ -780,8 +784,23 @@ fn run(boot: &Boot) -> u32 {
         gpu.vram_size() >> 20,
         if irq_mode { "interrupt" } else { "polling" }
     );
+    match boot.mode {
+        abi::MODE_STREAM => {
+            let ok = stream::stream(&mut gpu, boot.tsc_khz);
+            phase(abi::PHASE_DONE);
+            return finish(ok);
+        }
+        abi::MODE_STOP_FAULT | abi::MODE_STOP_SPIN => {
+            stream::stop_mid_submission(&mut gpu, boot.mode);
+            return abi::EXIT_FAIL;
+        }
+        _ => {}
+    }
     let mut ok = true;
     for (i, &w) in boot.workloads[..boot.nworkloads].iter().enumerate() {
+        if i == 1 && boot.gate {
+            stream::gate(boot.tsc_khz);
+        }
         let Some(&w) = Workload::ALL.get(w as usize) else {
             result(1 + i, false, 0, 0, Some(&"unknown workload index"));
             ok = false;
@@ -815,6 +834,11 @@ fn run(boot: &Boot) -> u32 {
     }
     phase(abi::PHASE_DONE);
     let _ = workloads::release_channel(&mut gpu);
+    finish(ok)
+}
+
+/// Reports the interrupts seen and the verdict.
+fn finish(ok: bool) -> u32 {
     wr64(
         abi::RESULTS_HEADER + abi::H_IRQS,
         IRQS.load(Ordering::SeqCst),
