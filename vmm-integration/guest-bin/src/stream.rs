@@ -64,7 +64,7 @@ pub fn stream(gpu: &mut Gpu<KvmHal>, tsc_khz: u64) -> bool {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
-    let dst = match gpu.buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, false) {
+    let dst = match gpu.buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, true) {
         Ok(b) => b,
         Err(e) => return fail(&e),
     };
@@ -91,7 +91,7 @@ pub fn stream(gpu: &mut Gpu<KvmHal>, tsc_khz: u64) -> bool {
             }
         }
         if !stopped
-            && ((p.run_ticks != 0 && rdtsc().wrapping_sub(t0) >= p.start_ticks + p.run_ticks)
+            && ((p.run_ticks != 0 && rdtsc().wrapping_sub(t0) >= p.run_ticks)
                 || (p.count != 0 && submitted >= p.count))
         {
             stopped = true;

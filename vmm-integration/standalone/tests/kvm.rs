@@ -420,3 +420,93 @@ fn one_kvm_vm_waits_by_interrupt_while_the_other_polls() {
     assert!(seen >= 1 && seen <= raised, "{irq}");
     assert!(vms[1]["stats"]["nonstall_delivered"].as_u64().unwrap() >= 1);
 }
+
+#[test]
+fn isolation_experiment_runs_in_kvm_guests() {
+    if !kvm_available("isolation_experiment_runs_in_kvm_guests") {
+        return;
+    }
+    let svg = std::env::temp_dir().join(format!("gpuvm-kvm-iso-{}.svg", std::process::id()));
+    let out = gpuvm(&[
+        "exp",
+        "isolation",
+        "--kvm",
+        "--vms",
+        "2",
+        "--sched",
+        "band",
+        "--duration",
+        "0.6",
+        "--window-ms",
+        "100",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["backend"], "kvm");
+    assert_eq!(v["clock"], "real");
+    let p = &v["policies"][0];
+    assert_eq!(p["policy"], "band");
+    let vms = p["vms"].as_array().unwrap();
+    assert_eq!(vms.len(), 2);
+    assert_eq!(vms[0]["kind"], "short");
+    assert_eq!(vms[1]["kind"], "long");
+    let (mut target, mut achieved) = (0.0, 0.0);
+    for vm in vms {
+        // Every VM streamed kernels and was charged GPU time, as the sampler saw it.
+        assert!(vm["kernels"].as_u64().unwrap() > 0, "{vm}");
+        assert!(vm["total_gpu_ns"].as_u64().unwrap() > 0, "{vm}");
+        target += vm["target_share"].as_f64().unwrap();
+        achieved += vm["achieved_share"].as_f64().unwrap();
+        let e = vm["error"].as_f64().unwrap();
+        let d = vm["achieved_share"].as_f64().unwrap() - vm["target_share"].as_f64().unwrap();
+        assert!((e - d.abs()).abs() < 1e-9, "{vm}");
+    }
+    assert!((target - 1.0).abs() < 1e-9 && (achieved - 1.0).abs() < 1e-9, "{p}");
+    assert_eq!(p["series"]["t_ns"].as_array().unwrap().len(), 6, "one point per window");
+    let a = &p["accounting"];
+    assert_eq!(a["channel_busy_ns"], a["gpu_busy_ns"], "{a}");
+    let k = &v["kvm"][0];
+    assert_eq!(k["verified"], true, "{k}");
+    assert!(k["samples"].as_u64().unwrap() > 0, "{k}");
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    assert!(svg_text.contains("band: mean error"));
+}
+
+#[test]
+fn scale_experiment_runs_in_kvm_guests() {
+    if !kvm_available("scale_experiment_runs_in_kvm_guests") {
+        return;
+    }
+    let out = gpuvm(&[
+        "exp", "scale", "--kvm", "--vms", "1,2", "--workload", "madd", "--repeat", "2", "--size",
+        "16", "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["backend"], "kvm");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    for (p, vms) in points.iter().zip([1u64, 2]) {
+        assert_eq!(p["vms"], vms, "{p}");
+        assert_eq!(p["verified"], true, "{p}");
+        assert_eq!(p["runs"], vms * 2, "{p}");
+        assert!(p["bring_up_ns"].as_u64().unwrap() > 0, "{p}");
+        assert!(p["per_vm_wall_ns"].as_u64().unwrap() > 0, "{p}");
+        assert!(p["max_vm_wall_ns"].as_u64() >= p["per_vm_wall_ns"].as_u64(), "{p}");
+        assert!(p["gpu_busy_ns"].as_u64().unwrap() > 0, "{p}");
+        // The measured runs exit: every BAR access is a real MMIO exit.
+        assert!(p["exits"].as_u64().unwrap() >= 20 * vms * 2, "{p}");
+    }
+}

@@ -15,9 +15,11 @@
 pub mod abi;
 pub mod cli;
 pub mod cpu;
+pub mod isolation;
 pub mod kick;
 pub mod mmio;
 pub mod pci;
+pub mod scale;
 pub mod serial;
 pub mod setup;
 pub mod vm;
@@ -109,6 +111,8 @@ pub struct KvmOptions {
     pub phys_vram: u64,
     /// Scheduling policy of the host (`None`: its default, FIFO).
     pub sched: Option<gpuvm::sched::Policy>,
+    /// Parameters of CREDIT and BAND.
+    pub sched_params: gpuvm::sched::SchedParams,
     /// Per-VM differences (workloads, weight, fence mode, kernel stream); VMs beyond the list
     /// use the defaults above.
     pub setups: Vec<VmSetup>,
@@ -133,6 +137,7 @@ impl Default for KvmOptions {
             coalesce: true,
             phys_vram: 6 << 30,
             sched: None,
+            sched_params: gpuvm::sched::SchedParams::default(),
             setups: Vec::new(),
             sample_every: None,
         }
@@ -311,7 +316,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
     let hyp = hcfg.hypervisor_vram >> 20;
     let host = GpuHost::new(phys, hcfg).context("bringing up the GPU host")?;
     if let Some(p) = opts.sched {
-        host.set_scheduler(p.create(&gpuvm::sched::SchedParams::default()))
+        host.set_scheduler(p.create(&opts.sched_params))
             .context("setting the scheduler")?;
     }
     let vram_mib = if opts.vram_mib == 0 {
