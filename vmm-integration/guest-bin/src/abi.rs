@@ -19,6 +19,7 @@
 //! | `heap_base..+heap_size` | the guest's heap (from 8 MiB) |
 //! | `dma_base..+dma_size` | guest RAM handed to the driver for DMA (the rest of RAM) |
 //! | `0xC000_0000..0xFEC0_0000` | PCI MMIO hole: the guest places the vGPU's BARs here |
+//! | `0xE000_0000..+1 MiB` | PCI Express ECAM window of bus 0 ([`ECAM_BASE`]) |
 //! | `0xFEC0_0000`, `0xFEE0_0000` | IOAPIC, local APIC (KVM's in-kernel irqchip) |
 
 #![allow(dead_code)]
@@ -55,6 +56,10 @@ pub const IO_BAR_BASE: u16 = 0xC000;
 pub const IOAPIC_BASE: u64 = 0xFEC0_0000;
 /// Local APIC MMIO base.
 pub const LAPIC_BASE: u64 = 0xFEE0_0000;
+/// PCI Express ECAM window of bus 0 (4 KiB per function: device << 15 | function << 12).
+pub const ECAM_BASE: u64 = 0xE000_0000;
+/// Size of the ECAM window: bus 0 only.
+pub const ECAM_SIZE: u64 = 1 << 20;
 
 /// GDT selectors: kernel code, kernel data, user data, user code (RPL 3), TSS.
 pub const SEL_KERNEL_CS: u16 = 0x08;
@@ -118,6 +123,9 @@ pub const BP_STREAM_START_MS: u64 = 0x74;
 pub const BP_STREAM_MS: u64 = 0x78;
 /// u32: `MODE_STREAM`: submit at most this many kernels; 0 = no count limit.
 pub const BP_STREAM_COUNT: u64 = 0x7c;
+/// u64: if not 0, the ECAM window ([`ECAM_BASE`]) the guest enumerates PCI through instead of
+/// ports 0xCF8/0xCFC.
+pub const BP_ECAM: u64 = 0x80;
 
 /// Run the workloads.
 pub const MODE_NORMAL: u32 = 0;

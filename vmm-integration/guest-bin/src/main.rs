@@ -349,6 +349,7 @@ fn read_boot() -> Boot {
         exit(abi::EXIT_PANIC);
     }
     HEAP.init(bp64(abi::BP_HEAP_BASE), bp64(abi::BP_HEAP_SIZE));
+    ECAM.store(bp64(abi::BP_ECAM), Ordering::Relaxed);
     let mut workloads = [0u8; abi::MAX_WORKLOADS];
     let nworkloads = (bp32(abi::BP_NWORKLOADS) as usize).min(abi::MAX_WORKLOADS);
     for (i, w) in workloads.iter_mut().enumerate().take(nworkloads) {
@@ -384,12 +385,28 @@ fn cfg_addr(dev: u8, off: u8) -> u32 {
     0x8000_0000 | (dev as u32) << 11 | (off as u32 & 0xfc)
 }
 
+/// The ECAM window to use for configuration accesses (0: mechanism 1 through ports).
+static ECAM: AtomicU64 = AtomicU64::new(0);
+
+fn ecam_addr(dev: u8, off: u8) -> Option<u64> {
+    match ECAM.load(Ordering::Relaxed) {
+        0 => None,
+        base => Some(base + ((dev as u64 & 0x1f) << 15) + (off as u64 & 0xfc)),
+    }
+}
+
 fn cfg_read(dev: u8, off: u8) -> u32 {
+    if let Some(a) = ecam_addr(dev, off) {
+        return rd32(a);
+    }
     outl(abi::PORT_PCI_ADDR, cfg_addr(dev, off));
     inl(abi::PORT_PCI_DATA)
 }
 
 fn cfg_write(dev: u8, off: u8, v: u32) {
+    if let Some(a) = ecam_addr(dev, off) {
+        return wr32(a, v);
+    }
     outl(abi::PORT_PCI_ADDR, cfg_addr(dev, off));
     outl(abi::PORT_PCI_DATA, v);
 }
@@ -717,6 +734,9 @@ fn run(boot: &Boot) -> u32 {
         boot.tsc_khz,
         HEAP.used_top()
     );
+    if let Some(a) = ecam_addr(0, 0) {
+        println!("pci: configuration through ECAM at {a:#x}");
+    }
     let Some(dev) = find_gpu() else {
         println!("no 10de:06d8 on PCI bus 0");
         return abi::EXIT_FAIL;

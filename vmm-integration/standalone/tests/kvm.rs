@@ -60,6 +60,7 @@ fn assert_vm_verified(vm: &Value, workloads: &[&str]) {
     // The device model counted the exits the VMM dispatched.
     let exits = &vm["kvm"]["exits"];
     assert!(exits["mmio_reads"].as_u64().unwrap() > 0, "{exits}");
+    assert!(exits["ecam"].is_u64(), "{exits}");
     assert!(exits["mmio_writes"].as_u64().unwrap() > 100_000, "{exits}");
     assert!(vm["stats"]["doorbells"].as_u64().unwrap() > 0, "{vm:#}");
     let console = vm["kvm"]["console"].as_array().unwrap();
@@ -509,4 +510,53 @@ fn scale_experiment_runs_in_kvm_guests() {
         // The measured runs exit: every BAR access is a real MMIO exit.
         assert!(p["exits"].as_u64().unwrap() >= 20 * vms * 2, "{p}");
     }
+}
+
+#[test]
+fn kvm_guests_enumerate_pci_through_the_ecam_window() {
+    if !kvm_available("kvm_guests_enumerate_pci_through_the_ecam_window") {
+        return;
+    }
+    // vm0 configures its vGPU through ECAM and runs; vm1 writes garbage over its configuration
+    // space through ECAM and is stopped at its next BAR access, as with the ports.
+    let out = gpuvm(&[
+        "run",
+        "--kvm",
+        "--vms",
+        "2",
+        "--workload",
+        "madd",
+        "--size",
+        "16",
+        "--ecam",
+        "--hostile",
+        "1=config-garbage",
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "vm1 is stopped");
+    let v = json(&out);
+    let vms = v["vms"].as_array().unwrap();
+    assert_vm_verified(&vms[0], &["madd"]);
+    for vm in vms {
+        let k = &vm["kvm"];
+        // Enumeration, BAR sizing and placement, command register: dozens of ECAM accesses.
+        assert!(k["exits"]["ecam"].as_u64().unwrap() >= 20, "{k}");
+        let console = k["console"].as_array().unwrap();
+        assert!(
+            console
+                .iter()
+                .any(|l| l.as_str() == Some("pci: configuration through ECAM at 0xe0000000")),
+            "{console:?}"
+        );
+    }
+    let stopped = vms[1]["kvm"]["stopped"].as_str().unwrap();
+    assert!(stopped.contains("outside the vGPU's BARs"), "{stopped}");
+    // The garbage went through ECAM: 64 dwords on top of the normal configuration.
+    assert!(
+        vms[1]["kvm"]["exits"]["ecam"].as_u64().unwrap()
+            >= vms[0]["kvm"]["exits"]["ecam"].as_u64().unwrap() + 64
+    );
 }

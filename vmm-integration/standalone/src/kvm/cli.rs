@@ -134,6 +134,10 @@ pub struct KvmArgs {
     /// without exits; its vCPU is kicked out of KVM_RUN by a signal).
     #[arg(long, value_name = "I=S", requires = "kvm")]
     pub stall_timeout: Vec<String>,
+    /// With --kvm: the guests enumerate and program PCI configuration space through the
+    /// memory-mapped ECAM window at 0xE0000000 (MMIO exits) instead of ports 0xCF8/0xCFC.
+    #[arg(long, requires = "kvm")]
+    pub ecam: bool,
 }
 
 /// Loop iterations of a kernel that runs `ns` of modeled GPU time on the simulated GF100.
@@ -229,6 +233,7 @@ impl KvmArgs {
             coalesce: !self.no_coalesce,
             timeout: std::time::Duration::from_secs(self.timeout),
             setups,
+            ecam: self.ecam,
             ..KvmOptions::default()
         })
     }

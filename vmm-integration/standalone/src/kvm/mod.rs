@@ -15,6 +15,7 @@
 pub mod abi;
 pub mod cli;
 pub mod cpu;
+pub mod ecam;
 pub mod isolation;
 pub mod kick;
 pub mod mmio;
@@ -118,6 +119,9 @@ pub struct KvmOptions {
     pub setups: Vec<VmSetup>,
     /// Sample every VM's GPU time this often (and service the host); `None`: no sampler.
     pub sample_every: Option<Duration>,
+    /// The guests enumerate PCI through the ECAM window instead of ports 0xCF8/0xCFC (the VMM
+    /// decodes both either way).
+    pub ecam: bool,
 }
 
 impl Default for KvmOptions {
@@ -140,6 +144,7 @@ impl Default for KvmOptions {
             sched_params: gpuvm::sched::SchedParams::default(),
             setups: Vec::new(),
             sample_every: None,
+            ecam: false,
         }
     }
 }
@@ -158,6 +163,8 @@ pub struct ExitCounts {
     /// MMIO writes KVM queued in the coalesced ring (no exit of their own), included in
     /// `mmio_writes`.
     pub coalesced_writes: u64,
+    /// MMIO exits in the ECAM window (configuration space), not included in `mmio_*`.
+    pub ecam: u64,
 }
 
 /// Per-exit costs measured inside the guest's calibration loop (wall time between the phase
@@ -578,6 +585,7 @@ fn run_vcpu(
     gvm.write_u32(bp(abi::BP_FENCE_MODE), fence_irq as u32)?;
     gvm.write_u32(bp(abi::BP_NWORKLOADS), workloads.len() as u32)?;
     gvm.write_u32(bp(abi::BP_GATE), setup.gate as u32)?;
+    gvm.write_u64(bp(abi::BP_ECAM), if opts.ecam { abi::ECAM_BASE } else { 0 })?;
     if let Some(st) = setup.stream {
         gvm.write_u64(bp(abi::BP_STREAM_ITERS), st.iterations)?;
         gvm.write_u32(bp(abi::BP_STREAM_OUTSTANDING), st.outstanding)?;
@@ -721,7 +729,10 @@ fn run_vcpu(
                 After::Go
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
-                if windows.read(vgpu, addr, data) {
+                if ecam::read(&pci, addr, data) {
+                    ex.ecam += 1;
+                    After::Go
+                } else if windows.read(vgpu, addr, data) {
                     ex.mmio_reads += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -737,7 +748,10 @@ fn run_vcpu(
                 }
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                if windows.write(vgpu, addr, data) {
+                if ecam::write(&mut pci, addr, data) {
+                    ex.ecam += 1;
+                    After::Go
+                } else if windows.write(vgpu, addr, data) {
                     ex.mmio_writes += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -1000,7 +1014,8 @@ mod tests {
     // The ABI blocks do not overlap.
     const _: () = {
         assert!(abi::BP_CALIBRATE >= abi::BP_WORKLOADS + abi::MAX_WORKLOADS as u64);
-        assert!(abi::RESULTS_HEADER + 16 <= abi::PML4_ADDR);
+        assert!(abi::RESULTS_HEADER + abi::H_SUBMITTED + 8 <= abi::PML4_ADDR);
+        assert!(abi::ECAM_BASE >= abi::MMIO_HOLE && abi::ECAM_BASE + abi::ECAM_SIZE <= abi::NULL_MMIO);
         assert!(abi::BOOT_PARAMS + 0x1000 <= abi::RESULTS);
     };
 }
