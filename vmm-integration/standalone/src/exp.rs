@@ -269,13 +269,28 @@ fn isolation_kvm(a: &IsolationArgs, opts: &IsolationOptions) -> anyhow::Result<b
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print!("{}", render(&report.report));
-        let mut t = Table::new(["policy", "verified", "kernels per VM", "MMIO exits per VM", "bring-up"]);
+        let mut t = Table::new([
+            "policy",
+            "verified",
+            "kernels per VM",
+            "MMIO exits per kernel",
+            "bring-up",
+        ]);
         for k in &report.kvm {
             t.row([
                 k.policy.name().to_string(),
                 if k.verified { "yes" } else { "NO" }.to_string(),
-                k.kernels.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
-                k.mmio_exits.iter().map(u64::to_string).collect::<Vec<_>>().join(", "),
+                k.kernels
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                k.stream_exits
+                    .iter()
+                    .zip(&k.kernels)
+                    .map(|(e, n)| format!("{:.1}", *e as f64 / (*n).max(1) as f64))
+                    .collect::<Vec<_>>()
+                    .join(", "),
                 table::ns(k.bring_up_ns),
             ]);
         }

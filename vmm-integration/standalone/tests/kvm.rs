@@ -318,12 +318,16 @@ fn stopped_mid_submission_is_contained(mode: &str, extra: &[&str], expect: &str)
     assert!(k["destroyed_in_flight"].is_u64(), "{k}");
     assert!(k["exit_code"].is_null(), "{k}");
     // The guest got as far as the doorbell.
-    assert!(vms[1]["stats"]["doorbells"].as_u64().unwrap() >= 1, "{:#}", vms[1]);
+    assert!(
+        vms[1]["stats"]["doorbells"].as_u64().unwrap() >= 1,
+        "{:#}",
+        vms[1]
+    );
     let console = k["console"].as_array().unwrap();
     assert!(
-        console
-            .iter()
-            .any(|l| l.as_str().is_some_and(|l| l.starts_with("hostile: doorbell rung"))),
+        console.iter().any(|l| l
+            .as_str()
+            .is_some_and(|l| l.starts_with("hostile: doorbell rung"))),
         "{console:?}"
     );
     // Nothing leaked: every VM is gone with its channels, VRAM and shadow memory, and every
@@ -370,9 +374,9 @@ fn a_kvm_guest_spinning_without_exits_is_kicked_at_its_stall_timeout() {
     assert_eq!(k["kicked"], true, "{k}");
     let console = k["console"].as_array().unwrap();
     assert!(
-        console
-            .iter()
-            .any(|l| l.as_str().is_some_and(|l| l.contains("spinning without exits"))),
+        console.iter().any(|l| l
+            .as_str()
+            .is_some_and(|l| l.contains("spinning without exits"))),
         "{console:?}"
     );
 }
@@ -469,8 +473,15 @@ fn isolation_experiment_runs_in_kvm_guests() {
         let d = vm["achieved_share"].as_f64().unwrap() - vm["target_share"].as_f64().unwrap();
         assert!((e - d.abs()).abs() < 1e-9, "{vm}");
     }
-    assert!((target - 1.0).abs() < 1e-9 && (achieved - 1.0).abs() < 1e-9, "{p}");
-    assert_eq!(p["series"]["t_ns"].as_array().unwrap().len(), 6, "one point per window");
+    assert!(
+        (target - 1.0).abs() < 1e-9 && (achieved - 1.0).abs() < 1e-9,
+        "{p}"
+    );
+    assert_eq!(
+        p["series"]["t_ns"].as_array().unwrap().len(),
+        6,
+        "one point per window"
+    );
     let a = &p["accounting"];
     assert_eq!(a["channel_busy_ns"], a["gpu_busy_ns"], "{a}");
     let k = &v["kvm"][0];
@@ -487,8 +498,18 @@ fn scale_experiment_runs_in_kvm_guests() {
         return;
     }
     let out = gpuvm(&[
-        "exp", "scale", "--kvm", "--vms", "1,2", "--workload", "madd", "--repeat", "2", "--size",
-        "16", "--json",
+        "exp",
+        "scale",
+        "--kvm",
+        "--vms",
+        "1,2",
+        "--workload",
+        "madd",
+        "--repeat",
+        "2",
+        "--size",
+        "16",
+        "--json",
     ]);
     assert!(
         out.status.success(),
@@ -505,7 +526,10 @@ fn scale_experiment_runs_in_kvm_guests() {
         assert_eq!(p["runs"], vms * 2, "{p}");
         assert!(p["bring_up_ns"].as_u64().unwrap() > 0, "{p}");
         assert!(p["per_vm_wall_ns"].as_u64().unwrap() > 0, "{p}");
-        assert!(p["max_vm_wall_ns"].as_u64() >= p["per_vm_wall_ns"].as_u64(), "{p}");
+        assert!(
+            p["max_vm_wall_ns"].as_u64() >= p["per_vm_wall_ns"].as_u64(),
+            "{p}"
+        );
         assert!(p["gpu_busy_ns"].as_u64().unwrap() > 0, "{p}");
         // The measured runs exit: every BAR access is a real MMIO exit.
         assert!(p["exits"].as_u64().unwrap() >= 20 * vms * 2, "{p}");

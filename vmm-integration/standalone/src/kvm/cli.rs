@@ -176,7 +176,11 @@ impl KvmArgs {
             .map(|t| (t, false))
             .chain(self.stall_timeout.iter().map(|t| (t, true)))
         {
-            let opt = if stall { "--stall-timeout" } else { "--vm-timeout" };
+            let opt = if stall {
+                "--stall-timeout"
+            } else {
+                "--vm-timeout"
+            };
             let parsed = t
                 .split_once('=')
                 .and_then(|(i, s)| Some((i.parse::<usize>().ok()?, s.parse::<f64>().ok()?)));

@@ -59,8 +59,14 @@ mod tests {
         assert_eq!(decode(b + abi::ECAM_SIZE, 4), None);
         assert_eq!(decode(b, 4), Some(Some((0, 0, 0))));
         assert_eq!(decode(b + (1 << 15) + 0x10, 4), Some(Some((1, 0, 0x10))));
-        assert_eq!(decode(b + (1 << 15) + (3 << 12) + 0x102, 2), Some(Some((1, 3, 0x102))));
-        assert_eq!(decode(b + (31 << 15) + (7 << 12) + 0xffc, 4), Some(Some((31, 7, 0xffc))));
+        assert_eq!(
+            decode(b + (1 << 15) + (3 << 12) + 0x102, 2),
+            Some(Some((1, 3, 0x102)))
+        );
+        assert_eq!(
+            decode(b + (31 << 15) + (7 << 12) + 0xffc, 4),
+            Some(Some((31, 7, 0xffc)))
+        );
         // Within the window but not a dword-contained 1/2/4-byte access.
         assert_eq!(decode(b + 2, 4), Some(None));
         assert_eq!(decode(b, 8), Some(None));

@@ -41,8 +41,11 @@ pub struct KvmPolicyInfo {
     pub verified: bool,
     /// Per VM: kernels completed.
     pub kernels: Vec<u64>,
-    /// Per VM: MMIO exits (reads + writes, coalesced included).
+    /// Per VM: MMIO exits (reads + writes, coalesced included) of the whole run.
     pub mmio_exits: Vec<u64>,
+    /// Per VM: MMIO exits while it submitted (its stream, from its first submission until it
+    /// stopped submitting): over `kernels`, what one kernel costs the guest in exits.
+    pub stream_exits: Vec<u64>,
     /// Per VM: why it was stopped, if it was.
     pub stopped: Vec<Option<String>>,
     /// Per VM: the guest's last console line (its stream's summary or error).
@@ -159,6 +162,15 @@ fn summarise(
             .iter()
             .map(|v| v.kvm.exits.mmio_reads + v.kvm.exits.mmio_writes)
             .collect(),
+        stream_exits: r
+            .vms
+            .iter()
+            .map(|v| {
+                v.workloads
+                    .first()
+                    .map_or(0, |w| w.mmio_reads + w.mmio_writes)
+            })
+            .collect(),
         stopped: r.vms.iter().map(|v| v.kvm.stopped.clone()).collect(),
         console: r
             .vms
@@ -247,7 +259,8 @@ fn summarise(
     let done = r.samples.last().expect("samples");
     let sum = |s: &Sample, f: fn(&Sample) -> &Vec<u64>| f(s).iter().sum::<u64>();
     let accounting = AccountingCheck {
-        accounted_ns: sum(done, |s| &s.accounted_ns).saturating_sub(sum(start, |s| &s.accounted_ns)),
+        accounted_ns: sum(done, |s| &s.accounted_ns)
+            .saturating_sub(sum(start, |s| &s.accounted_ns)),
         channel_busy_ns: sum(done, |s| &s.channel_busy_ns)
             .saturating_sub(sum(start, |s| &s.channel_busy_ns)),
         gpu_busy_ns: done.gpu_busy_ns.saturating_sub(start.gpu_busy_ns),

@@ -515,7 +515,9 @@ fn destroy_stopped(host: &GpuHost, vgpu: &Vgpu, name: &str) -> u64 {
         .vms
         .iter()
         .find(|v| v.vm == vgpu.id())
-        .map_or(0, |v| v.dispatched.saturating_sub(v.retired) + v.queued as u64);
+        .map_or(0, |v| {
+            v.dispatched.saturating_sub(v.retired) + v.queued as u64
+        });
     match host.destroy_vgpu(vgpu) {
         Ok(()) => eprintln!(
             "gpuvm: {name}: vGPU destroyed with {in_flight} submission(s) in flight; the other VMs go on"
@@ -665,7 +667,10 @@ fn run_vcpu(
                 }
             }
         }
-        if let Some(stall) = setup.stall.filter(|&s| kicker.fired() && kicker.since_exit() > s) {
+        if let Some(stall) = setup
+            .stall
+            .filter(|&s| kicker.fired() && kicker.since_exit() > s)
+        {
             break Err(format!(
                 "{name}: no exit for {stall:?} (kicked out of KVM_RUN: it was spinning without exits): VM stopped"
             ));
@@ -1015,7 +1020,9 @@ mod tests {
     const _: () = {
         assert!(abi::BP_CALIBRATE >= abi::BP_WORKLOADS + abi::MAX_WORKLOADS as u64);
         assert!(abi::RESULTS_HEADER + abi::H_SUBMITTED + 8 <= abi::PML4_ADDR);
-        assert!(abi::ECAM_BASE >= abi::MMIO_HOLE && abi::ECAM_BASE + abi::ECAM_SIZE <= abi::NULL_MMIO);
+        assert!(
+            abi::ECAM_BASE >= abi::MMIO_HOLE && abi::ECAM_BASE + abi::ECAM_SIZE <= abi::NULL_MMIO
+        );
         assert!(abi::BOOT_PARAMS + 0x1000 <= abi::RESULTS);
     };
 }

@@ -56,7 +56,11 @@ pub fn point(
     }
     let measured = |v: &super::KvmVmReport| -> (u64, u64, u64) {
         v.workloads.iter().skip(1).fold((0, 0, 0), |(w, e, g), p| {
-            (w + p.wall_ns, e + p.mmio_reads + p.mmio_writes, g + p.gpu_ns)
+            (
+                w + p.wall_ns,
+                e + p.mmio_reads + p.mmio_writes,
+                g + p.gpu_ns,
+            )
         })
     };
     let per: Vec<(u64, u64, u64)> = r.vms.iter().map(measured).collect();
