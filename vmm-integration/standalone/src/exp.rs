@@ -83,6 +83,12 @@ pub struct IsolationArgs {
     /// finished, as Gdev's LUD).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     short_outstanding: u32,
+    /// Modeled GPU time of a short kernel, microseconds.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    short_us: u64,
+    /// Modeled GPU time of a long kernel, microseconds (below the host's 2 s hang watchdog).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(10..=1_000_000))]
+    long_us: u64,
     /// Kernels a long-kernel VM keeps outstanding.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=64))]
     long_outstanding: u32,
@@ -165,6 +171,8 @@ fn options(a: &IsolationArgs) -> anyhow::Result<IsolationOptions> {
         short_outstanding: a.short_outstanding as usize,
         long_outstanding: a.long_outstanding as usize,
         think_ns: a.think_us.saturating_mul(1000),
+        short_ns: a.short_us * 1000,
+        long_ns: a.long_us * 1000,
         ..IsolationOptions::default()
     })
 }
