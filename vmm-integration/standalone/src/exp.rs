@@ -331,7 +331,7 @@ fn pct(x: f64) -> String {
 pub fn render(r: &IsolationReport) -> String {
     let from = r.policies.first().map_or(0, |p| p.measured_from_ns);
     let mut out = format!(
-        "gpuvm exp isolation: {} VMs on the simulated GF100, {} s of GPU time ({} clock); shares measured from {} s, when every VM runs\n\n",
+        "gpuvm exp isolation: {} VMs on the simulated GF100, {} s of GPU time ({} clock); shares measured from {:.3} s, when every VM runs\n\n",
         r.vms,
         r.duration_ns as f64 / 1e9,
         match r.clock {
