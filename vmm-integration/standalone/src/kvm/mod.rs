@@ -679,10 +679,13 @@ fn run_vcpu(
             break Err(format!(
                 "{name}: still running after {:?}{}: VM stopped",
                 timeout,
-                if kicker.fired() {
-                    " (kicked out of KVM_RUN: it was not exiting)"
-                } else {
-                    ""
+                match kicker.since_exit() {
+                    // Only the kick brought it back: it was spinning without exits.
+                    quiet if kicker.fired() && quiet >= Duration::from_millis(50) => format!(
+                        " (kicked out of KVM_RUN: no exit for {} ms)",
+                        quiet.as_millis()
+                    ),
+                    _ => String::new(),
                 }
             ));
         }
