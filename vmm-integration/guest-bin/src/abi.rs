@@ -19,6 +19,7 @@
 //! | `heap_base..+heap_size` | the guest's heap (from 8 MiB) |
 //! | `dma_base..+dma_size` | guest RAM handed to the driver for DMA (the rest of RAM) |
 //! | `0xC000_0000..0xFEC0_0000` | PCI MMIO hole: the guest places the vGPU's BARs here |
+//! | `0xE000_0000..+1 MiB` | PCI Express ECAM window of bus 0 ([`ECAM_BASE`]) |
 //! | `0xFEC0_0000`, `0xFEE0_0000` | IOAPIC, local APIC (KVM's in-kernel irqchip) |
 
 #![allow(dead_code)]
@@ -55,6 +56,10 @@ pub const IO_BAR_BASE: u16 = 0xC000;
 pub const IOAPIC_BASE: u64 = 0xFEC0_0000;
 /// Local APIC MMIO base.
 pub const LAPIC_BASE: u64 = 0xFEE0_0000;
+/// PCI Express ECAM window of bus 0 (4 KiB per function: device << 15 | function << 12).
+pub const ECAM_BASE: u64 = 0xE000_0000;
+/// Size of the ECAM window: bus 0 only.
+pub const ECAM_SIZE: u64 = 1 << 20;
 
 /// GDT selectors: kernel code, kernel data, user data, user code (RPL 3), TSS.
 pub const SEL_KERNEL_CS: u16 = 0x08;
@@ -104,6 +109,23 @@ pub const BP_WORKLOADS: u64 = 0x50;
 
 /// u32: if not 0, first time this many exits of each kind (see [`PHASE_CAL_PIO`]).
 pub const BP_CALIBRATE: u64 = 0x60;
+/// u32: 1 = after the first workload (a warm-up that creates the channel), wait at the start
+/// gate ([`PORT_GATE`]) until every VM of the run is there (`MODE_NORMAL`; `MODE_STREAM` always
+/// waits there once its channel exists).
+pub const BP_GATE: u64 = 0x64;
+/// u64: `MODE_STREAM` and the stop modes: loop-kernel iterations per kernel.
+pub const BP_STREAM_ITERS: u64 = 0x68;
+/// u32: `MODE_STREAM`: kernels kept outstanding (1: submit the next when the last signalled).
+pub const BP_STREAM_OUTSTANDING: u64 = 0x70;
+/// u32: `MODE_STREAM`: after the gate, wait this long (ms, TSC) before the first submission.
+pub const BP_STREAM_START_MS: u64 = 0x74;
+/// u32: `MODE_STREAM`: submit for this long (ms from the gate, TSC); 0 = no time limit.
+pub const BP_STREAM_MS: u64 = 0x78;
+/// u32: `MODE_STREAM`: submit at most this many kernels; 0 = no count limit.
+pub const BP_STREAM_COUNT: u64 = 0x7c;
+/// u64: if not 0, the ECAM window ([`ECAM_BASE`]) the guest enumerates PCI through instead of
+/// ports 0xCF8/0xCFC.
+pub const BP_ECAM: u64 = 0x80;
 
 /// Run the workloads.
 pub const MODE_NORMAL: u32 = 0;
@@ -111,6 +133,16 @@ pub const MODE_NORMAL: u32 = 0;
 pub const MODE_POKE_OUTSIDE: u32 = 1;
 /// Hostile: write garbage over the vGPU's configuration space, then use the BARs as before.
 pub const MODE_CONFIG_GARBAGE: u32 = 2;
+/// Keep submitting `loop` kernels of [`BP_STREAM_ITERS`] iterations, [`BP_STREAM_OUTSTANDING`]
+/// at a time, from the start gate for [`BP_STREAM_MS`] or [`BP_STREAM_COUNT`] kernels (the
+/// performance-isolation experiment); result entry 1 is the stream, the header counts kernels.
+pub const MODE_STREAM: u32 = 3;
+/// Hostile: ring the doorbell for a long `loop` kernel ([`BP_STREAM_ITERS`]), then execute a
+/// privileged instruction (`hlt` in ring 3: #GP with no handler, a KVM shutdown) with the
+/// kernel in flight.
+pub const MODE_STOP_FAULT: u32 = 4;
+/// Hostile: ring the doorbell for a long `loop` kernel, then spin forever without an exit.
+pub const MODE_STOP_SPIN: u32 = 5;
 
 // Results: entry 0 is driver init, entry 1 + i workload i; RESULT_SIZE bytes each.
 /// Bytes per result entry.
@@ -141,6 +173,10 @@ pub const RESULTS_HEADER: u64 = RESULTS + (MAX_WORKLOADS as u64 + 1) * RESULT_SI
 pub const H_IRQS: u64 = 0x00;
 /// u32: 1 if the driver waits for fences by interrupt.
 pub const H_FENCE_IRQ: u64 = 0x08;
+/// u64: `MODE_STREAM`: kernels that completed.
+pub const H_KERNELS: u64 = 0x10;
+/// u64: `MODE_STREAM`: kernels submitted.
+pub const H_SUBMITTED: u64 = 0x18;
 
 /// Serial port (16550).
 pub const PORT_SERIAL: u16 = 0x3f8;
@@ -171,5 +207,12 @@ pub const PHASE_CAL_VGPU_MMIO: u32 = 0x102;
 pub const PHASE_CAL_END: u32 = 0x103;
 /// A port the VMM ignores (calibration).
 pub const PORT_NOP: u16 = 0x503;
+/// 32-bit read: the start gate. The first read registers the VM as arrived; every read returns
+/// 1 once every VM of the run that waits at the gate has arrived, else 0.
+pub const PORT_GATE: u16 = 0x504;
+/// Stream phase: the gate opened (the VMM timestamps it).
+pub const PHASE_GATE_OPEN: u32 = 0x110;
+/// Stream phase: the last kernel is submitted (time or count reached); the drain follows.
+pub const PHASE_STREAM_STOP: u32 = 0x112;
 /// A page of MMIO the VMM answers with zeros and no device work (calibration).
 pub const NULL_MMIO: u64 = 0xFEB0_0000;

@@ -332,6 +332,7 @@ struct Boot {
     irq_vector: u32,
     irq_gsi: u32,
     calibrate: u32,
+    gate: bool,
 }
 
 fn bp32(off: u64) -> u32 {
@@ -348,6 +349,7 @@ fn read_boot() -> Boot {
         exit(abi::EXIT_PANIC);
     }
     HEAP.init(bp64(abi::BP_HEAP_BASE), bp64(abi::BP_HEAP_SIZE));
+    ECAM.store(bp64(abi::BP_ECAM), Ordering::Relaxed);
     let mut workloads = [0u8; abi::MAX_WORKLOADS];
     let nworkloads = (bp32(abi::BP_NWORKLOADS) as usize).min(abi::MAX_WORKLOADS);
     for (i, w) in workloads.iter_mut().enumerate().take(nworkloads) {
@@ -372,6 +374,7 @@ fn read_boot() -> Boot {
         irq_vector: bp32(abi::BP_IRQ_VECTOR),
         irq_gsi: bp32(abi::BP_IRQ_GSI),
         calibrate: bp32(abi::BP_CALIBRATE),
+        gate: bp32(abi::BP_GATE) == 1,
     }
 }
 
@@ -382,12 +385,28 @@ fn cfg_addr(dev: u8, off: u8) -> u32 {
     0x8000_0000 | (dev as u32) << 11 | (off as u32 & 0xfc)
 }
 
+/// The ECAM window to use for configuration accesses (0: mechanism 1 through ports).
+static ECAM: AtomicU64 = AtomicU64::new(0);
+
+fn ecam_addr(dev: u8, off: u8) -> Option<u64> {
+    match ECAM.load(Ordering::Relaxed) {
+        0 => None,
+        base => Some(base + ((dev as u64 & 0x1f) << 15) + (off as u64 & 0xfc)),
+    }
+}
+
 fn cfg_read(dev: u8, off: u8) -> u32 {
+    if let Some(a) = ecam_addr(dev, off) {
+        return rd32(a);
+    }
     outl(abi::PORT_PCI_ADDR, cfg_addr(dev, off));
     inl(abi::PORT_PCI_DATA)
 }
 
 fn cfg_write(dev: u8, off: u8, v: u32) {
+    if let Some(a) = ecam_addr(dev, off) {
+        return wr32(a, v);
+    }
     outl(abi::PORT_PCI_ADDR, cfg_addr(dev, off));
     outl(abi::PORT_PCI_DATA, v);
 }
@@ -692,6 +711,8 @@ fn calibrate(n: u32, bar0: u64) {
 
 // ---------------------------------------------------------------------------------------------
 
+mod stream;
+
 #[no_mangle]
 #[link_section = ".text._start"]
 pub extern "C" fn _start() -> ! {
@@ -713,6 +734,9 @@ fn run(boot: &Boot) -> u32 {
         boot.tsc_khz,
         HEAP.used_top()
     );
+    if let Some(a) = ecam_addr(0, 0) {
+        println!("pci: configuration through ECAM at {a:#x}");
+    }
     let Some(dev) = find_gpu() else {
         println!("no 10de:06d8 on PCI bus 0");
         return abi::EXIT_FAIL;
@@ -780,8 +804,23 @@ fn run(boot: &Boot) -> u32 {
         gpu.vram_size() >> 20,
         if irq_mode { "interrupt" } else { "polling" }
     );
+    match boot.mode {
+        abi::MODE_STREAM => {
+            let ok = stream::stream(&mut gpu, boot.tsc_khz);
+            phase(abi::PHASE_DONE);
+            return finish(ok);
+        }
+        abi::MODE_STOP_FAULT | abi::MODE_STOP_SPIN => {
+            stream::stop_mid_submission(&mut gpu, boot.mode);
+            return abi::EXIT_FAIL;
+        }
+        _ => {}
+    }
     let mut ok = true;
     for (i, &w) in boot.workloads[..boot.nworkloads].iter().enumerate() {
+        if i == 1 && boot.gate {
+            stream::gate(boot.tsc_khz);
+        }
         let Some(&w) = Workload::ALL.get(w as usize) else {
             result(1 + i, false, 0, 0, Some(&"unknown workload index"));
             ok = false;
@@ -815,6 +854,11 @@ fn run(boot: &Boot) -> u32 {
     }
     phase(abi::PHASE_DONE);
     let _ = workloads::release_channel(&mut gpu);
+    finish(ok)
+}
+
+/// Reports the interrupts seen and the verdict.
+fn finish(ok: bool) -> u32 {
     wr64(
         abi::RESULTS_HEADER + abi::H_IRQS,
         IRQS.load(Ordering::SeqCst),

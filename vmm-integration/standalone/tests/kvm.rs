@@ -60,6 +60,7 @@ fn assert_vm_verified(vm: &Value, workloads: &[&str]) {
     // The device model counted the exits the VMM dispatched.
     let exits = &vm["kvm"]["exits"];
     assert!(exits["mmio_reads"].as_u64().unwrap() > 0, "{exits}");
+    assert!(exits["ecam"].is_u64(), "{exits}");
     assert!(exits["mmio_writes"].as_u64().unwrap() > 100_000, "{exits}");
     assert!(vm["stats"]["doorbells"].as_u64().unwrap() > 0, "{vm:#}");
     let console = vm["kvm"]["console"].as_array().unwrap();
@@ -272,4 +273,314 @@ fn calibrate_json_measures_bare_and_vgpu_exits() {
     assert!(v["pio_exit_ns"].as_u64().unwrap() > 0, "{v}");
     let ratio = v["ratio"].as_f64().unwrap();
     assert!((ratio - vgpu as f64 / bare as f64).abs() < 1e-9, "{v}");
+}
+
+/// Runs two VMs, VM 1 stopping dead in `mode` right after ringing the doorbell for a 1.5 s
+/// kernel; returns the report. VM 0 must finish its workload, VM 1 must be stopped with
+/// `expect` in its message and its vGPU destroyed at once, and the host must be left with no
+/// VM, channel, VRAM, shadow memory or submission of either.
+fn stopped_mid_submission_is_contained(mode: &str, extra: &[&str], expect: &str) -> Value {
+    let hostile = format!("1={mode}");
+    let mut args = vec![
+        "run",
+        "--kvm",
+        "--vms",
+        "2",
+        "--workload",
+        "madd",
+        "--size",
+        "16",
+        "--json",
+        "--quiet-console",
+        "--hostile",
+        &hostile,
+        "--timeout",
+        "300",
+    ];
+    args.extend_from_slice(extra);
+    let out = gpuvm(&args);
+    assert_eq!(out.status.code(), Some(1), "the run reports the stopped VM");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v = json(&out);
+    let vms = v["vms"].as_array().unwrap();
+    assert_vm_verified(&vms[0], &["madd"]);
+    let k = &vms[1]["kvm"];
+    let stopped = k["stopped"]
+        .as_str()
+        .unwrap_or_else(|| panic!("vm1 not stopped: {:#}", vms[1]));
+    assert!(stopped.contains(expect), "{stopped}");
+    assert!(stopped.contains("VM stopped"), "{stopped}");
+    assert!(stderr.contains(stopped), "the message is printed: {stderr}");
+    assert!(
+        stderr.contains("vm1: vGPU destroyed with"),
+        "the vGPU is destroyed when the VM stops: {stderr}"
+    );
+    assert!(k["destroyed_in_flight"].is_u64(), "{k}");
+    assert!(k["exit_code"].is_null(), "{k}");
+    // The guest got as far as the doorbell.
+    assert!(
+        vms[1]["stats"]["doorbells"].as_u64().unwrap() >= 1,
+        "{:#}",
+        vms[1]
+    );
+    let console = k["console"].as_array().unwrap();
+    assert!(
+        console.iter().any(|l| l
+            .as_str()
+            .is_some_and(|l| l.starts_with("hostile: doorbell rung"))),
+        "{console:?}"
+    );
+    // Nothing leaked: every VM is gone with its channels, VRAM and shadow memory, and every
+    // submission either completed or was aborted with its VM.
+    let h = &v["host"];
+    assert_eq!(h["vms"], 0, "{h}");
+    assert_eq!(h["channels_free"], 128, "{h}");
+    assert_eq!(h["vram_free"], h["vram_assignable"], "{h}");
+    assert_eq!(h["hypervisor_vram_used"], h["hypervisor_vram_host"], "{h}");
+    assert_eq!(h["inflight"], 0, "{h}");
+    assert_eq!(h["queued"], 0, "{h}");
+    assert_eq!(
+        h["dispatched"].as_u64().unwrap(),
+        h["completed"].as_u64().unwrap() + h["aborted"].as_u64().unwrap(),
+        "{h}"
+    );
+    v
+}
+
+#[test]
+fn a_kvm_guest_faulting_mid_submission_is_stopped_and_the_other_finishes() {
+    if !kvm_available("a_kvm_guest_faulting_mid_submission_is_stopped_and_the_other_finishes") {
+        return;
+    }
+    let v = stopped_mid_submission_is_contained(
+        "stop-fault",
+        &[],
+        "the guest faulted (KVM_EXIT_SHUTDOWN",
+    );
+    assert_eq!(v["vms"][1]["kvm"]["kicked"], false);
+}
+
+#[test]
+fn a_kvm_guest_spinning_without_exits_is_kicked_at_its_stall_timeout() {
+    if !kvm_available("a_kvm_guest_spinning_without_exits_is_kicked_at_its_stall_timeout") {
+        return;
+    }
+    let v = stopped_mid_submission_is_contained(
+        "stop-spin",
+        &["--stall-timeout", "1=2"],
+        "no exit for 2s (kicked out of KVM_RUN: it was spinning without exits)",
+    );
+    let k = &v["vms"][1]["kvm"];
+    assert_eq!(k["kicked"], true, "{k}");
+    let console = k["console"].as_array().unwrap();
+    assert!(
+        console.iter().any(|l| l
+            .as_str()
+            .is_some_and(|l| l.contains("spinning without exits"))),
+        "{console:?}"
+    );
+}
+
+#[test]
+fn one_kvm_vm_waits_by_interrupt_while_the_other_polls() {
+    if !kvm_available("one_kvm_vm_waits_by_interrupt_while_the_other_polls") {
+        return;
+    }
+    let out = gpuvm(&[
+        "run",
+        "--kvm",
+        "--vms",
+        "2",
+        "--workload",
+        "madd",
+        "--workload",
+        "loop",
+        "--size",
+        "16",
+        "--irq-vm",
+        "1",
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "300",
+    ]);
+    let v = json(&out);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let vms = v["vms"].as_array().unwrap();
+    for vm in vms {
+        assert_vm_verified(vm, &["madd", "loop"]);
+    }
+    let (poll, irq) = (&vms[0]["kvm"], &vms[1]["kvm"]);
+    assert_eq!(poll["fence_irq"], false, "{poll}");
+    assert_eq!(poll["irqs_raised"], 0, "{poll}");
+    assert_eq!(poll["irqs_seen"], 0, "{poll}");
+    assert_eq!(irq["fence_irq"], true, "{irq}");
+    let raised = irq["irqs_raised"].as_u64().unwrap();
+    let seen = irq["irqs_seen"].as_u64().unwrap();
+    assert!(raised >= 2, "{irq}");
+    assert!(seen >= 1 && seen <= raised, "{irq}");
+    assert!(vms[1]["stats"]["nonstall_delivered"].as_u64().unwrap() >= 1);
+}
+
+#[test]
+fn isolation_experiment_runs_in_kvm_guests() {
+    if !kvm_available("isolation_experiment_runs_in_kvm_guests") {
+        return;
+    }
+    let svg = std::env::temp_dir().join(format!("gpuvm-kvm-iso-{}.svg", std::process::id()));
+    let out = gpuvm(&[
+        "exp",
+        "isolation",
+        "--kvm",
+        "--vms",
+        "2",
+        "--sched",
+        "band",
+        "--duration",
+        "0.6",
+        "--window-ms",
+        "100",
+        "--json",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["backend"], "kvm");
+    assert_eq!(v["clock"], "real");
+    let p = &v["policies"][0];
+    assert_eq!(p["policy"], "band");
+    let vms = p["vms"].as_array().unwrap();
+    assert_eq!(vms.len(), 2);
+    assert_eq!(vms[0]["kind"], "short");
+    assert_eq!(vms[1]["kind"], "long");
+    let (mut target, mut achieved) = (0.0, 0.0);
+    for vm in vms {
+        // Every VM streamed kernels and was charged GPU time, as the sampler saw it.
+        assert!(vm["kernels"].as_u64().unwrap() > 0, "{vm}");
+        assert!(vm["total_gpu_ns"].as_u64().unwrap() > 0, "{vm}");
+        target += vm["target_share"].as_f64().unwrap();
+        achieved += vm["achieved_share"].as_f64().unwrap();
+        let e = vm["error"].as_f64().unwrap();
+        let d = vm["achieved_share"].as_f64().unwrap() - vm["target_share"].as_f64().unwrap();
+        assert!((e - d.abs()).abs() < 1e-9, "{vm}");
+    }
+    assert!(
+        (target - 1.0).abs() < 1e-9 && (achieved - 1.0).abs() < 1e-9,
+        "{p}"
+    );
+    assert_eq!(
+        p["series"]["t_ns"].as_array().unwrap().len(),
+        6,
+        "one point per window"
+    );
+    let a = &p["accounting"];
+    assert_eq!(a["channel_busy_ns"], a["gpu_busy_ns"], "{a}");
+    let k = &v["kvm"][0];
+    assert_eq!(k["verified"], true, "{k}");
+    assert!(k["samples"].as_u64().unwrap() > 0, "{k}");
+    let svg_text = std::fs::read_to_string(&svg).unwrap();
+    let _ = std::fs::remove_file(&svg);
+    assert!(svg_text.contains("band: mean error"));
+}
+
+#[test]
+fn scale_experiment_runs_in_kvm_guests() {
+    if !kvm_available("scale_experiment_runs_in_kvm_guests") {
+        return;
+    }
+    let out = gpuvm(&[
+        "exp",
+        "scale",
+        "--kvm",
+        "--vms",
+        "1,2",
+        "--workload",
+        "madd",
+        "--repeat",
+        "2",
+        "--size",
+        "16",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["backend"], "kvm");
+    let points = v["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2);
+    for (p, vms) in points.iter().zip([1u64, 2]) {
+        assert_eq!(p["vms"], vms, "{p}");
+        assert_eq!(p["verified"], true, "{p}");
+        assert_eq!(p["runs"], vms * 2, "{p}");
+        assert!(p["bring_up_ns"].as_u64().unwrap() > 0, "{p}");
+        assert!(p["per_vm_wall_ns"].as_u64().unwrap() > 0, "{p}");
+        assert!(
+            p["max_vm_wall_ns"].as_u64() >= p["per_vm_wall_ns"].as_u64(),
+            "{p}"
+        );
+        assert!(p["gpu_busy_ns"].as_u64().unwrap() > 0, "{p}");
+        // The measured runs exit: every BAR access is a real MMIO exit.
+        assert!(p["exits"].as_u64().unwrap() >= 20 * vms * 2, "{p}");
+    }
+}
+
+#[test]
+fn kvm_guests_enumerate_pci_through_the_ecam_window() {
+    if !kvm_available("kvm_guests_enumerate_pci_through_the_ecam_window") {
+        return;
+    }
+    // vm0 configures its vGPU through ECAM and runs; vm1 writes garbage over its configuration
+    // space through ECAM and is stopped at its next BAR access, as with the ports.
+    let out = gpuvm(&[
+        "run",
+        "--kvm",
+        "--vms",
+        "2",
+        "--workload",
+        "madd",
+        "--size",
+        "16",
+        "--ecam",
+        "--hostile",
+        "1=config-garbage",
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "300",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "vm1 is stopped");
+    let v = json(&out);
+    let vms = v["vms"].as_array().unwrap();
+    assert_vm_verified(&vms[0], &["madd"]);
+    for vm in vms {
+        let k = &vm["kvm"];
+        // Enumeration, BAR sizing and placement, command register: dozens of ECAM accesses.
+        assert!(k["exits"]["ecam"].as_u64().unwrap() >= 20, "{k}");
+        let console = k["console"].as_array().unwrap();
+        assert!(
+            console
+                .iter()
+                .any(|l| l.as_str() == Some("pci: configuration through ECAM at 0xe0000000")),
+            "{console:?}"
+        );
+    }
+    let stopped = vms[1]["kvm"]["stopped"].as_str().unwrap();
+    assert!(stopped.contains("outside the vGPU's BARs"), "{stopped}");
+    // The garbage went through ECAM: 64 dwords on top of the normal configuration.
+    assert!(
+        vms[1]["kvm"]["exits"]["ecam"].as_u64().unwrap()
+            >= vms[0]["kvm"]["exits"]["ecam"].as_u64().unwrap() + 64
+    );
 }

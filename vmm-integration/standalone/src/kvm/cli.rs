@@ -118,10 +118,38 @@ pub struct KvmArgs {
     #[arg(long, requires = "kvm")]
     pub quiet_console: bool,
     /// With --kvm, for tests: run VM `I` as a hostile guest, `I=poke-outside` (reads outside its
-    /// BARs) or `I=config-garbage` (garbage over its configuration space, then uses its BARs).
+    /// BARs), `I=config-garbage` (garbage over its configuration space, then uses its BARs),
+    /// `I=stop-fault` (rings the doorbell for a 1.5 s kernel, then executes `hlt` in ring 3) or
+    /// `I=stop-spin` (the same, then spins without exits until --timeout kicks it).
     #[arg(long, value_name = "I=MODE", hide = true, requires = "kvm")]
     pub hostile: Vec<String>,
+    /// With --kvm: VM `I` waits for its fences by interrupt (repeatable; the others poll unless
+    /// --irq is given).
+    #[arg(long, value_name = "I", requires = "kvm")]
+    pub irq_vm: Vec<usize>,
+    /// With --kvm, for tests: stop VM `I` after S seconds instead of --timeout.
+    #[arg(long, value_name = "I=S", hide = true, requires = "kvm")]
+    pub vm_timeout: Vec<String>,
+    /// With --kvm: stop VM `I` when it has not exited for S seconds (a guest wedged in a loop
+    /// without exits; its vCPU is kicked out of KVM_RUN by a signal).
+    #[arg(long, value_name = "I=S", requires = "kvm")]
+    pub stall_timeout: Vec<String>,
+    /// With --kvm: the guests enumerate and program PCI configuration space through the
+    /// memory-mapped ECAM window at 0xE0000000 (MMIO exits) instead of ports 0xCF8/0xCFC.
+    #[arg(long, requires = "kvm")]
+    pub ecam: bool,
 }
+
+/// Loop iterations of a kernel that runs `ns` of modeled GPU time on the simulated GF100.
+pub fn loop_iterations(ns: u64) -> u64 {
+    let cost = gpuvm::phys::sim::CostModel::default();
+    let body = ns.saturating_sub(cost.kernel_launch_ns);
+    (u128::from(body) * 1000 / u128::from(cost.loop_iteration_ps.max(1))) as u64
+}
+
+/// GPU time of the kernel a stop-mid-submission guest leaves in flight: long enough to be
+/// running when its VM is stopped, shorter than the host's 2 s hang watchdog.
+pub const STOP_KERNEL_NS: u64 = 1_500_000_000;
 
 impl KvmArgs {
     /// The run options.
@@ -137,6 +165,37 @@ impl KvmArgs {
         guest_ram: u64,
     ) -> anyhow::Result<KvmOptions> {
         let mut modes = vec![super::abi::MODE_NORMAL; vms];
+        let mut setups = vec![super::setup::VmSetup::default(); vms];
+        for &i in &self.irq_vm {
+            anyhow::ensure!(i < vms, "--irq-vm {i}: there are only {vms} VMs");
+            setups[i].fence_irq = Some(true);
+        }
+        for (t, stall) in self
+            .vm_timeout
+            .iter()
+            .map(|t| (t, false))
+            .chain(self.stall_timeout.iter().map(|t| (t, true)))
+        {
+            let opt = if stall {
+                "--stall-timeout"
+            } else {
+                "--vm-timeout"
+            };
+            let parsed = t
+                .split_once('=')
+                .and_then(|(i, s)| Some((i.parse::<usize>().ok()?, s.parse::<f64>().ok()?)));
+            let Some((i, secs)) = parsed.filter(|&(_, s)| s.is_finite() && s > 0.0 && s < 1e6)
+            else {
+                anyhow::bail!("{opt} '{t}': expected I=SECONDS");
+            };
+            anyhow::ensure!(i < vms, "{opt} '{t}': there are only {vms} VMs");
+            let d = Some(std::time::Duration::from_secs_f64(secs));
+            if stall {
+                setups[i].stall = d;
+            } else {
+                setups[i].timeout = d;
+            }
+        }
         for h in &self.hostile {
             let (i, mode) = h
                 .split_once('=')
@@ -148,8 +207,21 @@ impl KvmArgs {
             modes[i] = match mode {
                 "poke-outside" => super::abi::MODE_POKE_OUTSIDE,
                 "config-garbage" => super::abi::MODE_CONFIG_GARBAGE,
-                _ => anyhow::bail!("--hostile '{h}': modes are poke-outside, config-garbage"),
+                "stop-fault" => super::abi::MODE_STOP_FAULT,
+                "stop-spin" => super::abi::MODE_STOP_SPIN,
+                _ => anyhow::bail!(
+                    "--hostile '{h}': modes are poke-outside, config-garbage, stop-fault, stop-spin"
+                ),
             };
+            if matches!(mode, "stop-fault" | "stop-spin") {
+                setups[i].stream = Some(super::setup::StreamPlan {
+                    iterations: loop_iterations(STOP_KERNEL_NS),
+                    outstanding: 1,
+                    start_ms: 0,
+                    run_ms: 0,
+                    count: 1,
+                });
+            }
         }
         Ok(KvmOptions {
             vms,
@@ -164,6 +236,8 @@ impl KvmArgs {
             calibrate: self.calibrate,
             coalesce: !self.no_coalesce,
             timeout: std::time::Duration::from_secs(self.timeout),
+            setups,
+            ecam: self.ecam,
             ..KvmOptions::default()
         })
     }

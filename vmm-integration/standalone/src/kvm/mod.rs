@@ -15,9 +15,14 @@
 pub mod abi;
 pub mod cli;
 pub mod cpu;
+pub mod ecam;
+pub mod isolation;
+pub mod kick;
 pub mod mmio;
 pub mod pci;
+pub mod scale;
 pub mod serial;
+pub mod setup;
 pub mod vm;
 
 use std::path::Path;
@@ -42,6 +47,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use mmio::BarWindows;
 use pci::PciBus;
+use setup::{Gate, Sample, Sampler, VmSetup};
 
 /// The guest program (an ELF64 executable linked at [`abi::LOAD_ADDR`]).
 pub static GUEST_ELF: &[u8] = include_bytes!(env!("GPUVM_GUEST_ELF"));
@@ -106,6 +112,16 @@ pub struct KvmOptions {
     pub phys_vram: u64,
     /// Scheduling policy of the host (`None`: its default, FIFO).
     pub sched: Option<gpuvm::sched::Policy>,
+    /// Parameters of CREDIT and BAND.
+    pub sched_params: gpuvm::sched::SchedParams,
+    /// Per-VM differences (workloads, weight, fence mode, kernel stream); VMs beyond the list
+    /// use the defaults above.
+    pub setups: Vec<VmSetup>,
+    /// Sample every VM's GPU time this often (and service the host); `None`: no sampler.
+    pub sample_every: Option<Duration>,
+    /// The guests enumerate PCI through the ECAM window instead of ports 0xCF8/0xCFC (the VMM
+    /// decodes both either way).
+    pub ecam: bool,
 }
 
 impl Default for KvmOptions {
@@ -125,6 +141,10 @@ impl Default for KvmOptions {
             coalesce: true,
             phys_vram: 6 << 30,
             sched: None,
+            sched_params: gpuvm::sched::SchedParams::default(),
+            setups: Vec::new(),
+            sample_every: None,
+            ecam: false,
         }
     }
 }
@@ -143,6 +163,8 @@ pub struct ExitCounts {
     /// MMIO writes KVM queued in the coalesced ring (no exit of their own), included in
     /// `mmio_writes`.
     pub coalesced_writes: u64,
+    /// MMIO exits in the ECAM window (configuration space), not included in `mmio_*`.
+    pub ecam: u64,
 }
 
 /// Per-exit costs measured inside the guest's calibration loop (wall time between the phase
@@ -186,6 +208,28 @@ pub struct KvmVmInfo {
     pub calibration: Option<Calibration>,
     /// The guest's console output.
     pub console: Vec<String>,
+    /// The guest's phase markers, ns after the run started (all VMs share the origin).
+    pub phases: Vec<PhaseMark>,
+    /// `MODE_STREAM`: kernels completed and submitted.
+    pub kernels: u64,
+    /// `MODE_STREAM`: kernels submitted.
+    pub kernels_submitted: u64,
+    /// The VM's weight in the scheduler.
+    pub weight: u32,
+    /// Set if the VM was stopped: its vGPU was destroyed at once, with this many of its
+    /// submissions still queued or on the GPU.
+    pub destroyed_in_flight: Option<u64>,
+    /// The timeout kicked the vCPU out of `KVM_RUN` (it was spinning without exits).
+    pub kicked: bool,
+}
+
+/// A phase marker the guest wrote, as the VMM timestamped it.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct PhaseMark {
+    /// `abi::PHASE_*`, or 0 (init) / 1 + i (workload i).
+    pub phase: u32,
+    /// ns after the run started.
+    pub at_ns: u64,
 }
 
 /// One VM's results: the shape of the in-process `gpuvm run` plus `kvm`.
@@ -232,6 +276,11 @@ pub struct KvmReport {
     pub vms: Vec<KvmVmReport>,
     /// Host counters after every VM was destroyed.
     pub host: HostStats,
+    /// When the start gate opened, ns after the run started.
+    pub gate_open_ns: Option<u64>,
+    /// GPU time per VM sampled over the run (with `sample_every`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<Sample>,
 }
 
 impl KvmReport {
@@ -274,7 +323,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
     let hyp = hcfg.hypervisor_vram >> 20;
     let host = GpuHost::new(phys, hcfg).context("bringing up the GPU host")?;
     if let Some(p) = opts.sched {
-        host.set_scheduler(p.create(&gpuvm::sched::SchedParams::default()))
+        host.set_scheduler(p.create(&opts.sched_params))
             .context("setting the scheduler")?;
     }
     let vram_mib = if opts.vram_mib == 0 {
@@ -289,7 +338,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
             name: format!("vm{i}"),
             vram_mib,
             channels,
-            weight: 1,
+            weight: opts.setups.get(i).map_or(1, |s| s.weight.max(1)),
             shadow: opts.shadow,
         };
         vgpus.push(
@@ -297,25 +346,56 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
                 .with_context(|| format!("creating the vGPU of vm{i}"))?,
         );
     }
+    let gated = (0..opts.vms)
+        .filter(|&i| {
+            let mode = opts.modes.get(i).copied().unwrap_or(abi::MODE_NORMAL);
+            opts.setups
+                .get(i)
+                .is_some_and(|s| s.gate || (mode == abi::MODE_NORMAL && s.stream.is_some()))
+        })
+        .count();
+    let ctx = RunCtx {
+        host: &host,
+        sim: &sim,
+        gate: Gate::new(gated),
+        start: Instant::now(),
+    };
+    let sampler = Sampler::new();
     let reports: Vec<KvmVmReport> = std::thread::scope(|s| {
+        if let Some(every) = opts.sample_every {
+            let (sampler, ctx, vgpus) = (&sampler, &ctx, &vgpus);
+            std::thread::Builder::new()
+                .name("sampler".into())
+                .spawn_scoped(s, move || {
+                    sampler.run(every, ctx.start, ctx.host, ctx.sim, vgpus)
+                })
+                .expect("spawning the sampler thread");
+        }
         let handles: Vec<_> = vgpus
             .iter()
             .enumerate()
             .map(|(i, vgpu)| {
-                let (kvm, sim, vgpu) = (&kvm, &sim, vgpu.clone());
+                let (kvm, ctx, vgpu) = (&kvm, &ctx, vgpu.clone());
                 std::thread::Builder::new()
                     .name(format!("vm{i}"))
-                    .spawn_scoped(s, move || run_vm(kvm, i, vgpu, sim, opts))
+                    .spawn_scoped(s, move || run_vm(kvm, i, vgpu, ctx, opts))
                     .expect("spawning a VM thread")
             })
             .collect();
-        handles
+        let reports = handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| panic!("a VM thread panicked")))
-            .collect()
+            .collect();
+        sampler.stop();
+        reports
     });
-    for v in &vgpus {
-        host.destroy_vgpu(v).context("destroying a vGPU")?;
+    if opts.sample_every.is_some() {
+        sampler.sample(ctx.start, &host, &sim, &vgpus);
+    }
+    for (v, r) in vgpus.iter().zip(&reports) {
+        if r.kvm.destroyed_in_flight.is_none() {
+            host.destroy_vgpu(v).context("destroying a vGPU")?;
+        }
     }
     drop(vgpus);
     Ok(KvmReport {
@@ -327,7 +407,21 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
         shadow: opts.shadow,
         vms: reports,
         host: host.stats(),
+        gate_open_ns: ctx
+            .gate
+            .opened()
+            .map(|t| t.saturating_duration_since(ctx.start).as_nanos() as u64),
+        samples: sampler.take(),
     })
+}
+
+/// What the threads of one run share.
+struct RunCtx<'a> {
+    host: &'a GpuHost,
+    sim: &'a SimGpu,
+    gate: Gate,
+    /// The origin of every VM's phase times and of the samples.
+    start: Instant,
 }
 
 /// The vGPU's interrupt line as an irqfd: a rising edge signals the eventfd, which KVM turns
@@ -366,15 +460,18 @@ fn run_vm(
     kvm: &Kvm,
     index: usize,
     vgpu: Arc<Vgpu>,
-    sim: &SimGpu,
+    ctx: &RunCtx,
     opts: &KvmOptions,
 ) -> KvmVmReport {
     let name = format!("vm{index}");
-    let mut info = KvmVmInfo::default();
+    let mut info = KvmVmInfo {
+        weight: vgpu.profile().weight,
+        ..KvmVmInfo::default()
+    };
     let mut marks = Vec::new();
     let mut ram = None;
     match run_vcpu(
-        kvm, index, &vgpu, sim, opts, &mut info, &mut marks, &mut ram,
+        kvm, index, &vgpu, ctx, opts, &mut info, &mut marks, &mut ram,
     ) {
         Ok(()) => {}
         Err(e) => {
@@ -383,14 +480,69 @@ fn run_vm(
             info.stopped = Some(msg);
         }
     }
-    let (init, workloads) = collect_results(ram.as_ref(), &marks, opts, &info);
+    let stats = vgpu.stats();
+    if info.stopped.is_some() {
+        // Contain it now, while the others run: its work in flight is dropped with it.
+        info.destroyed_in_flight = Some(destroy_stopped(ctx.host, &vgpu, &name));
+    }
+    let names: Vec<&str> = match vm_mode(opts, index) {
+        abi::MODE_STREAM => vec!["stream"],
+        abi::MODE_STOP_FAULT | abi::MODE_STOP_SPIN => vec!["long kernel"],
+        _ => vm_workloads(opts, index).iter().map(|w| w.name()).collect(),
+    };
+    let (init, workloads) = collect_results(ram.as_ref(), &marks, &names, &info);
+    info.phases = marks
+        .iter()
+        .map(|m| PhaseMark {
+            phase: m.phase,
+            at_ns: m.at.saturating_duration_since(ctx.start).as_nanos() as u64,
+        })
+        .collect();
     KvmVmReport {
         vm: vgpu.id().0,
         init,
         workloads,
-        stats: vgpu.stats(),
+        stats,
         kvm: info,
     }
+}
+
+/// Destroys the vGPU of a VM the VMM stopped; returns how many of its submissions were still
+/// queued or on the GPU.
+fn destroy_stopped(host: &GpuHost, vgpu: &Vgpu, name: &str) -> u64 {
+    let in_flight = host
+        .sched_stats()
+        .vms
+        .iter()
+        .find(|v| v.vm == vgpu.id())
+        .map_or(0, |v| {
+            v.dispatched.saturating_sub(v.retired) + v.queued as u64
+        });
+    match host.destroy_vgpu(vgpu) {
+        Ok(()) => eprintln!(
+            "gpuvm: {name}: vGPU destroyed with {in_flight} submission(s) in flight; the other VMs go on"
+        ),
+        Err(e) => eprintln!("gpuvm: {name}: destroying the vGPU failed: {e}"),
+    }
+    in_flight
+}
+
+/// The guest mode of VM `index`.
+fn vm_mode(opts: &KvmOptions, index: usize) -> u32 {
+    match opts.modes.get(index).copied().unwrap_or(abi::MODE_NORMAL) {
+        abi::MODE_NORMAL if opts.setups.get(index).is_some_and(|s| s.stream.is_some()) => {
+            abi::MODE_STREAM
+        }
+        m => m,
+    }
+}
+
+/// The workloads of VM `index`.
+fn vm_workloads(opts: &KvmOptions, index: usize) -> &[Workload] {
+    opts.setups
+        .get(index)
+        .and_then(|s| s.workloads.as_deref())
+        .unwrap_or(&opts.workloads)
 }
 
 /// GPU busy time of the VM's channels so far.
@@ -405,29 +557,44 @@ fn run_vcpu(
     kvm: &Kvm,
     index: usize,
     vgpu: &Arc<Vgpu>,
-    sim: &SimGpu,
+    ctx: &RunCtx,
     opts: &KvmOptions,
     info: &mut KvmVmInfo,
     marks: &mut Vec<Mark>,
     ram_out: &mut Option<vm::GuestVm>,
 ) -> anyhow::Result<()> {
     let name = format!("vm{index}");
+    let sim = ctx.sim;
+    let setup = opts.setups.get(index).cloned().unwrap_or_default();
+    let fence_irq = setup.fence_irq.unwrap_or(opts.fence_irq);
+    let workloads = vm_workloads(opts, index);
+    if workloads.len() > abi::MAX_WORKLOADS {
+        anyhow::bail!("at most {} workloads per VM", abi::MAX_WORKLOADS);
+    }
     let (ram, heap, dma) = ram_layout(opts);
     let gvm = vm::GuestVm::new(kvm, ram)?;
     let entry = gvm.load_elf(GUEST_ELF)?;
     cpu::write_system_tables(&gvm.mem)?;
     let mut vcpu = gvm.create_vcpu()?;
-    cpu::setup(kvm, &vcpu, entry, opts.fence_irq)?;
+    cpu::setup(kvm, &vcpu, entry, fence_irq)?;
     let tsc_khz = vcpu.get_tsc_khz().unwrap_or(0);
 
     // Boot parameters.
     let bp = |off: u64| abi::BOOT_PARAMS + off;
     gvm.write_u64(bp(abi::BP_MAGIC), abi::MAGIC)?;
-    let mode = opts.modes.get(index).copied().unwrap_or(abi::MODE_NORMAL);
-    gvm.write_u32(bp(abi::BP_MODE), mode)?;
+    gvm.write_u32(bp(abi::BP_MODE), vm_mode(opts, index))?;
     gvm.write_u32(bp(abi::BP_SIZE), opts.size)?;
-    gvm.write_u32(bp(abi::BP_FENCE_MODE), opts.fence_irq as u32)?;
-    gvm.write_u32(bp(abi::BP_NWORKLOADS), opts.workloads.len() as u32)?;
+    gvm.write_u32(bp(abi::BP_FENCE_MODE), fence_irq as u32)?;
+    gvm.write_u32(bp(abi::BP_NWORKLOADS), workloads.len() as u32)?;
+    gvm.write_u32(bp(abi::BP_GATE), setup.gate as u32)?;
+    gvm.write_u64(bp(abi::BP_ECAM), if opts.ecam { abi::ECAM_BASE } else { 0 })?;
+    if let Some(st) = setup.stream {
+        gvm.write_u64(bp(abi::BP_STREAM_ITERS), st.iterations)?;
+        gvm.write_u32(bp(abi::BP_STREAM_OUTSTANDING), st.outstanding)?;
+        gvm.write_u32(bp(abi::BP_STREAM_START_MS), st.start_ms)?;
+        gvm.write_u32(bp(abi::BP_STREAM_MS), st.run_ms)?;
+        gvm.write_u32(bp(abi::BP_STREAM_COUNT), st.count)?;
+    }
     gvm.write_u64(bp(abi::BP_TSC_KHZ), tsc_khz as u64)?;
     gvm.write_u64(bp(abi::BP_HEAP_BASE), abi::HEAP_BASE)?;
     gvm.write_u64(bp(abi::BP_HEAP_SIZE), heap)?;
@@ -437,7 +604,7 @@ fn run_vcpu(
     gvm.write_u32(bp(abi::BP_IRQ_VECTOR), IRQ_VECTOR)?;
     gvm.write_u32(bp(abi::BP_IRQ_GSI), IRQ_GSI)?;
     gvm.write_u32(bp(abi::BP_CALIBRATE), opts.calibrate)?;
-    for (i, w) in opts.workloads.iter().enumerate() {
+    for (i, w) in workloads.iter().enumerate() {
         let idx = Workload::ALL.iter().position(|x| x == w).unwrap_or(0xff) as u32;
         gvm.mem
             .write_obj(
@@ -449,7 +616,7 @@ fn run_vcpu(
     vgpu.attach_guest_memory(gvm.mem.clone())
         .context("attaching guest RAM to the vGPU")?;
 
-    let line = if opts.fence_irq {
+    let line = if fence_irq {
         let evt = EventFd::new(0).context("eventfd")?;
         gvm.fd.register_irqfd(&evt, IRQ_GSI).context("KVM_IRQFD")?;
         let line = Arc::new(IrqfdLine {
@@ -468,7 +635,11 @@ fn run_vcpu(
     let mut windows = BarWindows::default();
     let mut ex = ExitCounts::default();
     let start = Instant::now();
-    let deadline = start + opts.timeout;
+    let timeout = setup.timeout.unwrap_or(opts.timeout);
+    let deadline = start + timeout;
+    // Declared after `vcpu`, so dropped (disarmed) before it.
+    let kicker = kick::Kicker::arm(&mut vcpu, deadline, setup.stall)?;
+    let mut at_gate = false;
     let mark = |phase: u32, ex: &ExitCounts| Mark {
         phase,
         at: Instant::now(),
@@ -496,10 +667,26 @@ fn run_vcpu(
                 }
             }
         }
+        if let Some(stall) = setup
+            .stall
+            .filter(|&s| kicker.fired() && kicker.since_exit() > s)
+        {
+            break Err(format!(
+                "{name}: no exit for {stall:?} (kicked out of KVM_RUN: it was spinning without exits): VM stopped"
+            ));
+        }
         if Instant::now() > deadline {
             break Err(format!(
-                "{name}: still running after {:?}: VM stopped",
-                opts.timeout
+                "{name}: still running after {:?}{}: VM stopped",
+                timeout,
+                match kicker.since_exit() {
+                    // Only the kick brought it back: it was spinning without exits.
+                    quiet if kicker.fired() && quiet >= Duration::from_millis(50) => format!(
+                        " (kicked out of KVM_RUN: no exit for {} ms)",
+                        quiet.as_millis()
+                    ),
+                    _ => String::new(),
+                }
             ));
         }
         // What to do after the exit, once the vCPU's borrow has ended.
@@ -509,7 +696,12 @@ fn run_vcpu(
             Stop(String),
             Fault(&'static str),
         }
-        let after = match vcpu.run() {
+        let run = vcpu.run();
+        if !matches!(&run, Err(e) if e.errno() == libc::EINTR) {
+            // A kick's EINTR is not the guest's progress.
+            kicker.exited();
+        }
+        let after = match run {
             Ok(VcpuExit::IoOut(port, data)) => {
                 ex.pio += 1;
                 match port {
@@ -536,12 +728,19 @@ fn run_vcpu(
                         data[0] = uart.read((p - serial::PORT_BASE) as u8);
                     }
                     pci::PORT_ADDR..=0xcff => pci.io_read(port, data),
+                    abi::PORT_GATE => {
+                        data.fill(0);
+                        data[0] = ctx.gate.poll(&mut at_gate) as u8;
+                    }
                     _ => data.fill(0xff),
                 }
                 After::Go
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
-                if windows.read(vgpu, addr, data) {
+                if ecam::read(&pci, addr, data) {
+                    ex.ecam += 1;
+                    After::Go
+                } else if windows.read(vgpu, addr, data) {
                     ex.mmio_reads += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -557,7 +756,10 @@ fn run_vcpu(
                 }
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                if windows.write(vgpu, addr, data) {
+                if ecam::write(&mut pci, addr, data) {
+                    ex.ecam += 1;
+                    After::Go
+                } else if windows.write(vgpu, addr, data) {
                     ex.mmio_writes += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -606,7 +808,10 @@ fn run_vcpu(
         }
     }
     let wall = start.elapsed();
-    if opts.fence_irq {
+    info.kicked = kicker.fired();
+    drop(kicker);
+    ctx.gate.leave(&mut at_gate);
+    if fence_irq {
         info.final_rflags = vcpu.get_regs().map(|r| r.rflags).unwrap_or(0);
         if let Ok(lapic) = vcpu.get_lapic() {
             let reg = |off: usize| -> u32 {
@@ -640,6 +845,8 @@ fn run_vcpu(
     info.ns_per_mmio_exit = info.wall_ns.checked_div(mmio).unwrap_or(0);
     info.fence_irq = gvm.read_u32(abi::RESULTS_HEADER + abi::H_FENCE_IRQ) == 1;
     info.irqs_seen = gvm.read_u64(abi::RESULTS_HEADER + abi::H_IRQS);
+    info.kernels = gvm.read_u64(abi::RESULTS_HEADER + abi::H_KERNELS);
+    info.kernels_submitted = gvm.read_u64(abi::RESULTS_HEADER + abi::H_SUBMITTED);
     info.irqs_raised = line.map_or(0, |l| l.raised.load(Ordering::SeqCst));
     info.calibration = calibration(marks, opts.calibrate);
     info.console = std::mem::take(&mut uart.writer_mut().lines);
@@ -720,7 +927,7 @@ fn calibration(marks: &[Mark], n: u32) -> Option<Calibration> {
 fn collect_results(
     gvm: Option<&vm::GuestVm>,
     marks: &[Mark],
-    opts: &KvmOptions,
+    names: &[&str],
     info: &KvmVmInfo,
 ) -> (WorkloadRun, Vec<WorkloadRun>) {
     let not_run = |name: &str| WorkloadRun {
@@ -780,11 +987,10 @@ fn collect_results(
         }
     };
     let init = entry(0, "init");
-    let workloads = opts
-        .workloads
+    let workloads = names
         .iter()
         .enumerate()
-        .map(|(i, w)| entry(1 + i, w.name()))
+        .map(|(i, w)| entry(1 + i, w))
         .collect();
     (init, workloads)
 }
@@ -816,7 +1022,10 @@ mod tests {
     // The ABI blocks do not overlap.
     const _: () = {
         assert!(abi::BP_CALIBRATE >= abi::BP_WORKLOADS + abi::MAX_WORKLOADS as u64);
-        assert!(abi::RESULTS_HEADER + 16 <= abi::PML4_ADDR);
+        assert!(abi::RESULTS_HEADER + abi::H_SUBMITTED + 8 <= abi::PML4_ADDR);
+        assert!(
+            abi::ECAM_BASE >= abi::MMIO_HOLE && abi::ECAM_BASE + abi::ECAM_SIZE <= abi::NULL_MMIO
+        );
         assert!(abi::BOOT_PARAMS + 0x1000 <= abi::RESULTS);
     };
 }

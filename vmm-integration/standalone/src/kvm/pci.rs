@@ -1,6 +1,8 @@
 //! PCI configuration mechanism 1 (ports 0xCF8-0xCFF): a host bridge at 00:00.0 and the vGPU at
 //! 00:01.0, whose configuration space is the device model's (`Vgpu::config_read/write`). Every
-//! other function reads all-ones (no device), and writes to it are dropped.
+//! other function reads all-ones (no device), and writes to it are dropped. The same functions
+//! are reachable through the memory-mapped ECAM window ([`super::ecam`]) via
+//! [`PciBus::function_read`] / [`PciBus::function_write`].
 
 use std::sync::Arc;
 
@@ -73,17 +75,38 @@ impl PciBus {
             return;
         }
         match self.target(port) {
-            Some((0, offset)) => {
-                let v = host_bridge_read(offset).to_le_bytes();
+            Some((dev, offset)) => self.function_read(dev, 0, offset as u16, data),
+            None => data.fill(0xff),
+        }
+    }
+
+    /// Reads `data.len()` bytes (within one dword) at `offset` of function `dev.func` on bus 0.
+    /// Offsets from 0x100 (PCI Express extended space) read zero on the two functions present
+    /// (no extended capabilities); absent functions read all-ones.
+    pub fn function_read(&self, dev: u8, func: u8, offset: u16, data: &mut [u8]) {
+        let fits = (offset as usize & 3) + data.len() <= 4;
+        match (dev, func) {
+            (0 | VGPU_DEV, 0) if !fits => data.fill(0xff),
+            (0 | VGPU_DEV, 0) if offset >= 0x100 => data.fill(0),
+            (0, 0) => {
+                let v = host_bridge_read(offset as u8).to_le_bytes();
                 let start = (offset & 3) as usize;
                 for (i, b) in data.iter_mut().enumerate() {
                     *b = v.get(start + i).copied().unwrap_or(0xff);
                 }
             }
-            Some((VGPU_DEV, offset)) if (offset as usize & 3) + data.len() <= 4 => {
-                self.vgpu.config_read(offset as u16, data)
-            }
+            (VGPU_DEV, 0) => self.vgpu.config_read(offset, data),
             _ => data.fill(0xff),
+        }
+    }
+
+    /// Writes `data` (within one dword) at `offset` of function `dev.func` on bus 0; only the
+    /// vGPU's first 256 bytes take writes.
+    pub fn function_write(&mut self, dev: u8, func: u8, offset: u16, data: &[u8]) {
+        if (dev, func) == (VGPU_DEV, 0) && offset < 0x100 && (offset as usize & 3) + data.len() <= 4
+        {
+            self.vgpu.config_write(offset, data);
+            self.dirty = true;
         }
     }
 
@@ -98,11 +121,8 @@ impl PciBus {
         if port < PORT_DATA {
             return;
         }
-        if let Some((VGPU_DEV, offset)) = self.target(port) {
-            if (offset as usize & 3) + data.len() <= 4 {
-                self.vgpu.config_write(offset as u16, data);
-                self.dirty = true;
-            }
+        if let Some((dev, offset)) = self.target(port) {
+            self.function_write(dev, 0, offset as u16, data);
         }
     }
 
