@@ -769,6 +769,7 @@ impl GpuHost {
                 base: HostVram(base),
                 size: slice_size,
             },
+            tap: Default::default(),
         }))
     }
 

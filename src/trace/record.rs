@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use gpuvm_guest::hal::{Bar, Dma, Mmio, Platform};
 
-use crate::clock::Clock;
+use crate::clock::{Clock, SimClock};
 use crate::harness::hal::{sim_wait_step, split64_read, split64_write};
 use crate::harness::VirtHal;
 use crate::host::HostConfig;
@@ -335,5 +335,176 @@ impl<H> Platform for RecordingHal<H> {
 
     fn has_interrupts(&self) -> bool {
         true
+    }
+}
+
+/// Records one VM's accesses as a VMM's exits deliver them (installed as the vGPU's
+/// [`crate::vgpu::AccessTap`]), for VMMs whose guest driver runs in a real VM (the KVM VMM's
+/// `run --kvm --record`).
+///
+/// **Determinism.** The host must run on a [`SimClock`] that only this session moves: before
+/// each access the recorder steps it to the wall time elapsed since `epoch` and records the
+/// step as a `Clock` record, so the device model sees the same clock values in replay. Guest
+/// RAM that the device may read (pushbuffers, GPFIFO entries, copy sources) changes without
+/// exits; the VMM reports what the guest wrote with [`TapRecorder::guest_wrote`] before the
+/// access that follows (the KVM VMM finds it with KVM's dirty-page log), and it becomes
+/// `gpuvm-dmaw` side records. Nothing else may poll the host while recording (no sampler
+/// thread), because a poll outside every VM's trace could not be replayed.
+pub struct TapRecorder {
+    session: Arc<Session>,
+    clock: Arc<SimClock>,
+    epoch: std::time::Instant,
+    header: Header,
+    events: Mutex<Vec<Event>>,
+}
+
+impl TapRecorder {
+    /// A recorder for VM `vm` of `session` (its vGPU `vgpu`, `guest_ram` bytes of RAM at GPA
+    /// 0), stepping `clock` to the time elapsed since `epoch`.
+    pub fn new(
+        session: Arc<Session>,
+        vgpu: &Vgpu,
+        vm: u32,
+        guest_ram: u64,
+        clock: Arc<SimClock>,
+        epoch: std::time::Instant,
+    ) -> Arc<TapRecorder> {
+        let header = Header {
+            vm,
+            vms: session.vms,
+            session: session.id.clone(),
+            profile: vgpu.profile().clone(),
+            guest_ram,
+            phys_vram: session.phys_vram,
+            hypervisor_vram: session.host.hypervisor_vram,
+            iova_window: session.host.iova_window,
+            max_inflight: session.host.max_inflight,
+            note: session.note.clone(),
+        };
+        Arc::new(TapRecorder {
+            session,
+            clock,
+            epoch,
+            header,
+            events: Mutex::new(Vec::with_capacity(1 << 16)),
+        })
+    }
+
+    fn events(&self) -> MutexGuard<'_, Vec<Event>> {
+        self.events.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Moves the clock to the elapsed wall time (never backwards) and records the step.
+    fn step_clock(&self, seq: &mut MutexGuard<'_, u64>, ev: &mut Vec<Event>) {
+        let wall = self.epoch.elapsed().as_nanos() as u64;
+        if wall > self.clock.now_ns() {
+            self.clock.advance_to(wall);
+            push(seq, ev, wall, Op::Clock { ns: wall });
+        }
+    }
+
+    /// Records bytes the guest wrote to its RAM at `gpa` since the last call (before the
+    /// access that may make the device read them).
+    pub fn guest_wrote(&self, gpa: u64, data: &[u8]) {
+        let mut g = self.session.lock();
+        let mut ev = self.events();
+        let now = self.clock.now_ns();
+        for (i, c) in data.chunks(DMA_CHUNK).enumerate() {
+            let op = Op::DmaWrite {
+                gpa: gpa + (i * DMA_CHUNK) as u64,
+                data: c.to_vec(),
+            };
+            push(&mut g, &mut ev, now, op);
+        }
+    }
+
+    /// Destroys the VM's vGPU with `perform` (the VMM's `GpuHost::destroy_vgpu`) as a recorded
+    /// step, in order with every VM's accesses.
+    pub fn destroy(&self, perform: impl FnOnce()) {
+        let mut g = self.session.lock();
+        let mut ev = self.events();
+        self.step_clock(&mut g, &mut ev);
+        perform();
+        push(&mut g, &mut ev, self.clock.now_ns(), Op::Destroy);
+    }
+
+    /// Adds an informational marker (a phase name) to the trace.
+    pub fn mark(&self, text: &str) {
+        let now = self.clock.now_ns();
+        self.events().push(Event {
+            line: 0,
+            seq: 0,
+            time_ns: now,
+            op: Op::Mark(text.to_string()),
+        });
+    }
+
+    /// Hands the trace recorded so far to the session (call once, when the VM is done).
+    pub fn finish(&self) {
+        let trace = Trace {
+            header: self.header.clone(),
+            events: std::mem::take(&mut *self.events()),
+        };
+        self.session
+            .traces
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(trace);
+    }
+}
+
+fn push(seq: &mut MutexGuard<'_, u64>, ev: &mut Vec<Event>, time_ns: u64, op: Op) {
+    **seq += 1;
+    ev.push(Event {
+        line: 0,
+        seq: **seq,
+        time_ns,
+        op,
+    });
+}
+
+fn le_value(data: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    let n = data.len().min(8);
+    b[..n].copy_from_slice(&data[..n]);
+    u64::from_le_bytes(b)
+}
+
+impl crate::vgpu::AccessTap for TapRecorder {
+    fn read(&self, bar: Bar, offset: u64, data: &mut [u8], perform: &mut dyn FnMut(&mut [u8])) {
+        let mut g = self.session.lock();
+        let mut ev = self.events();
+        self.step_clock(&mut g, &mut ev);
+        perform(data);
+        let op = Op::Read {
+            bar,
+            offset,
+            width: data.len() as u8,
+            value: le_value(data),
+        };
+        push(&mut g, &mut ev, self.clock.now_ns(), op);
+    }
+
+    fn write(&self, bar: Bar, offset: u64, data: &[u8], perform: &mut dyn FnMut(&[u8])) {
+        let mut g = self.session.lock();
+        let mut ev = self.events();
+        self.step_clock(&mut g, &mut ev);
+        perform(data);
+        let now = self.clock.now_ns();
+        let op = Op::Write {
+            bar,
+            offset,
+            width: data.len() as u8,
+            value: le_value(data),
+        };
+        push(&mut g, &mut ev, now, op);
+        if bar == Bar::Bar1 && offset & 0xfff == gf100::userd::GP_PUT {
+            ev.push(Event {
+                line: 0,
+                seq: 0,
+                time_ns: now,
+                op: Op::Mark("submit".into()),
+            });
+        }
     }
 }

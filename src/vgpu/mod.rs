@@ -24,12 +24,13 @@ pub(crate) mod irq;
 mod pv;
 pub mod stats;
 pub(crate) mod submit;
+pub mod tap;
 pub(crate) mod vregs;
 
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use gf100::Target;
 use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
@@ -48,6 +49,7 @@ use crate::shadow_pt::{ShadowCtx, ShadowPt};
 use crate::vram_alloc::RangeAllocator;
 
 pub use stats::{VgpuStats, ViolationKind};
+pub use tap::AccessTap;
 
 use aperture::GuestBars;
 use stats::RateLimit;
@@ -298,6 +300,8 @@ pub struct Vgpu {
     pub(crate) line: Arc<LineSlot>,
     pub(crate) phys_chans: Range<u32>,
     pub(crate) slice: VramSlice,
+    /// A hook around every BAR access (trace recording), set at most once.
+    pub(crate) tap: OnceLock<Arc<dyn AccessTap>>,
 }
 
 impl fmt::Debug for Vgpu {
@@ -362,6 +366,15 @@ impl Vgpu {
 
     /// Reads `data.len()` (1, 2, 4 or 8) bytes of `bar` at `offset`.
     pub fn bar_read(&self, bar: Bar, offset: u64, data: &mut [u8]) {
+        match self.tap.get() {
+            Some(tap) => tap.read(bar, offset, data, &mut |d| {
+                self.bar_read_direct(bar, offset, d)
+            }),
+            None => self.bar_read_direct(bar, offset, data),
+        }
+    }
+
+    fn bar_read_direct(&self, bar: Bar, offset: u64, data: &mut [u8]) {
         let done = self.shared.access(self.id, |cx| match bar {
             Bar::Bar0 => {
                 cx.vm.stats.exits.bar0.count(false);
@@ -376,6 +389,15 @@ impl Vgpu {
 
     /// Writes `data` (1, 2, 4 or 8 bytes) to `bar` at `offset`.
     pub fn bar_write(&self, bar: Bar, offset: u64, data: &[u8]) {
+        match self.tap.get() {
+            Some(tap) => tap.write(bar, offset, data, &mut |d| {
+                self.bar_write_direct(bar, offset, d)
+            }),
+            None => self.bar_write_direct(bar, offset, data),
+        }
+    }
+
+    fn bar_write_direct(&self, bar: Bar, offset: u64, data: &[u8]) {
         self.shared.access(self.id, |cx| match bar {
             Bar::Bar0 => {
                 cx.vm.stats.exits.bar0.count(true);
@@ -383,6 +405,12 @@ impl Vgpu {
             }
             Bar::Bar1 | Bar::Bar3 => aperture::bar_write(cx, bar, offset, data),
         });
+    }
+
+    /// Installs a hook that sees and performs every later BAR access (see [`tap`]); a vGPU
+    /// has at most one. Returns the tap back if one is already installed.
+    pub fn set_access_tap(&self, tap: Arc<dyn AccessTap>) -> Result<(), Arc<dyn AccessTap>> {
+        self.tap.set(tap)
     }
 
     /// The BAR regions and their trap policy: the BAR0 region table (deny by default: offsets

@@ -41,7 +41,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0)]
     vram_mib: u64,
     /// Record each VM's MMIO trace (Linux mmiotrace text with gpuvm side records, see
-    /// docs/trace-format.md) into DIR as `vm<N>.mmiotrace` (`.gz` with `--record-gzip`).
+    /// docs/trace-format.md) into DIR as `vm<N>.mmiotrace` (`.gz` with `--record-gzip`); with
+    /// `--kvm` too (the host then runs on a clock stepped to wall time; FIFO only).
     #[arg(long, value_name = "DIR")]
     record: Option<std::path::PathBuf>,
     /// Compress recorded traces with gzip.
@@ -72,10 +73,10 @@ fn workloads(names: &[String]) -> anyhow::Result<Vec<Workload>> {
 pub fn run(args: &RunArgs) -> anyhow::Result<bool> {
     if args.kvm.kvm {
         anyhow::ensure!(
-            args.record.is_none(),
-            "--record is not supported with --kvm"
+            !args.record_gzip,
+            "--record-gzip is not supported with --kvm (compress the files afterwards)"
         );
-        let opts = args.kvm.options(
+        let mut opts = args.kvm.options(
             args.vms as usize,
             args.size,
             args.shadow,
@@ -84,6 +85,7 @@ pub fn run(args: &RunArgs) -> anyhow::Result<bool> {
             args.vram_mib,
             args.guest_ram_mib << 20,
         )?;
+        opts.record = args.record.clone();
         return crate::kvm::cli::run(&opts, args.json);
     }
     let mut opts = VirtOptions {

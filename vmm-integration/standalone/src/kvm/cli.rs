@@ -8,6 +8,9 @@ use crate::table::{self, Table};
 /// stopped.
 pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
     let report = run_kvm(opts)?;
+    for f in &report.recorded {
+        eprintln!("gpuvm: recorded {}", f.display());
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

@@ -20,6 +20,7 @@ pub mod isolation;
 pub mod kick;
 pub mod mmio;
 pub mod pci;
+pub mod record;
 pub mod scale;
 pub mod serial;
 pub mod setup;
@@ -31,13 +32,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use gpuvm::clock::ClockKind;
+use gpuvm::clock::{Clock, ClockKind, SimClock};
 use gpuvm::harness::WorkloadRun;
 use gpuvm::host::{GpuHost, HostConfig, HostStats};
 use gpuvm::irq::IrqLine;
 use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
+use gpuvm::trace::record::TapRecorder;
 use gpuvm::vgpu::{Vgpu, VgpuStats};
 use gpuvm_guest::workloads::Workload;
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuExit, VcpuFd, VmFd};
@@ -122,6 +124,9 @@ pub struct KvmOptions {
     /// The guests enumerate PCI through the ECAM window instead of ports 0xCF8/0xCFC (the VMM
     /// decodes both either way).
     pub ecam: bool,
+    /// Record each VM's MMIO trace into this directory (`record`): the host then runs on a
+    /// simulated clock stepped to wall time at each access, with the default scheduler.
+    pub record: Option<std::path::PathBuf>,
 }
 
 impl Default for KvmOptions {
@@ -145,6 +150,7 @@ impl Default for KvmOptions {
             setups: Vec::new(),
             sample_every: None,
             ecam: false,
+            record: None,
         }
     }
 }
@@ -281,6 +287,9 @@ pub struct KvmReport {
     /// GPU time per VM sampled over the run (with `sample_every`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub samples: Vec<Sample>,
+    /// The trace files written (with `record`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recorded: Vec<std::path::PathBuf>,
 }
 
 impl KvmReport {
@@ -312,7 +321,22 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
     if opts.workloads.len() > abi::MAX_WORKLOADS {
         anyhow::bail!("at most {} workloads per run", abi::MAX_WORKLOADS);
     }
-    let clock = ClockKind::Real.create();
+    if opts.record.is_some() {
+        anyhow::ensure!(
+            opts.sample_every.is_none(),
+            "--record cannot be combined with the GPU-time sampler (its host polls belong to no VM's trace)"
+        );
+        anyhow::ensure!(
+            matches!(opts.sched, None | Some(gpuvm::sched::Policy::Fifo)),
+            "--record needs the host's default scheduler (FIFO): `gpuvm trace replay` runs it"
+        );
+    }
+    // Recording: a simulated clock that the recorders step to wall time at each access.
+    let stepped = opts.record.as_ref().map(|_| Arc::new(SimClock::new()));
+    let clock: Arc<dyn Clock> = match &stepped {
+        Some(c) => c.clone(),
+        None => ClockKind::Real.create(),
+    };
     let sim = Arc::new(SimGpu::new(SimConfig {
         vram_size: opts.phys_vram,
         clock: clock.clone(),
@@ -354,11 +378,45 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
                 .is_some_and(|s| s.gate || (mode == abi::MODE_NORMAL && s.stream.is_some()))
         })
         .count();
+    let session = opts.record.as_ref().map(|_| {
+        let note = format!(
+            "kvm;workloads={};size={};fence={};vms={}",
+            opts.workloads
+                .iter()
+                .map(|w| w.name())
+                .collect::<Vec<_>>()
+                .join(","),
+            opts.size,
+            if opts.fence_irq { "Interrupt" } else { "Poll" },
+            opts.vms
+        );
+        gpuvm::trace::record::Session::new(opts.vms as u32, opts.phys_vram, host.config(), &note)
+    });
+    let start = Instant::now();
+    let mut recorders = Vec::new();
+    if let (Some(session), Some(clock)) = (&session, &stepped) {
+        let guest_ram = ram_layout(opts).0;
+        for (i, v) in vgpus.iter().enumerate() {
+            let rec = TapRecorder::new(
+                session.clone(),
+                v,
+                i as u32,
+                guest_ram,
+                clock.clone(),
+                start,
+            );
+            if v.set_access_tap(rec.clone()).is_err() {
+                anyhow::bail!("vm{i}: the vGPU already has an access tap");
+            }
+            recorders.push(rec);
+        }
+    }
     let ctx = RunCtx {
         host: &host,
         sim: &sim,
         gate: Gate::new(gated),
-        start: Instant::now(),
+        start,
+        recorders,
     };
     let sampler = Sampler::new();
     let reports: Vec<KvmVmReport> = std::thread::scope(|s| {
@@ -397,6 +455,12 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
             host.destroy_vgpu(v).context("destroying a vGPU")?;
         }
     }
+    let recorded = match (&session, &opts.record) {
+        (Some(s), Some(dir)) => s
+            .write_dir(dir, false)
+            .with_context(|| format!("writing traces to {}", dir.display()))?,
+        _ => Vec::new(),
+    };
     drop(vgpus);
     Ok(KvmReport {
         backend: "kvm",
@@ -412,6 +476,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
             .opened()
             .map(|t| t.saturating_duration_since(ctx.start).as_nanos() as u64),
         samples: sampler.take(),
+        recorded,
     })
 }
 
@@ -422,6 +487,8 @@ struct RunCtx<'a> {
     gate: Gate,
     /// The origin of every VM's phase times and of the samples.
     start: Instant,
+    /// One trace recorder per VM (with `record`; empty otherwise).
+    recorders: Vec<Arc<TapRecorder>>,
 }
 
 /// The vGPU's interrupt line as an irqfd: a rising edge signals the eventfd, which KVM turns
@@ -483,7 +550,17 @@ fn run_vm(
     let stats = vgpu.stats();
     if info.stopped.is_some() {
         // Contain it now, while the others run: its work in flight is dropped with it.
-        info.destroyed_in_flight = Some(destroy_stopped(ctx.host, &vgpu, &name));
+        info.destroyed_in_flight = Some(match ctx.recorders.get(index) {
+            Some(rec) => {
+                let mut n = 0;
+                rec.destroy(|| n = destroy_stopped(ctx.host, &vgpu, &name));
+                n
+            }
+            None => destroy_stopped(ctx.host, &vgpu, &name),
+        });
+    }
+    if let Some(rec) = ctx.recorders.get(index) {
+        rec.finish();
     }
     let names: Vec<&str> = match vm_mode(opts, index) {
         abi::MODE_STREAM => vec!["stream"],
@@ -615,6 +692,22 @@ fn run_vcpu(
     }
     vgpu.attach_guest_memory(gvm.mem.clone())
         .context("attaching guest RAM to the vGPU")?;
+    // With `record`: the guest's writes to its DMA region, found in KVM's dirty log.
+    let mut ram_log = match ctx.recorders.get(index) {
+        Some(rec) => Some((
+            record::RamLog::start(&gvm, abi::HEAP_BASE + heap..ram, rec)?,
+            rec.clone(),
+        )),
+        None => None,
+    };
+    let mut sync_ram = |gvm: &vm::GuestVm| -> Result<(), String> {
+        match &mut ram_log {
+            Some((log, rec)) => log
+                .sync(gvm, rec)
+                .map_err(|e| format!("{name}: recording guest RAM: {e:#}: VM stopped")),
+            None => Ok(()),
+        }
+    };
 
     let line = if fence_irq {
         let evt = EventFd::new(0).context("eventfd")?;
@@ -653,6 +746,9 @@ fn run_vcpu(
             .context("mapping the coalesced MMIO ring")?;
     }
     let stop: Result<u32, String> = loop {
+        if let Err(msg) = sync_ram(&gvm) {
+            break Err(msg);
+        }
         if opts.coalesce {
             if let Err(msg) = drain_coalesced(&mut vcpu, &windows, vgpu, &mut ex, &name) {
                 break Err(msg);
@@ -701,6 +797,10 @@ fn run_vcpu(
             // A kick's EINTR is not the guest's progress.
             kicker.exited();
         }
+        let mut ram_err = match &run {
+            Ok(VcpuExit::MmioRead(..)) | Ok(VcpuExit::MmioWrite(..)) => sync_ram(&gvm).err(),
+            _ => None,
+        };
         let after = match run {
             Ok(VcpuExit::IoOut(port, data)) => {
                 ex.pio += 1;
@@ -736,6 +836,8 @@ fn run_vcpu(
                 }
                 After::Go
             }
+            // With `record`, the guest's RAM writes go into the trace before the access.
+            _ if ram_err.is_some() => After::Stop(ram_err.take().unwrap_or_default()),
             Ok(VcpuExit::MmioRead(addr, data)) => {
                 if ecam::read(&pci, addr, data) {
                     ex.ecam += 1;
