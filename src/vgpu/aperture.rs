@@ -71,7 +71,7 @@ impl GuestBars {
         self.tlb.clear();
     }
 
-    fn vm(&self, bar: Bar) -> BarVm {
+    pub(crate) fn vm(&self, bar: Bar) -> BarVm {
         if bar == Bar::Bar3 {
             self.bar3
         } else {
@@ -83,6 +83,7 @@ impl GuestBars {
 /// Reloads both BAR bindings from the guest's registers and instance blocks and empties the
 /// software TLB (after a binding write or a guest TLB flush).
 pub(crate) fn reload(cx: &mut VmCx) {
+    cx.vm.map_gen += 1;
     cx.vm.bars.tlb.clear();
     let b1 = load_binding(cx, cx.vm.regs.bar1_inst, "BAR1");
     let b3 = load_binding(cx, cx.vm.regs.bar3_inst, "BAR3");

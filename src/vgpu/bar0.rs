@@ -350,7 +350,10 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
             pfifo::ENGINE_INTR_ENABLE => r.engine_intr_enable = v,
             o => r.eng_subfifo_mask[index(o, pfifo::ENG_SUBFIFO_MASK)] = v,
         },
-        Handler::UserdPollBase => r.poll_base = v,
+        Handler::UserdPollBase => {
+            r.poll_base = v;
+            cx.vm.map_gen += 1;
+        }
         Handler::RunlistBase => r.runlist_base = v,
         Handler::RunlistSubmit => crate::channels::runlist::guest_submit(cx, v),
         Handler::FaultReports => {

@@ -20,6 +20,7 @@
 
 pub(crate) mod aperture;
 mod bar0;
+pub mod direct_map;
 pub(crate) mod irq;
 mod pv;
 pub mod stats;
@@ -47,6 +48,7 @@ use crate::sched::VmId;
 use crate::shadow_pt::{ShadowCtx, ShadowPt};
 use crate::vram_alloc::RangeAllocator;
 
+pub use direct_map::{DirectMap, DirectRun};
 pub use stats::{VgpuStats, ViolationKind};
 
 use aperture::GuestBars;
@@ -184,6 +186,9 @@ pub(crate) struct VmState {
     pub runlist: Vec<u32>,
     /// Guest instance-block pages of bound channels: (sysram?, page address) -> guest chids.
     pub inst_pages: HashMap<(bool, u64), Vec<u32>>,
+    /// Bumped whenever the direct-map plan of BAR1/BAR3 may have changed for a reason other
+    /// than the tracked set (binding, TLB flush, poll area, instance pages): see `direct_map`.
+    pub map_gen: u64,
     pub pci: PciConfig,
     pub line: Arc<LineSlot>,
     pub line_level: bool,
@@ -422,6 +427,24 @@ impl Vgpu {
             trapped: true,
         });
         v
+    }
+
+    /// The direct-map plan of `bar` (BAR1 or BAR3; BAR0 and a destroyed vGPU: empty): the
+    /// aperture pages a VMM may map straight onto physical VRAM (see [`direct_map`]). Reading it
+    /// walks the guest's BAR page tables; call it only when
+    /// [`Vgpu::direct_map_generation`] moved.
+    pub fn direct_map(&self, bar: Bar) -> DirectMap {
+        self.shared
+            .peek(self.id, |cx| direct_map::plan(cx, bar))
+            .unwrap_or_default()
+    }
+
+    /// The generation of the direct-map plans (cheap: one lock, no GPU service); a new value
+    /// means [`Vgpu::direct_map`] may answer differently.
+    pub fn direct_map_generation(&self) -> u64 {
+        self.shared
+            .peek(self.id, |cx| direct_map::generation(cx.vm))
+            .unwrap_or(u64::MAX)
     }
 
     /// Attaches the VM's RAM: each region is mapped into the VM's IOVA window with the physical
