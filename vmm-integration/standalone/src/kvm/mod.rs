@@ -16,7 +16,10 @@ pub mod abi;
 pub mod cli;
 pub mod cpu;
 pub mod mmio;
+pub mod passthrough;
 pub mod pci;
+pub mod remap;
+pub mod scheme;
 pub mod serial;
 pub mod vm;
 
@@ -33,7 +36,7 @@ use gpuvm::irq::IrqLine;
 use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
-use gpuvm::vgpu::{Vgpu, VgpuStats};
+use gpuvm::vgpu::VgpuStats;
 use gpuvm_guest::workloads::Workload;
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuExit, VcpuFd, VmFd};
 use serde::Serialize;
@@ -41,6 +44,7 @@ use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
 use mmio::BarWindows;
+use passthrough::{BarDevice, Device, Passthrough};
 use pci::PciBus;
 
 /// The guest program (an ELF64 executable linked at [`abi::LOAD_ADDR`]).
@@ -106,6 +110,16 @@ pub struct KvmOptions {
     pub phys_vram: u64,
     /// Scheduling policy of the host (`None`: its default, FIFO).
     pub sched: Option<gpuvm::sched::Policy>,
+    /// The virtualization scheme (`None`: trap every BAR access, shadow mode `shadow`); see
+    /// [`scheme::KvmScheme`].
+    pub scheme: Option<scheme::KvmScheme>,
+}
+
+impl KvmOptions {
+    /// The shadow mode the vGPUs run in: the scheme's, else `shadow`.
+    pub fn shadow_mode(&self) -> ShadowMode {
+        self.scheme.and_then(|s| s.shadow()).unwrap_or(self.shadow)
+    }
 }
 
 impl Default for KvmOptions {
@@ -125,6 +139,7 @@ impl Default for KvmOptions {
             coalesce: true,
             phys_vram: 6 << 30,
             sched: None,
+            scheme: None,
         }
     }
 }
@@ -184,6 +199,8 @@ pub struct KvmVmInfo {
     pub final_lapic: String,
     /// Exit costs, with `--calibrate`.
     pub calibration: Option<Calibration>,
+    /// BAR remap counters (`--scheme fv` and `pv`).
+    pub remap: Option<remap::RemapStats>,
     /// The guest's console output.
     pub console: Vec<String>,
 }
@@ -228,6 +245,8 @@ pub struct KvmReport {
     pub size: u32,
     /// Shadow mode.
     pub shadow: ShadowMode,
+    /// The scheme, if one was chosen (`native`, `fv-naive`, `fv`, `pv`).
+    pub scheme: Option<scheme::KvmScheme>,
     /// One entry per VM.
     pub vms: Vec<KvmVmReport>,
     /// Host counters after every VM was destroyed.
@@ -269,6 +288,9 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
         clock: clock.clone(),
         ..SimConfig::default()
     }));
+    if opts.scheme == Some(scheme::KvmScheme::Native) {
+        return run_native(&kvm, opts, sim);
+    }
     let phys: Arc<dyn PhysicalGpu> = sim.clone();
     let hcfg = HostConfig::default();
     let hyp = hcfg.hypervisor_vram >> 20;
@@ -290,7 +312,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
             vram_mib,
             channels,
             weight: 1,
-            shadow: opts.shadow,
+            shadow: opts.shadow_mode(),
         };
         vgpus.push(
             host.create_vgpu(&p)
@@ -305,7 +327,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
                 let (kvm, sim, vgpu) = (&kvm, &sim, vgpu.clone());
                 std::thread::Builder::new()
                     .name(format!("vm{i}"))
-                    .spawn_scoped(s, move || run_vm(kvm, i, vgpu, sim, opts))
+                    .spawn_scoped(s, move || run_vm(kvm, i, Device::Virt(vgpu), sim, opts))
                     .expect("spawning a VM thread")
             })
             .collect();
@@ -324,9 +346,37 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
         guest_ring: 3,
         clock: ClockKind::Real,
         size: opts.size,
-        shadow: opts.shadow,
+        shadow: opts.shadow_mode(),
+        scheme: opts.scheme,
         vms: reports,
         host: host.stats(),
+    })
+}
+
+/// The `native` scheme: one VM with the simulated GPU passed through ([`passthrough`]): no
+/// host, no device model, no scheduler.
+fn run_native(kvm: &Kvm, opts: &KvmOptions, sim: Arc<SimGpu>) -> anyhow::Result<KvmReport> {
+    anyhow::ensure!(
+        opts.vms == 1,
+        "--scheme native runs exactly one VM (the GPU is passed through to it), not {}",
+        opts.vms
+    );
+    let dev = Device::Native(Arc::new(Passthrough::new(sim.clone())));
+    let report = run_vm(kvm, 0, dev, &sim, opts);
+    Ok(KvmReport {
+        backend: "kvm",
+        pvm: is_pvm(),
+        guest_ring: 3,
+        clock: ClockKind::Real,
+        size: opts.size,
+        shadow: opts.shadow_mode(),
+        scheme: opts.scheme,
+        vms: vec![report],
+        host: HostStats {
+            vms: 1,
+            gpu: sim.stats(),
+            ..HostStats::default()
+        },
     })
 }
 
@@ -362,13 +412,7 @@ struct Mark {
 
 /// One VM's thread: set up, run the vCPU until the guest reports through the exit port or is
 /// stopped, collect the results.
-fn run_vm(
-    kvm: &Kvm,
-    index: usize,
-    vgpu: Arc<Vgpu>,
-    sim: &SimGpu,
-    opts: &KvmOptions,
-) -> KvmVmReport {
+fn run_vm(kvm: &Kvm, index: usize, vgpu: Device, sim: &SimGpu, opts: &KvmOptions) -> KvmVmReport {
     let name = format!("vm{index}");
     let mut info = KvmVmInfo::default();
     let mut marks = Vec::new();
@@ -385,7 +429,7 @@ fn run_vm(
     }
     let (init, workloads) = collect_results(ram.as_ref(), &marks, opts, &info);
     KvmVmReport {
-        vm: vgpu.id().0,
+        vm: vgpu.id(),
         init,
         workloads,
         stats: vgpu.stats(),
@@ -394,17 +438,15 @@ fn run_vm(
 }
 
 /// GPU busy time of the VM's channels so far.
-fn busy_ns(sim: &SimGpu, vgpu: &Vgpu) -> u64 {
-    vgpu.phys_channels()
-        .filter_map(|c| sim.channel_busy_ns(c))
-        .sum()
+fn busy_ns(sim: &SimGpu, vgpu: &Device) -> u64 {
+    vgpu.channels().filter_map(|c| sim.channel_busy_ns(c)).sum()
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_vcpu(
     kvm: &Kvm,
     index: usize,
-    vgpu: &Arc<Vgpu>,
+    vgpu: &Device,
     sim: &SimGpu,
     opts: &KvmOptions,
     info: &mut KvmVmInfo,
@@ -446,7 +488,7 @@ fn run_vcpu(
             )
             .context("writing boot parameters")?;
     }
-    vgpu.attach_guest_memory(gvm.mem.clone())
+    vgpu.attach_memory(gvm.mem.clone())
         .context("attaching guest RAM to the vGPU")?;
 
     let line = if opts.fence_irq {
@@ -463,7 +505,8 @@ fn run_vcpu(
         None
     };
 
-    let mut pci = PciBus::new(vgpu.clone());
+    let bars = vgpu.bars();
+    let mut pci = PciBus::new(bars.clone());
     let mut uart = serial::uart(&name, opts.echo_console);
     let mut windows = BarWindows::default();
     let mut ex = ExitCounts::default();
@@ -477,13 +520,18 @@ fn run_vcpu(
         writes: ex.mmio_writes,
     };
     let mut zones: Vec<(u64, u64)> = Vec::new();
+    let mut remap = opts
+        .scheme
+        .filter(|s| s.remaps())
+        .and_then(|_| sim.vram_backing())
+        .map(|vram| remap::Remap::new(kvm, vram));
     if opts.coalesce {
         vcpu.map_coalesced_mmio_ring()
             .context("mapping the coalesced MMIO ring")?;
     }
     let stop: Result<u32, String> = loop {
         if opts.coalesce {
-            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, vgpu, &mut ex, &name) {
+            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &*bars, &mut ex, &name) {
                 break Err(msg);
             }
         }
@@ -495,6 +543,9 @@ fn run_vcpu(
                     set_zones(&gvm.fd, &mut zones, windows.coalesce_zones());
                 }
             }
+        }
+        if let (Some(r), Some(v)) = (remap.as_mut(), vgpu.vgpu()) {
+            r.update(&gvm.fd, v, &windows);
         }
         if Instant::now() > deadline {
             break Err(format!(
@@ -541,7 +592,7 @@ fn run_vcpu(
                 After::Go
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
-                if windows.read(vgpu, addr, data) {
+                if windows.read(&*bars, addr, data) {
                     ex.mmio_reads += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -557,7 +608,7 @@ fn run_vcpu(
                 }
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                if windows.write(vgpu, addr, data) {
+                if windows.write(&*bars, addr, data) {
                     ex.mmio_writes += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -601,11 +652,15 @@ fn run_vcpu(
         }
     };
     if opts.coalesce {
-        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, vgpu, &mut ex, &name) {
+        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &*bars, &mut ex, &name) {
             log::warn!("{msg}");
         }
     }
     let wall = start.elapsed();
+    if let Some(mut r) = remap {
+        r.clear(&gvm.fd);
+        info.remap = Some(r.stats);
+    }
     if opts.fence_irq {
         info.final_rflags = vcpu.get_regs().map(|r| r.rflags).unwrap_or(0);
         if let Ok(lapic) = vcpu.get_lapic() {
@@ -652,7 +707,7 @@ fn run_vcpu(
 fn drain_coalesced(
     vcpu: &mut VcpuFd,
     windows: &BarWindows,
-    vgpu: &Vgpu,
+    vgpu: &dyn BarDevice,
     ex: &mut ExitCounts,
     name: &str,
 ) -> Result<(), String> {
