@@ -402,6 +402,7 @@ pub(crate) fn guest_tlb_flush(cx: &mut VmCx, trigger: u32) {
         match pffb::vspace_decode(vspace) {
             Some((addr, target)) => Some(GuestPdb { addr, target }),
             None => {
+                cx.vm.map_gen += 1;
                 cx.violation(ViolationKind::InvalidTarget, || {
                     format!(
                         "TLB flush of a page directory with the invalid target ({vspace:#010x})"
@@ -411,6 +412,9 @@ pub(crate) fn guest_tlb_flush(cx: &mut VmCx, trigger: u32) {
             }
         }
     };
+    if aperture::flushes_bar_tables(cx, pdb.map(|p| (p.addr, p.target))) {
+        cx.vm.map_gen += 1;
+    }
     let pds = {
         let (sh, mut scx) = cx.shadow();
         sh.tlb_flush(&mut scx, pdb)

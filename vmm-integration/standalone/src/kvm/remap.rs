@@ -45,6 +45,10 @@ pub struct RemapStats {
     pub pages_readonly_unsupported: u64,
     /// KVM_SET_USER_MEMORY_REGION calls that failed (the run then keeps trapping there).
     pub slot_errors: u64,
+    /// Wall time spent re-reading plans and changing slots, ns.
+    pub remap_ns: u64,
+    /// Slots created or deleted (KVM_SET_USER_MEMORY_REGION calls).
+    pub slot_changes: u64,
     /// Slot limit of this KVM (`KVM_CAP_NR_MEMSLOTS`).
     pub slot_limit: u64,
     /// KVM supports read-only slots.
@@ -105,6 +109,7 @@ impl Remap {
         }
         self.applied = Some(key);
         self.stats.remaps += 1;
+        let t0 = std::time::Instant::now();
         let mut want = Vec::new();
         let (mut pages, mut ro_pages, mut ro_unsupported) = (0u64, 0u64, 0u64);
         for (bar, base) in [(Bar::Bar1, key.1), (Bar::Bar3, key.2)] {
@@ -177,6 +182,7 @@ impl Remap {
         self.stats.pages_read_only = ro_pages;
         self.stats.pages_over_slot_limit = over;
         self.stats.pages_readonly_unsupported = ro_unsupported;
+        self.stats.remap_ns += t0.elapsed().as_nanos() as u64;
     }
 
     /// Removes every slot (the VM's BARs are gone or the VM ends).
@@ -189,6 +195,7 @@ impl Remap {
 
     /// Creates (`Some`) or deletes (`None`) slot `id`; false if KVM refused.
     fn set(&mut self, vm: &VmFd, id: u32, s: Option<Slot>) -> bool {
+        self.stats.slot_changes += 1;
         let r = match s {
             Some(s) => kvm_userspace_memory_region {
                 slot: id,
