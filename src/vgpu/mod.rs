@@ -4,8 +4,9 @@
 //!
 //! [`Vgpu`] is what a VMM embeds, in the style of vm-superio: plain `bar_read` / `bar_write` at an
 //! offset of a BAR, `config_read` / `config_write`, an [`IrqLine`] for the interrupt. Every access
-//! is trapped (no region can be mapped straight through yet, see [`Vgpu::regions`]) and handled
-//! under the host's single lock (see [`crate::host`]):
+//! is trapped unless the VMM maps BAR1/BAR3 pages of the direct-map plan straight into the
+//! guest ([`Vgpu::direct_map`], GPUvm's BAR remap), and handled under the host's single lock
+//! (see [`crate::host`]):
 //!
 //! - BAR0 registers (`bar0`) go through the region table (`crate::mmio::regions`, deny by
 //!   default) to the per-VM register file (`vregs`), the channel code (`crate::channels`) or
@@ -95,8 +96,8 @@ pub struct BarRegion {
     pub policy: Policy,
     /// True if the VMM must trap accesses (forward them to [`Vgpu::bar_read`] /
     /// [`Vgpu::bar_write`]); false if it may map the region straight into the guest. Always true
-    /// today: every region is emulated or translated (a BAR-remap optimization would make parts
-    /// of BAR1/BAR3 mappable).
+    /// here: every region is emulated or translated; which *pages* of BAR1/BAR3 may be mapped
+    /// at a given moment is the direct-map plan ([`Vgpu::direct_map`], BAR remap).
     pub trapped: bool,
 }
 

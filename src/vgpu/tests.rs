@@ -1145,11 +1145,27 @@ fn direct_map_generation_moves_when_the_plan_may() {
     assert_ne!(g1, g2, "TLB flush");
     assert_eq!(v.direct_map(Bar::Bar1).pages(), 2);
     // A flush of some other page directory (a channel's) leaves the BAR plans alone.
-    wr(&v, pffb::TLB_FLUSH_VSPACE, pffb::vspace_encode(0x30_0000, Target::Vram));
-    wr(&v, pffb::TLB_FLUSH_TRIGGER, pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL);
+    wr(
+        &v,
+        pffb::TLB_FLUSH_VSPACE,
+        pffb::vspace_encode(0x30_0000, Target::Vram),
+    );
+    wr(
+        &v,
+        pffb::TLB_FLUSH_TRIGGER,
+        pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL,
+    );
     assert_eq!(v.direct_map_generation(), g2);
-    wr(&v, pffb::TLB_FLUSH_VSPACE, pffb::vspace_encode(0x2_0000, Target::Vram));
-    wr(&v, pffb::TLB_FLUSH_TRIGGER, pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL);
+    wr(
+        &v,
+        pffb::TLB_FLUSH_VSPACE,
+        pffb::vspace_encode(0x2_0000, Target::Vram),
+    );
+    wr(
+        &v,
+        pffb::TLB_FLUSH_TRIGGER,
+        pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL,
+    );
     let g2b = v.direct_map_generation();
     assert_ne!(g2b, g2, "a flush of BAR1's page directory");
     let g2 = g2b;

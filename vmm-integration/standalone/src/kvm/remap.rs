@@ -37,6 +37,10 @@ pub struct RemapStats {
     pub pages_mapped: u64,
     /// Of those, pages mapped read-only (writes exit).
     pub pages_read_only: u64,
+    /// Most pages mapped at once.
+    pub max_pages_mapped: u64,
+    /// Most pages mapped read-only at once.
+    pub max_pages_read_only: u64,
     /// Pages the plan allowed that kept trapping because the slot limit was reached (last
     /// remap).
     pub pages_over_slot_limit: u64,
@@ -180,6 +184,8 @@ impl Remap {
         self.stats.max_slots = self.stats.max_slots.max(self.stats.slots);
         self.stats.pages_mapped = pages - over;
         self.stats.pages_read_only = ro_pages;
+        self.stats.max_pages_mapped = self.stats.max_pages_mapped.max(pages - over);
+        self.stats.max_pages_read_only = self.stats.max_pages_read_only.max(ro_pages);
         self.stats.pages_over_slot_limit = over;
         self.stats.pages_readonly_unsupported = ro_unsupported;
         self.stats.remap_ns += t0.elapsed().as_nanos() as u64;
