@@ -225,3 +225,62 @@ fn hostile_guests_are_still_stopped_under_bar_remap() {
         assert_eq!(vms[1]["stats"]["violations"]["total"], 0, "{mode}");
     }
 }
+
+#[test]
+fn exp_overhead_kvm_runs_every_scheme_in_a_real_guest() {
+    if !kvm_available("exp_overhead_kvm_runs_every_scheme_in_a_real_guest") {
+        return;
+    }
+    let out = gpuvm(&[
+        "exp",
+        "overhead",
+        "--kvm",
+        "--json",
+        "--size",
+        "16",
+        "--repeat",
+        "1",
+        "--workload",
+        "madd",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["backend"], "kvm");
+    let results = v["results"].as_array().expect("results");
+    let schemes: Vec<&str> = results
+        .iter()
+        .map(|r| r["scheme"].as_str().unwrap())
+        .collect();
+    assert_eq!(schemes, ["native", "fv-naive", "fv", "pv"]);
+    for r in results {
+        assert_eq!(r["workload"], "madd");
+        assert_eq!(r["verified"], true, "{r}");
+        assert!(r["wall_ns"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["relative_to_native"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["exits"].as_u64().unwrap() > 0, "{r}");
+    }
+    assert_eq!(results[0]["relative_to_native"].as_f64().unwrap(), 1.0);
+    let exits = |i: usize| results[i]["exits"].as_u64().unwrap();
+    assert!(
+        exits(2) < exits(1),
+        "fv {} exits, fv-naive {}",
+        exits(2),
+        exits(1)
+    );
+    assert!(
+        exits(3) < exits(1),
+        "pv {} exits, fv-naive {}",
+        exits(3),
+        exits(1)
+    );
+    let bringup = v["bringup"].as_array().unwrap();
+    assert!(
+        bringup[1]["shadow"]["rebuilds"].as_u64().unwrap() > 0,
+        "eager rebuilds"
+    );
+    assert!(bringup[3]["shadow"]["pv_batches"].as_u64().unwrap() > 0);
+}
