@@ -230,3 +230,94 @@ impl Remap {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use gpuvm::host::{GpuHost, HostConfig};
+    use gpuvm::phys::sim::{SimConfig, SimGpu};
+    use gpuvm::phys::PhysicalGpu;
+    use gpuvm::profile::{ShadowMode, VgpuProfile};
+
+    use super::*;
+    use crate::kvm::passthrough::BarDevice;
+    use crate::kvm::pci::PciBus;
+
+    fn cfg32(v: &Vgpu, off: u16, val: u32) {
+        BarDevice::config_write(v, off, &val.to_le_bytes());
+    }
+
+    /// Places BAR0/BAR1/BAR3 like the guest does (BAR1 at `bar1`) with memory decoding on or
+    /// off, and returns the decoded windows.
+    fn place(v: &Arc<Vgpu>, bar1: u32, memory: bool) -> BarWindows {
+        cfg32(v, 0x10, 0xcc00_0000);
+        cfg32(v, 0x14, bar1);
+        cfg32(v, 0x18, 0);
+        cfg32(v, 0x1c, 0xc800_0000);
+        cfg32(v, 0x20, 0);
+        cfg32(v, 0x04, if memory { 0x6 } else { 0 });
+        BarWindows::from_config(&PciBus::new(v.clone()))
+    }
+
+    // BAR moves and memory decoding turned off must drop the slots at the old addresses.
+    #[test]
+    fn slots_follow_the_bar_windows() {
+        let Ok(kvm) = crate::kvm::open_kvm() else {
+            println!("SKIPPED: /dev/kvm not available: slots_follow_the_bar_windows");
+            return;
+        };
+        let vm = kvm.create_vm().expect("KVM_CREATE_VM");
+        let sim = Arc::new(SimGpu::new(SimConfig {
+            vram_size: 1 << 30,
+            ..SimConfig::default()
+        }));
+        let host = GpuHost::new(sim.clone(), HostConfig::default()).expect("host");
+        let v = host
+            .create_vgpu(&VgpuProfile {
+                name: "t".into(),
+                vram_mib: 256,
+                channels: 4,
+                weight: 1,
+                shadow: ShadowMode::Lazy,
+            })
+            .expect("vgpu");
+        let mut r = Remap::new(
+            &kvm,
+            sim.vram_backing().expect("simulated VRAM is mappable"),
+        );
+        let slice = v.vram_slice().base.raw();
+        let slots = |r: &Remap| -> Vec<(u64, u64, u64)> {
+            let mut s: Vec<_> = r
+                .slots
+                .iter()
+                .map(|(_, s)| (s.gpa, s.len, s.host - r.vram.host_addr - slice))
+                .collect();
+            s.sort();
+            s
+        };
+        // Unbound BARs are in direct mode: the whole windows map the start of the slice.
+        r.update(&vm, &v, &place(&v, 0xc000_0000, true));
+        assert_eq!(
+            slots(&r),
+            [(0xc000_0000, 128 << 20, 0), (0xc800_0000, 64 << 20, 0)]
+        );
+        assert_eq!(r.stats.slot_errors, 0);
+        let remaps = r.stats.remaps;
+        r.update(&vm, &v, &place(&v, 0xc000_0000, true));
+        assert_eq!(r.stats.remaps, remaps, "nothing moved: no remap");
+        // The guest moves BAR1.
+        r.update(&vm, &v, &place(&v, 0xd000_0000, true));
+        assert_eq!(
+            slots(&r),
+            [(0xc800_0000, 64 << 20, 0), (0xd000_0000, 128 << 20, 0)]
+        );
+        // Memory decoding off: nothing stays mapped.
+        r.update(&vm, &v, &place(&v, 0xd000_0000, false));
+        assert!(slots(&r).is_empty());
+        assert_eq!(r.stats.slot_errors, 0);
+        assert_eq!(r.stats.max_slots, 2);
+        r.clear(&vm);
+        host.destroy_vgpu(&v).expect("destroy");
+    }
+}
