@@ -292,6 +292,21 @@ impl HostShared {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Runs `f` on VM `id` (if it exists) under the lock and nothing else: no effects, no
+    /// service of the GPU (for cheap queries a VMM makes after every exit).
+    pub(crate) fn peek<R>(&self, id: VmId, f: impl FnOnce(&mut VmCx) -> R) -> Option<R> {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let vm = st.vms.get_mut(&id)?;
+        let mut cx = VmCx {
+            phys: &*self.phys,
+            hyp: &mut st.hyp,
+            layout: &st.layout,
+            vm,
+        };
+        Some(f(&mut cx))
+    }
+
     /// Runs `f` on VM `id` (if it exists) under the lock, applies the access's host-level
     /// effects, services the physical GPU, and updates interrupt lines.
     pub(crate) fn access<R>(&self, id: VmId, f: impl FnOnce(&mut VmCx) -> R) -> Option<R> {
@@ -736,6 +751,7 @@ impl GpuHost {
             chans: (0..profile.channels).map(|_| VChan::default()).collect(),
             runlist: Vec::new(),
             inst_pages: Default::default(),
+            map_gen: 0,
             pci: PciConfig::quadro6000(),
             line: line.clone(),
             line_level: false,

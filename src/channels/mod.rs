@@ -202,6 +202,7 @@ fn chan_write(cx: &mut VmCx, g: u32, value: u32) {
         .entry(page_key(target, inst))
         .or_default()
         .push(g);
+    cx.vm.map_gen += 1;
     cx.vm.stats.channel_binds += 1;
 }
 
@@ -367,6 +368,7 @@ pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
         if list.is_empty() {
             cx.vm.inst_pages.remove(&key);
         }
+        cx.vm.map_gen += 1;
     }
     if cx.vm.runlist.contains(&g) {
         cx.vm.runlist.retain(|&c| c != g);

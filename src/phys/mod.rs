@@ -91,6 +91,22 @@ pub struct GpuStats {
     pub engine_aborts: u64,
 }
 
+/// Where a backend's VRAM lives in this process: a shared mapping a VMM may map into a guest
+/// (BAR remap: KVM memory slots over `host_addr`) and, if it is a file, the file a VMM may hand
+/// to another process (vfio-user). Valid as long as the backend exists.
+#[derive(Debug, Clone)]
+pub struct VramBacking {
+    /// The file holding VRAM (a memfd for the simulator), if any; VRAM address `a` is at file
+    /// offset `file_offset + a`.
+    pub file: Option<Arc<std::fs::File>>,
+    /// File offset of VRAM address 0.
+    pub file_offset: u64,
+    /// Host virtual address of VRAM address 0 (a `MAP_SHARED` mapping).
+    pub host_addr: u64,
+    /// Bytes mapped (at least the VRAM size, rounded up to host pages).
+    pub len: u64,
+}
+
 /// A GF100, real or simulated.
 pub trait PhysicalGpu: Send + Sync {
     /// Reads a 32-bit BAR0 register. Unknown registers read as [`gf100::BAD_REGISTER`].
@@ -129,6 +145,13 @@ pub trait PhysicalGpu: Send + Sync {
             self.write_vram(HostVram(a), &buf[..n as usize]);
             a += n;
         }
+    }
+
+    /// VRAM as host memory that can be mapped elsewhere, if the backend has it (the simulator
+    /// does; a real GPU's VRAM is reachable only through its BARs). Writes through such a
+    /// mapping are seen by the backend as writes by the GPU's own memory clients would be.
+    fn vram_backing(&self) -> Option<VramBacking> {
+        None
     }
 
     /// Makes guest RAM `[gpa, gpa + len)` of `mem` reachable by the GPU at `[iova, iova + len)`.

@@ -314,6 +314,12 @@ impl ShadowPt {
         self.books.tracker.is_tracked(Mem::of(target), page)
     }
 
+    /// A number that changes whenever the set of pages [`ShadowPt::is_tracked`] reports changes
+    /// (monotonic), so a VMM that write-protects tracked pages knows when to look again.
+    pub fn tracking_version(&self) -> u64 {
+        self.books.tracker.version()
+    }
+
     /// Applies a batch of para-virtual ops.
     ///
     /// PV mode only (any other mode answers `ERR_NOT_AVAILABLE` and applies nothing). See the

@@ -64,6 +64,9 @@ pub(crate) struct Role {
 #[derive(Debug, Default)]
 pub(crate) struct Tracker {
     pages: BTreeMap<(Mem, u64), BTreeSet<Role>>,
+    /// Bumped whenever the set of tracked pages changes (a VMM that write-protects them
+    /// re-reads the set when this moves).
+    version: u64,
 }
 
 /// The 4 KiB pages overlapping `[addr, addr + len)` (empty for `len == 0`).
@@ -82,7 +85,11 @@ impl Tracker {
     /// Records that `[addr, addr + len)` in `mem` holds the table `role` (idempotent).
     pub(crate) fn track(&mut self, mem: Mem, addr: u64, len: u64, role: Role) {
         for page in pages(addr, len) {
-            self.pages.entry((mem, page)).or_default().insert(role);
+            let roles = self.pages.entry((mem, page)).or_default();
+            if roles.is_empty() {
+                self.version += 1;
+            }
+            roles.insert(role);
         }
     }
 
@@ -93,6 +100,7 @@ impl Tracker {
                 roles.remove(&role);
                 if roles.is_empty() {
                     self.pages.remove(&(mem, page));
+                    self.version += 1;
                 }
             }
         }
@@ -136,7 +144,15 @@ impl Tracker {
 
     /// Forgets everything.
     pub(crate) fn clear(&mut self) {
+        if !self.pages.is_empty() {
+            self.version += 1;
+        }
         self.pages.clear();
+    }
+
+    /// Changes so far to the set of tracked pages.
+    pub(crate) fn version(&self) -> u64 {
+        self.version
     }
 }
 

@@ -71,7 +71,7 @@ impl GuestBars {
         self.tlb.clear();
     }
 
-    fn vm(&self, bar: Bar) -> BarVm {
+    pub(crate) fn vm(&self, bar: Bar) -> BarVm {
         if bar == Bar::Bar3 {
             self.bar3
         } else {
@@ -86,8 +86,22 @@ pub(crate) fn reload(cx: &mut VmCx) {
     cx.vm.bars.tlb.clear();
     let b1 = load_binding(cx, cx.vm.regs.bar1_inst, "BAR1");
     let b3 = load_binding(cx, cx.vm.regs.bar3_inst, "BAR3");
+    if (b1, b3) != (cx.vm.bars.bar1, cx.vm.bars.bar3) {
+        // The direct-map plan follows the bindings (a flush of their tables bumps it too, see
+        // `flushes_bar_tables`).
+        cx.vm.map_gen += 1;
+    }
     cx.vm.bars.bar1 = b1;
     cx.vm.bars.bar3 = b3;
+}
+
+/// True if a guest TLB flush of `pd` (`None`: every page directory) may change what BAR1 or
+/// BAR3 translate to (their page directory is flushed).
+pub(crate) fn flushes_bar_tables(cx: &VmCx, pd: Option<(u64, gf100::Target)>) -> bool {
+    let Some(pd) = pd else { return true };
+    [cx.vm.bars.bar1, cx.vm.bars.bar3]
+        .iter()
+        .any(|b| matches!(b, BarVm::Vm { pd: Some(p), .. } if *p == pd))
 }
 
 fn load_binding(cx: &mut VmCx, reg: u32, name: &str) -> BarVm {

@@ -350,7 +350,10 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
             pfifo::ENGINE_INTR_ENABLE => r.engine_intr_enable = v,
             o => r.eng_subfifo_mask[index(o, pfifo::ENG_SUBFIFO_MASK)] = v,
         },
-        Handler::UserdPollBase => r.poll_base = v,
+        Handler::UserdPollBase => {
+            r.poll_base = v;
+            cx.vm.map_gen += 1;
+        }
         Handler::RunlistBase => r.runlist_base = v,
         Handler::RunlistSubmit => crate::channels::runlist::guest_submit(cx, v),
         Handler::FaultReports => {
@@ -399,6 +402,7 @@ pub(crate) fn guest_tlb_flush(cx: &mut VmCx, trigger: u32) {
         match pffb::vspace_decode(vspace) {
             Some((addr, target)) => Some(GuestPdb { addr, target }),
             None => {
+                cx.vm.map_gen += 1;
                 cx.violation(ViolationKind::InvalidTarget, || {
                     format!(
                         "TLB flush of a page directory with the invalid target ({vspace:#010x})"
@@ -408,6 +412,9 @@ pub(crate) fn guest_tlb_flush(cx: &mut VmCx, trigger: u32) {
             }
         }
     };
+    if aperture::flushes_bar_tables(cx, pdb.map(|p| (p.addr, p.target))) {
+        cx.vm.map_gen += 1;
+    }
     let pds = {
         let (sh, mut scx) = cx.shadow();
         sh.tlb_flush(&mut scx, pdb)

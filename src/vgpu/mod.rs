@@ -4,8 +4,9 @@
 //!
 //! [`Vgpu`] is what a VMM embeds, in the style of vm-superio: plain `bar_read` / `bar_write` at an
 //! offset of a BAR, `config_read` / `config_write`, an [`IrqLine`] for the interrupt. Every access
-//! is trapped (no region can be mapped straight through yet, see [`Vgpu::regions`]) and handled
-//! under the host's single lock (see [`crate::host`]):
+//! is trapped unless the VMM maps BAR1/BAR3 pages of the direct-map plan straight into the
+//! guest ([`Vgpu::direct_map`], GPUvm's BAR remap), and handled under the host's single lock
+//! (see [`crate::host`]):
 //!
 //! - BAR0 registers (`bar0`) go through the region table (`crate::mmio::regions`, deny by
 //!   default) to the per-VM register file (`vregs`), the channel code (`crate::channels`) or
@@ -20,6 +21,7 @@
 
 pub(crate) mod aperture;
 mod bar0;
+pub mod direct_map;
 pub(crate) mod irq;
 mod pv;
 pub mod stats;
@@ -48,6 +50,7 @@ use crate::sched::VmId;
 use crate::shadow_pt::{ShadowCtx, ShadowPt};
 use crate::vram_alloc::RangeAllocator;
 
+pub use direct_map::{DirectMap, DirectRun};
 pub use stats::{VgpuStats, ViolationKind};
 pub use tap::AccessTap;
 
@@ -95,8 +98,8 @@ pub struct BarRegion {
     pub policy: Policy,
     /// True if the VMM must trap accesses (forward them to [`Vgpu::bar_read`] /
     /// [`Vgpu::bar_write`]); false if it may map the region straight into the guest. Always true
-    /// today: every region is emulated or translated (a BAR-remap optimization would make parts
-    /// of BAR1/BAR3 mappable).
+    /// here: every region is emulated or translated; which *pages* of BAR1/BAR3 may be mapped
+    /// at a given moment is the direct-map plan ([`Vgpu::direct_map`], BAR remap).
     pub trapped: bool,
 }
 
@@ -186,6 +189,9 @@ pub(crate) struct VmState {
     pub runlist: Vec<u32>,
     /// Guest instance-block pages of bound channels: (sysram?, page address) -> guest chids.
     pub inst_pages: HashMap<(bool, u64), Vec<u32>>,
+    /// Bumped whenever the direct-map plan of BAR1/BAR3 may have changed for a reason other
+    /// than the tracked set (binding, TLB flush, poll area, instance pages): see `direct_map`.
+    pub map_gen: u64,
     pub pci: PciConfig,
     pub line: Arc<LineSlot>,
     pub line_level: bool,
@@ -450,6 +456,24 @@ impl Vgpu {
             trapped: true,
         });
         v
+    }
+
+    /// The direct-map plan of `bar` (BAR1 or BAR3; BAR0 and a destroyed vGPU: empty): the
+    /// aperture pages a VMM may map straight onto physical VRAM (see [`direct_map`]). Reading it
+    /// walks the guest's BAR page tables; call it only when
+    /// [`Vgpu::direct_map_generation`] moved.
+    pub fn direct_map(&self, bar: Bar) -> DirectMap {
+        self.shared
+            .peek(self.id, |cx| direct_map::plan(cx, bar))
+            .unwrap_or_default()
+    }
+
+    /// The generation of the direct-map plans (cheap: one lock, no GPU service); a new value
+    /// means [`Vgpu::direct_map`] may answer differently.
+    pub fn direct_map_generation(&self) -> u64 {
+        self.shared
+            .peek(self.id, |cx| direct_map::generation(cx.vm))
+            .unwrap_or(u64::MAX)
     }
 
     /// Attaches the VM's RAM: each region is mapped into the VM's IOVA window with the physical

@@ -97,4 +97,5 @@ fn submit(cx: &mut VmCx) {
     // The ops wrote guest memory: instance blocks and BAR page tables may have changed.
     crate::channels::refresh_all(cx);
     cx.vm.bars.flush();
+    cx.vm.map_gen += 1;
 }

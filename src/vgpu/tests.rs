@@ -987,3 +987,203 @@ fn a_too_small_shadow_reservation_is_a_configuration_error() {
     .expect_err("refused");
     assert!(e.to_string().contains("shadow_vram_per_vm"), "{e}");
 }
+
+/// Binds `bar` (BAR1 or BAR3) to a guest VM built at `pd`/`pt` through an instance block at
+/// `inst_a`, mapping `maps`; returns after the binding write.
+fn bind_bar_vm(v: &Vgpu, bar: Bar, inst_a: u64, pd: u64, pt: u64, maps: &[(u64, u64, Target)]) {
+    guest_vm(v, pd, pt, maps);
+    pramin_wr64(v, inst_a + inst::PDB_LO, inst::pdb_encode(pd, Target::Vram));
+    pramin_wr64(v, inst_a + inst::LIMIT_LO, bar.size() - 1);
+    let reg = if bar == Bar::Bar1 {
+        pbus::BAR1_INST
+    } else {
+        pbus::BAR3_INST
+    };
+    wr(v, reg, pbus::bar_inst_encode(inst_a, Target::Vram));
+}
+
+#[test]
+fn direct_map_holds_only_the_vms_own_vram_and_never_userd() {
+    let r = rig();
+    let v = r.vm(ShadowMode::Lazy);
+    let base = v.vram_slice().base.raw();
+    wr(
+        &v,
+        pfifo::USERD_POLL_BASE,
+        pfifo::userd_poll_encode(0x4_0000),
+    );
+    let mut maps = vec![
+        (0x0000, 0x80_0000, Target::Vram),
+        (0x1000, 0x80_1000, Target::Vram),
+        // Beyond the slice: another VM's VRAM (or hypervisor VRAM) physically.
+        (0x2000, SLICE_MIB << 20, Target::Vram),
+        (0x3000, 0x4000_0000, Target::Vram),
+        // Guest RAM.
+        (0x5000, 0x1000, Target::SysCoherent),
+        (0x6000, 0x90_0000, Target::Vram),
+    ];
+    // The USERD poll area (channels 0 and 1), mapped by the guest onto its own VRAM.
+    maps.push((0x4_0000, 0xa0_0000, Target::Vram));
+    maps.push((0x4_1000, 0xa0_1000, Target::Vram));
+    bind_bar_vm(&v, Bar::Bar1, 0x1_0000, 0x2_0000, 0x10_0000, &maps);
+    let m = v.direct_map(Bar::Bar1);
+    let runs: Vec<(u64, u64, u64, bool)> = m
+        .runs
+        .iter()
+        .map(|r| (r.offset, r.len, r.host.raw() - base, r.read_only))
+        .collect();
+    assert_eq!(
+        runs,
+        vec![
+            (0x0000, 0x2000, 0x80_0000, false),
+            (0x6000, 0x1000, 0x90_0000, false)
+        ],
+        "only pages in the VM's slice, outside the poll area"
+    );
+    assert_eq!(m.pages(), 3);
+    for run in &m.runs {
+        let end = run.host.raw() + run.len;
+        assert!(run.host.raw() >= base && end <= base + (SLICE_MIB << 20));
+    }
+    // The mapping agrees with the trapped path: what BAR1 offset 0x1008 reads is at the host
+    // address the plan gives.
+    v.bar_write(Bar::Bar1, 0x1008, &0xdead_beefu32.to_le_bytes());
+    assert_eq!(r.phys_u32(HostVram(base + 0x80_1008)), 0xdead_beef);
+    assert_eq!(
+        m.run_at(0x1008).map(|r| r.host.raw() + 0x1008 - r.offset),
+        Some(base + 0x80_1008)
+    );
+    // BAR0 has no plan; a destroyed vGPU has none either.
+    assert!(v.direct_map(Bar::Bar0).runs.is_empty());
+    assert_eq!(
+        v.stats().violations.total,
+        0,
+        "planning is not a guest access"
+    );
+}
+
+#[test]
+fn direct_map_marks_tracked_instance_and_read_only_pages() {
+    for mode in [ShadowMode::Lazy, ShadowMode::Incremental] {
+        let r = rig();
+        let v = r.vm(mode);
+        // A channel: instance block 0x10000, PD 0x20000, its table 0x100000, USERD poll area
+        // at BAR1 0x40000.
+        guest_channel(&v, 0, None);
+        let mut ro = Pte::new(0x80_2000, Target::Vram);
+        ro.read_only = true;
+        bind_bar_vm(
+            &v,
+            Bar::Bar3,
+            0x5_0000,
+            0x6_0000,
+            0x20_0000,
+            &[
+                (0x0000, 0x1_0000, Target::Vram),  // the channel's instance block
+                (0x1000, 0x10_0000, Target::Vram), // its page table
+                (0x2000, 0x80_0000, Target::Vram), // data
+            ],
+        );
+        pramin_wr64(&v, 0x20_0000 + 3 * mmu::ENTRY_SIZE, ro.encode());
+        wr(
+            &v,
+            pffb::TLB_FLUSH_TRIGGER,
+            pffb::FLUSH_TRIGGER | pffb::FLUSH_ALL_PDB,
+        );
+        let m = v.direct_map(Bar::Bar3);
+        let flags: Vec<(u64, bool)> = (0..4)
+            .map(|i| {
+                let run = m.run_at(i * 0x1000).expect("page in the plan");
+                (i * 0x1000, run.read_only)
+            })
+            .collect();
+        let tracked = mode == ShadowMode::Incremental;
+        assert_eq!(
+            flags,
+            vec![
+                (0, true),
+                (0x1000, tracked),
+                (0x2000, false),
+                (0x3000, true)
+            ],
+            "{mode:?}: instance blocks and guest read-only pages always, page tables when tracked"
+        );
+    }
+}
+
+#[test]
+fn direct_map_generation_moves_when_the_plan_may() {
+    let r = rig();
+    let v = r.vm(ShadowMode::Lazy);
+    let g0 = v.direct_map_generation();
+    bind_bar_vm(
+        &v,
+        Bar::Bar1,
+        0x1_0000,
+        0x2_0000,
+        0x10_0000,
+        &[(0, 0x80_0000, Target::Vram)],
+    );
+    let g1 = v.direct_map_generation();
+    assert_ne!(g0, g1, "binding");
+    assert_eq!(v.direct_map(Bar::Bar1).generation, g1);
+    // Data accesses and a PTE write without a flush change nothing.
+    v.bar_write(Bar::Bar1, 0x10, &1u32.to_le_bytes());
+    pramin_wr64(
+        &v,
+        0x10_0000 + 8,
+        Pte::new(0x80_1000, Target::Vram).encode(),
+    );
+    // (A VMM keeps its old mapping until the guest flushes, as the hardware's TLB would.)
+    assert_eq!(v.direct_map_generation(), g1);
+    wr(
+        &v,
+        pffb::TLB_FLUSH_TRIGGER,
+        pffb::FLUSH_TRIGGER | pffb::FLUSH_ALL_PDB,
+    );
+    let g2 = v.direct_map_generation();
+    assert_ne!(g1, g2, "TLB flush");
+    assert_eq!(v.direct_map(Bar::Bar1).pages(), 2);
+    // A flush of some other page directory (a channel's) leaves the BAR plans alone.
+    wr(
+        &v,
+        pffb::TLB_FLUSH_VSPACE,
+        pffb::vspace_encode(0x30_0000, Target::Vram),
+    );
+    wr(
+        &v,
+        pffb::TLB_FLUSH_TRIGGER,
+        pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL,
+    );
+    assert_eq!(v.direct_map_generation(), g2);
+    wr(
+        &v,
+        pffb::TLB_FLUSH_VSPACE,
+        pffb::vspace_encode(0x2_0000, Target::Vram),
+    );
+    wr(
+        &v,
+        pffb::TLB_FLUSH_TRIGGER,
+        pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL,
+    );
+    let g2b = v.direct_map_generation();
+    assert_ne!(g2b, g2, "a flush of BAR1's page directory");
+    let g2 = g2b;
+    wr(&v, pfifo::USERD_POLL_BASE, pfifo::userd_poll_encode(0));
+    let g3 = v.direct_map_generation();
+    assert_ne!(g2, g3, "poll area");
+    assert!(
+        v.direct_map(Bar::Bar1).runs.is_empty(),
+        "USERD now covers BAR1 0..512 KiB"
+    );
+    // Binding a channel (instance pages) and, in incremental mode, tracking its tables.
+    let w = r.vm(ShadowMode::Incremental);
+    let h0 = w.direct_map_generation();
+    guest_channel(&w, 0, None);
+    assert_ne!(
+        w.direct_map_generation(),
+        h0,
+        "channel bound, tables tracked"
+    );
+    assert!(w.stats().shadow.tracked_pages > 0);
+}

@@ -341,6 +341,16 @@ impl PhysicalGpu for SimGpu {
         })
     }
 
+    fn vram_backing(&self) -> Option<crate::phys::VramBacking> {
+        let b = self.with_state(|s, _| s.core.mem.vram.backing());
+        Some(crate::phys::VramBacking {
+            file: Some(b.file),
+            file_offset: 0,
+            host_addr: b.host_addr,
+            len: b.len,
+        })
+    }
+
     fn fill_vram(&self, addr: HostVram, len: u64, byte: u8) {
         self.with_state(|s, _| s.core.mem.vram.fill(addr.raw(), len, byte));
     }

@@ -1,28 +1,80 @@
-//! Sparse, lazily allocated video memory: the simulated GF100's on-board GDDR5 (a Quadro 6000 has
-//! 6 GiB behind six frame-buffer partitions).
+//! Sparse video memory: the simulated GF100's on-board GDDR5 (a Quadro 6000 has 6 GiB behind
+//! six frame-buffer partitions), kept in a **memfd** mapped shared (`MAP_SHARED|MAP_NORESERVE`),
+//! so a VMM can map the same pages into a guest (GPUvm's BAR remap: KVM memory slots over this
+//! mapping, [`crate::phys::PhysicalGpu::vram_backing`]) or hand the file descriptor to another
+//! process.
 //!
-//! VRAM is split into 64 KiB chunks that are allocated on their first write; never-written chunks
-//! read as zero without allocating. A 6 GiB VRAM therefore costs a table of 98,304 empty slots
-//! (768 KiB) until the GPU or the hypervisor actually writes to it.
+//! The kernel keeps it lazy: a page of the memfd costs memory only once written, and filling
+//! with zero punches a hole (`fallocate(PUNCH_HOLE)`), so scrubbing a large slice gives the
+//! memory back. Reads of a shared mapping would allocate the pages they touch, so reads of a
+//! 64 KiB chunk the simulator itself never wrote go through `pread` on the file instead (holes
+//! read as zero without allocating; pages a guest wrote through its own mapping are seen).
+//! A 6 GiB VRAM costs a 96 KiB table of chunk flags until something is written.
 
-/// Size of an allocation chunk.
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+
+use nix::fcntl::{fallocate, FallocateFlags};
+use nix::sys::memfd::{memfd_create, MFdFlags};
+use nix::sys::mman::{MapFlags, ProtFlags};
+use nix::unistd::{lseek, Whence};
+use vm_memory::mmap::MmapRegion;
+use vm_memory::{FileOffset, VolatileMemory};
+
+/// Size of the unit the simulator tracks its own writes in.
 const CHUNK_SIZE: u64 = 64 * 1024;
 const CHUNK_SHIFT: u32 = 16;
+/// Host page size the file and mapping are rounded to.
+const HOST_PAGE: u64 = 4096;
 
 /// The VRAM contents.
 #[derive(Debug)]
 pub(crate) struct Vram {
     size: u64,
-    chunks: Vec<Option<Box<[u8]>>>,
+    file: Arc<File>,
+    map: MmapRegion,
+    /// Chunks the simulator wrote through the mapping (read back through it too); the others
+    /// are read with `pread`.
+    written: Vec<bool>,
+}
+
+/// Where the VRAM lives on the host, for mapping it elsewhere.
+#[derive(Debug, Clone)]
+pub(crate) struct Backing {
+    pub file: Arc<File>,
+    pub host_addr: u64,
+    pub len: u64,
 }
 
 impl Vram {
-    /// An all-zero VRAM of `size` bytes (rounded up to whole chunks internally).
+    /// An all-zero VRAM of `size` bytes.
+    ///
+    /// Panics if the host cannot create or map the memfd (no memory at all, or a kernel
+    /// without `memfd_create`): the simulator cannot exist without its memory.
     pub(crate) fn new(size: u64) -> Vram {
-        let count = size.div_ceil(CHUNK_SIZE);
-        let mut chunks = Vec::new();
-        chunks.resize_with(usize::try_from(count).unwrap_or(0), || None);
-        Vram { size, chunks }
+        let len = size.max(1).next_multiple_of(HOST_PAGE);
+        let fd = memfd_create(c"gpuvm-vram", MFdFlags::MFD_CLOEXEC)
+            .expect("memfd_create for the simulated VRAM");
+        let file = File::from(fd);
+        file.set_len(len).expect("sizing the simulated VRAM memfd");
+        let map = MmapRegion::build(
+            Some(FileOffset::new(
+                file.try_clone().expect("dup of the VRAM memfd"),
+                0,
+            )),
+            usize::try_from(len).expect("VRAM size fits the address space"),
+            (ProtFlags::PROT_READ | ProtFlags::PROT_WRITE).bits(),
+            (MapFlags::MAP_SHARED | MapFlags::MAP_NORESERVE).bits(),
+        )
+        .expect("mapping the simulated VRAM");
+        let chunks = usize::try_from(size.div_ceil(CHUNK_SIZE)).unwrap_or(0);
+        Vram {
+            size,
+            file: Arc::new(file),
+            map,
+            written: vec![false; chunks],
+        }
     }
 
     /// Size in bytes.
@@ -30,9 +82,39 @@ impl Vram {
         self.size
     }
 
-    /// Number of chunks currently allocated (for tests of the lazy allocation).
+    /// The memfd and the mapping (valid as long as this VRAM exists).
+    pub(crate) fn backing(&self) -> Backing {
+        Backing {
+            file: self.file.clone(),
+            host_addr: self.map.as_ptr() as u64,
+            len: self.map.size() as u64,
+        }
+    }
+
+    /// Number of 64 KiB chunks holding at least one allocated page (the kernel's view, from
+    /// `SEEK_DATA`/`SEEK_HOLE`).
     pub(crate) fn allocated_chunks(&self) -> usize {
-        self.chunks.iter().filter(|c| c.is_some()).count()
+        let end = self.map.size() as i64;
+        let mut count = 0usize;
+        let mut last_chunk: Option<i64> = None;
+        let mut pos = 0i64;
+        while pos < end {
+            let Ok(data) = lseek(&*self.file, pos, Whence::SeekData) else {
+                break;
+            };
+            let hole = lseek(&*self.file, data, Whence::SeekHole).unwrap_or(end);
+            let (first, last) = (data >> CHUNK_SHIFT, (hole - 1) >> CHUNK_SHIFT);
+            let first = match last_chunk {
+                Some(l) if l >= first => l + 1,
+                _ => first,
+            };
+            if last >= first {
+                count += (last - first + 1) as usize;
+            }
+            last_chunk = Some(last_chunk.map_or(last, |l| l.max(last)));
+            pos = hole;
+        }
+        count
     }
 
     /// Reads `buf.len()` bytes at `addr`. Bytes beyond the end of VRAM are set to zero and the
@@ -47,17 +129,24 @@ impl Vram {
             }
             let (idx, off) = split(a);
             let n = piece_len(off, buf.len() - done, self.size - a);
-            match self.chunks.get(idx).and_then(|c| c.as_deref()) {
-                Some(chunk) => buf[done..done + n].copy_from_slice(&chunk[off..off + n]),
-                None => buf[done..done + n].fill(0),
+            let piece = &mut buf[done..done + n];
+            if self.written.get(idx).copied().unwrap_or(false) {
+                match self.map.get_slice(a as usize, n) {
+                    Ok(s) => {
+                        s.copy_to(piece);
+                    }
+                    Err(_) => piece.fill(0),
+                }
+            } else if self.file.read_exact_at(piece, a).is_err() {
+                piece.fill(0);
             }
             done += n;
         }
         true
     }
 
-    /// Writes `data` at `addr`, allocating chunks as needed. Bytes beyond the end of VRAM are
-    /// dropped and the function returns false.
+    /// Writes `data` at `addr`. Bytes beyond the end of VRAM are dropped and the function
+    /// returns false.
     pub(crate) fn write(&mut self, addr: u64, data: &[u8]) -> bool {
         let mut done = 0usize;
         while done < data.len() {
@@ -67,10 +156,11 @@ impl Vram {
             }
             let (idx, off) = split(a);
             let n = piece_len(off, data.len() - done, self.size - a);
-            if let Some(slot) = self.chunks.get_mut(idx) {
-                let chunk =
-                    slot.get_or_insert_with(|| vec![0u8; CHUNK_SIZE as usize].into_boxed_slice());
-                chunk[off..off + n].copy_from_slice(&data[done..done + n]);
+            if let Ok(s) = self.map.get_slice(a as usize, n) {
+                s.copy_from(&data[done..done + n]);
+                if let Some(w) = self.written.get_mut(idx) {
+                    *w = true;
+                }
             }
             done += n;
         }
@@ -78,29 +168,38 @@ impl Vram {
     }
 
     /// Fills `len` bytes from `addr` with `byte`; bytes beyond the end of VRAM are dropped.
-    /// Filling with zero drops every chunk it covers entirely (they read as zero again and cost
-    /// no host memory) and zeroes only the allocated parts of the chunks at either end, so
-    /// scrubbing a large, mostly untouched VRAM slice is cheap.
+    /// Filling with zero punches a hole: the pages it covers entirely go back to the kernel
+    /// (and read as zero), partial pages at either end are zeroed in place.
     pub(crate) fn fill(&mut self, addr: u64, len: u64, byte: u8) {
         let end = addr.saturating_add(len).min(self.size);
+        if addr >= end {
+            return;
+        }
+        if byte == 0 {
+            let punched = fallocate(
+                &*self.file,
+                FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                addr as i64,
+                (end - addr) as i64,
+            );
+            if punched.is_ok() {
+                // Chunks entirely inside the hole read as zero through `pread` again.
+                let first = addr.div_ceil(CHUNK_SIZE);
+                let last = end >> CHUNK_SHIFT;
+                for c in first..last {
+                    if let Some(w) = self.written.get_mut(c as usize) {
+                        *w = false;
+                    }
+                }
+                return;
+            }
+        }
+        const PIECE: usize = 64 * 1024;
+        let buf = [byte; PIECE];
         let mut a = addr;
         while a < end {
-            let (idx, off) = split(a);
-            let n = piece_len(off, usize::try_from(end - a).unwrap_or(usize::MAX), end - a);
-            let Some(slot) = self.chunks.get_mut(idx) else {
-                return;
-            };
-            if byte == 0 {
-                if n == CHUNK_SIZE as usize {
-                    *slot = None;
-                } else if let Some(chunk) = slot.as_deref_mut() {
-                    chunk[off..off + n].fill(0);
-                }
-            } else {
-                let chunk =
-                    slot.get_or_insert_with(|| vec![0u8; CHUNK_SIZE as usize].into_boxed_slice());
-                chunk[off..off + n].fill(byte);
-            }
+            let n = (end - a).min(PIECE as u64) as usize;
+            self.write(a, &buf[..n]);
             a += n as u64;
         }
     }
@@ -169,6 +268,32 @@ mod tests {
         v.fill(u64::MAX - 1, 10, 0);
         assert!(v.read((1 << 20) - 2, &mut b[..2]));
         assert_eq!(&b[..2], &[1, 1]);
+    }
+
+    #[test]
+    fn the_memfd_is_the_memory() {
+        let mut v = Vram::new(1 << 20);
+        let b = v.backing();
+        assert!(b.len >= 1 << 20);
+        assert_ne!(b.host_addr, 0);
+        // Another mapper's write (through the file here) is seen by the simulator, in chunks
+        // it wrote before and in chunks it never touched.
+        assert!(v.write(0x100, &[1, 2, 3, 4]));
+        b.file.write_all_at(&[9, 9], 0x102).unwrap();
+        b.file.write_all_at(&[5, 6], 3 * CHUNK_SIZE).unwrap();
+        let mut r = [0u8; 4];
+        assert!(v.read(0x100, &mut r));
+        assert_eq!(r, [1, 2, 9, 9]);
+        assert!(v.read(3 * CHUNK_SIZE, &mut r));
+        assert_eq!(r, [5, 6, 0, 0]);
+        // And the simulator's writes are in the file.
+        let mut f = [0u8; 2];
+        b.file.read_exact_at(&mut f, 0x100).unwrap();
+        assert_eq!(f, [1, 2]);
+        v.fill(0, 1 << 20, 0);
+        assert_eq!(v.allocated_chunks(), 0, "zero-fill gives every page back");
+        assert!(v.read(3 * CHUNK_SIZE, &mut r));
+        assert_eq!(r, [0; 4]);
     }
 
     #[test]

@@ -44,8 +44,9 @@ enum ExpCommand {
     /// Overhead by scheme (GPUvm's overhead figure): every workload under native, fv-naive
     /// (eager shadowing), fv-lazy, fv (incremental shadowing) and pv; wall time and modeled
     /// time (wall + exits x exit cost) relative to native, exits and shadow work per workload.
-    /// In-process by default (wall time is host CPU time; no real exits); `--kvm` runs the
-    /// vGPU schemes in real KVM guests. `--json` prints a `results` array (`workload`,
+    /// In-process by default (wall time is host CPU time; no real exits); `--kvm` runs
+    /// native (GPU passed through), fv-naive, fv (BAR remap + lazy) and pv in real KVM guests,
+    /// side by side. `--json` prints a `results` array (`workload`,
     /// `scheme`, `wall_ns`, `relative_to_native`, `modeled_ns`, `exits`, `shadow`,
     /// `verified`, ...); `--svg FILE` writes grouped bars.
     Overhead(crate::overhead::OverheadArgs),

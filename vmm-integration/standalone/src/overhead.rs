@@ -6,9 +6,15 @@
 //! In-process (the default) every BAR access is a call into the device model, not a VM exit:
 //! wall time is then host CPU time of the simulator and the device model. The *modeled* time
 //! adds what the exits would cost under KVM: wall + exits x the exit cost (`--exit-ns`,
-//! default 25 µs; `--calibrate` measures it with `gpuvm calibrate`'s guest first). With
-//! `--kvm` the vGPU schemes run in real KVM guests and wall time includes every real exit.
+//! default 25 µs; `--calibrate` measures it with `gpuvm calibrate`'s guest first).
+//!
+//! With `--kvm` every scheme runs in a real KVM guest (`crate::kvm::scheme`): `native` (the
+//! simulated GPU passed through, no device model), `fv-naive` (every BAR access traps, eager
+//! shadowing), `fv` (BAR remap + lazy shadowing) and `pv` (BAR remap + para-virtual page-table
+//! updates); wall time includes every real exit, and the schemes take turns within each
+//! repetition so that they are measured side by side under the same machine load.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -46,8 +52,9 @@ pub struct OverheadArgs {
     /// it for the modeled time instead of --exit-ns.
     #[arg(long)]
     calibrate: bool,
-    /// Run the vGPU schemes in real KVM guests (native stays in-process: the KVM VMM has no
-    /// pass-through mode). Without BAR remap `fv` and `fv-naive` differ only in shadow mode.
+    /// Run every scheme in a real KVM guest: native (GPU passed through), fv-naive (every BAR
+    /// access traps, eager shadowing), fv (BAR remap, lazy shadowing), pv (BAR remap, PV page
+    /// tables).
     #[arg(long)]
     kvm: bool,
     /// Print one JSON object instead of the tables.
@@ -68,6 +75,30 @@ pub enum Scheme {
 }
 
 impl Scheme {
+    /// The schemes run with `--kvm`, in the order reported (`fv` is BAR remap + lazy there).
+    pub const KVM: [Scheme; 4] = [
+        Scheme::Native,
+        Scheme::Vgpu("fv-naive", ShadowMode::Eager),
+        Scheme::Vgpu("fv", ShadowMode::Lazy),
+        Scheme::Vgpu("pv", ShadowMode::Pv),
+    ];
+
+    /// The schemes of a run.
+    pub fn list(kvm: bool) -> &'static [Scheme] {
+        if kvm {
+            &Scheme::KVM
+        } else {
+            &Scheme::ALL
+        }
+    }
+
+    /// The KVM scheme of the same name.
+    pub fn kvm(self) -> Option<crate::kvm::scheme::KvmScheme> {
+        crate::kvm::scheme::KvmScheme::ALL
+            .into_iter()
+            .find(|k| k.name() == self.name())
+    }
+
     /// Every scheme, in the order reported.
     pub const ALL: [Scheme; 5] = [
         Scheme::Native,
@@ -103,8 +134,9 @@ pub struct OverheadResult {
     pub modeled_ns: u64,
     /// modeled_ns / native modeled_ns.
     pub modeled_relative_to_native: f64,
-    /// Exits into the device model (BAR accesses; 0 for native). With --kvm this counts
-    /// coalesced writes too.
+    /// Exits into the device model (BAR accesses; 0 for native in-process). With --kvm: MMIO
+    /// exits the VMM dispatched, coalesced writes included (native too: its BAR accesses exit
+    /// to the simulated GPU).
     pub exits: u64,
     /// Modeled GPU time, ns.
     pub gpu_ns: u64,
@@ -193,17 +225,24 @@ pub fn measure(
     repeat: u32,
     exit_ns: u64,
     kvm: bool,
+    progress: &dyn Fn(Scheme, u32),
 ) -> anyhow::Result<(Vec<OverheadResult>, Vec<Bringup>)> {
     let mut list = vec![Workload::Loop];
     list.extend_from_slice(workloads);
-    let mut per_scheme: Vec<(Scheme, Vec<Sample>)> = Vec::new();
-    for scheme in Scheme::ALL {
-        let mut runs = Vec::new();
-        for _ in 0..repeat {
-            runs.push(run_once(scheme, size, &list, kvm)?);
+    let schemes = Scheme::list(kvm);
+    // Repetition-major: every scheme runs once per repetition, so they share the machine's load.
+    let mut runs: Vec<Vec<Vec<Sample>>> = vec![Vec::new(); schemes.len()];
+    for r in 0..repeat {
+        for (i, &scheme) in schemes.iter().enumerate() {
+            progress(scheme, r);
+            runs[i].push(run_once(scheme, size, &list, kvm)?);
         }
-        per_scheme.push((scheme, combine(&runs)));
     }
+    let per_scheme: Vec<(Scheme, Vec<Sample>)> = schemes
+        .iter()
+        .zip(&runs)
+        .map(|(&s, r)| (s, combine(r)))
+        .collect();
     let native = per_scheme[0].1.clone();
     let modeled = |s: &Sample| {
         if kvm {
@@ -257,6 +296,7 @@ fn run_once(
     kvm: bool,
 ) -> anyhow::Result<Vec<Sample>> {
     match scheme {
+        _ if kvm => run_kvm_once(scheme, size, list),
         Scheme::Native => {
             let r = run_native(&NativeOptions {
                 size,
@@ -275,39 +315,6 @@ fn run_once(
                     verified: w.verified,
                 })
                 .collect())
-        }
-        Scheme::Vgpu(name, mode) if kvm => {
-            let opts = crate::kvm::KvmOptions {
-                vms: 1,
-                size,
-                shadow: mode,
-                workloads: list.to_vec(),
-                echo_console: false,
-                ..crate::kvm::KvmOptions::default()
-            };
-            let r = crate::kvm::run_kvm(&opts).with_context(|| format!("{name} under KVM"))?;
-            let vm = r.vms.first().context("no VM")?;
-            let ok = vm.kvm.stopped.is_none();
-            // Under KVM the counters are only available for the whole run: shadow work is
-            // reported with bring-up.
-            let mut out: Vec<Sample> = std::iter::once(&vm.init)
-                .chain(&vm.workloads)
-                .map(|w| Sample {
-                    wall_ns: w.wall_ns,
-                    exits: w.mmio_reads + w.mmio_writes,
-                    gpu_ns: w.gpu_ns,
-                    shadow: ShadowWork::default(),
-                    verified: ok && w.verified,
-                })
-                .collect();
-            let s = &vm.stats.shadow;
-            out[0].shadow = ShadowWork {
-                rebuilds: s.rebuilds,
-                ptes_shadowed: s.ptes_shadowed,
-                entry_updates: s.entry_updates,
-                pv_batches: s.pv_batches,
-            };
-            Ok(out)
         }
         Scheme::Vgpu(name, mode) => {
             let r = run_staged(
@@ -343,6 +350,45 @@ fn run_once(
     }
 }
 
+/// One run of `scheme` in a real KVM guest.
+fn run_kvm_once(scheme: Scheme, size: u32, list: &[Workload]) -> anyhow::Result<Vec<Sample>> {
+    let name = scheme.name();
+    let k = scheme
+        .kvm()
+        .with_context(|| format!("{name} has no KVM counterpart"))?;
+    let opts = crate::kvm::KvmOptions {
+        vms: 1,
+        size,
+        scheme: Some(k),
+        workloads: list.to_vec(),
+        echo_console: false,
+        ..crate::kvm::KvmOptions::default()
+    };
+    let r = crate::kvm::run_kvm(&opts).with_context(|| format!("{name} under KVM"))?;
+    let vm = r.vms.first().context("no VM")?;
+    let ok = vm.kvm.stopped.is_none();
+    // Under KVM the shadow counters are only available for the whole run: shadow work is
+    // reported with bring-up.
+    let mut out: Vec<Sample> = std::iter::once(&vm.init)
+        .chain(&vm.workloads)
+        .map(|w| Sample {
+            wall_ns: w.wall_ns,
+            exits: w.mmio_reads + w.mmio_writes,
+            gpu_ns: w.gpu_ns,
+            shadow: ShadowWork::default(),
+            verified: ok && w.verified,
+        })
+        .collect();
+    let s = &vm.stats.shadow;
+    out[0].shadow = ShadowWork {
+        rebuilds: s.rebuilds,
+        ptes_shadowed: s.ptes_shadowed,
+        entry_updates: s.entry_updates,
+        pv_batches: s.pv_batches,
+    };
+    Ok(out)
+}
+
 /// Runs the command.
 pub fn run(a: &OverheadArgs) -> anyhow::Result<bool> {
     let workloads = crate::exp::workload_list(&a.workloads)?;
@@ -357,7 +403,29 @@ pub fn run(a: &OverheadArgs) -> anyhow::Result<bool> {
     } else {
         (DEFAULT_EXIT_NS, "default")
     };
-    let (results, bringup) = measure(a.size, &workloads, a.repeat, exit_ns, a.kvm)?;
+    let schemes = Scheme::list(a.kvm);
+    let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
+        let pb = indicatif::ProgressBar::new(u64::from(a.repeat) * schemes.len() as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:>12} [{bar:40}] {pos}/{len} runs, {elapsed}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        pb
+    });
+    let progress = |s: Scheme, r: u32| {
+        if let Some(pb) = &bar {
+            let i = schemes.iter().position(|x| *x == s).unwrap_or(0);
+            pb.set_message(s.name());
+            pb.set_position(u64::from(r) * schemes.len() as u64 + i as u64);
+        }
+    };
+    let (results, bringup) = measure(a.size, &workloads, a.repeat, exit_ns, a.kvm, &progress)?;
+    if let Some(pb) = bar {
+        pb.finish_and_clear();
+    }
     let mut report = OverheadReport {
         backend: if a.kvm { "kvm" } else { "in-process" },
         size: a.size,
@@ -390,7 +458,7 @@ pub fn render(r: &OverheadReport) -> String {
         "gpuvm exp overhead: size {}, {} ({} runs per scheme, median wall time)\n",
         r.size,
         if r.backend == "kvm" {
-            "vGPU schemes in real KVM guests, native in-process"
+            "every scheme in a real KVM guest (native = GPU passed through)"
         } else {
             "in-process: wall = host time, no real exits"
         },
@@ -473,7 +541,10 @@ type Metric = fn(&OverheadResult) -> f64;
 /// to native, log scale).
 pub fn write_svg(r: &OverheadReport, path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
-    let schemes: Vec<&str> = Scheme::ALL.iter().map(|s| s.name()).collect();
+    let schemes: Vec<&str> = Scheme::list(r.backend == "kvm")
+        .iter()
+        .map(|s| s.name())
+        .collect();
     let mut wl: Vec<&str> = Vec::new();
     for x in &r.results {
         if !wl.contains(&x.workload.as_str()) {

@@ -22,11 +22,16 @@ pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
 /// The human-readable report.
 pub fn render(r: &KvmReport) -> String {
     let mut out = format!(
-        "gpuvm run --kvm: {} KVM VMs ({}, guests in ring {}) sharing the simulated GF100, shadow page tables {}, size {}\n",
+        "gpuvm run --kvm: {} KVM VMs ({}, guests in ring {}) sharing the simulated GF100, {}, size {}\n",
         r.vms.len(),
         if r.pvm { "PVM" } else { "hardware virtualization" },
         r.guest_ring,
-        r.shadow,
+        match r.scheme {
+            Some(super::scheme::KvmScheme::Native) =>
+                "scheme native (pass-through: no device model)".to_string(),
+            Some(s) => format!("scheme {} (shadow page tables {})", s.name(), r.shadow),
+            None => format!("shadow page tables {}", r.shadow),
+        },
         r.size,
     );
     for vm in &r.vms {
@@ -37,6 +42,19 @@ pub fn render(r: &KvmReport) -> String {
         );
         if let Some(s) = &vm.kvm.stopped {
             out += &format!("stopped: {s}\n");
+        }
+        if let Some(m) = &vm.kvm.remap {
+            out += &format!(
+                "BAR remap: {} remaps, {} slots now (max {}, limit {}), {} pages mapped ({} read-only), {} over the slot limit, {} read-only pages trapping (no KVM_CAP_READONLY_MEM)\n",
+                m.remaps,
+                m.slots,
+                m.max_slots,
+                m.slot_limit,
+                m.pages_mapped,
+                m.pages_read_only,
+                m.pages_over_slot_limit,
+                m.pages_readonly_unsupported
+            );
         }
         if let Some(c) = &vm.kvm.calibration {
             out += &format!(
@@ -117,6 +135,14 @@ pub struct KvmArgs {
     /// coalesced MMIO ring (slower; for measuring what coalescing saves).
     #[arg(long, requires = "kvm")]
     pub no_coalesce: bool,
+    /// With --kvm: the virtualization scheme (GPUvm's overhead figure). `native`: one VM, its
+    /// BAR accesses go straight to the simulated GPU (no device model, no shadowing, no
+    /// scheduler); `fv-naive`: every BAR access traps, eager shadowing; `fv`: BAR remap (BAR1/BAR3
+    /// pages the device model allows are KVM memory slots, no exits) + lazy shadowing; `pv`:
+    /// BAR remap + para-virtual page-table updates. Overrides --shadow. Without it every BAR
+    /// access traps and --shadow selects the shadow mode.
+    #[arg(long, value_enum, requires = "kvm")]
+    pub scheme: Option<super::scheme::KvmScheme>,
     /// With --kvm: do not print the guests' console lines on standard error.
     #[arg(long, requires = "kvm")]
     pub quiet_console: bool,
@@ -238,6 +264,7 @@ impl KvmArgs {
             echo_console: !self.quiet_console,
             calibrate: self.calibrate,
             coalesce: !self.no_coalesce,
+            scheme: self.scheme,
             timeout: std::time::Duration::from_secs(self.timeout),
             setups,
             ecam: self.ecam,

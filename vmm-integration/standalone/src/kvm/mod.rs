@@ -19,9 +19,12 @@ pub mod ecam;
 pub mod isolation;
 pub mod kick;
 pub mod mmio;
+pub mod passthrough;
 pub mod pci;
 pub mod record;
+pub mod remap;
 pub mod scale;
+pub mod scheme;
 pub mod serial;
 pub mod setup;
 pub mod vm;
@@ -48,6 +51,7 @@ use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
 use mmio::BarWindows;
+use passthrough::{BarDevice, Device, Passthrough};
 use pci::PciBus;
 use setup::{Gate, Sample, Sampler, VmSetup};
 
@@ -127,6 +131,16 @@ pub struct KvmOptions {
     /// Record each VM's MMIO trace into this directory (`record`): the host then runs on a
     /// simulated clock stepped to wall time at each access, with the default scheduler.
     pub record: Option<std::path::PathBuf>,
+    /// The virtualization scheme (`None`: trap every BAR access, shadow mode `shadow`); see
+    /// [`scheme::KvmScheme`].
+    pub scheme: Option<scheme::KvmScheme>,
+}
+
+impl KvmOptions {
+    /// The shadow mode the vGPUs run in: the scheme's, else `shadow`.
+    pub fn shadow_mode(&self) -> ShadowMode {
+        self.scheme.and_then(|s| s.shadow()).unwrap_or(self.shadow)
+    }
 }
 
 impl Default for KvmOptions {
@@ -151,6 +165,7 @@ impl Default for KvmOptions {
             sample_every: None,
             ecam: false,
             record: None,
+            scheme: None,
         }
     }
 }
@@ -212,6 +227,8 @@ pub struct KvmVmInfo {
     pub final_lapic: String,
     /// Exit costs, with `--calibrate`.
     pub calibration: Option<Calibration>,
+    /// BAR remap counters (`--scheme fv` and `pv`).
+    pub remap: Option<remap::RemapStats>,
     /// The guest's console output.
     pub console: Vec<String>,
     /// The guest's phase markers, ns after the run started (all VMs share the origin).
@@ -278,6 +295,8 @@ pub struct KvmReport {
     pub size: u32,
     /// Shadow mode.
     pub shadow: ShadowMode,
+    /// The scheme, if one was chosen (`native`, `fv-naive`, `fv`, `pv`).
+    pub scheme: Option<scheme::KvmScheme>,
     /// One entry per VM.
     pub vms: Vec<KvmVmReport>,
     /// Host counters after every VM was destroyed.
@@ -330,6 +349,10 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
             matches!(opts.sched, None | Some(gpuvm::sched::Policy::Fifo)),
             "--record needs the host's default scheduler (FIFO): `gpuvm trace replay` runs it"
         );
+        anyhow::ensure!(
+            !opts.scheme.is_some_and(|s| s.remaps()),
+            "--record needs every BAR access to exit (BAR remap lets the guest write VRAM without the device model seeing it): use --scheme fv-naive or no --scheme"
+        );
     }
     // Recording: a simulated clock that the recorders step to wall time at each access.
     let stepped = opts.record.as_ref().map(|_| Arc::new(SimClock::new()));
@@ -342,6 +365,9 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
         clock: clock.clone(),
         ..SimConfig::default()
     }));
+    if opts.scheme == Some(scheme::KvmScheme::Native) {
+        return run_native(&kvm, opts, sim);
+    }
     let phys: Arc<dyn PhysicalGpu> = sim.clone();
     let hcfg = HostConfig::default();
     let hyp = hcfg.hypervisor_vram >> 20;
@@ -363,7 +389,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
             vram_mib,
             channels,
             weight: opts.setups.get(i).map_or(1, |s| s.weight.max(1)),
-            shadow: opts.shadow,
+            shadow: opts.shadow_mode(),
         };
         vgpus.push(
             host.create_vgpu(&p)
@@ -412,7 +438,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
         }
     }
     let ctx = RunCtx {
-        host: &host,
+        host: Some(&host),
         sim: &sim,
         gate: Gate::new(gated),
         start,
@@ -421,11 +447,11 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
     let sampler = Sampler::new();
     let reports: Vec<KvmVmReport> = std::thread::scope(|s| {
         if let Some(every) = opts.sample_every {
-            let (sampler, ctx, vgpus) = (&sampler, &ctx, &vgpus);
+            let (sampler, ctx, vgpus, host) = (&sampler, &ctx, &vgpus, &host);
             std::thread::Builder::new()
                 .name("sampler".into())
                 .spawn_scoped(s, move || {
-                    sampler.run(every, ctx.start, ctx.host, ctx.sim, vgpus)
+                    sampler.run(every, ctx.start, host, ctx.sim, vgpus)
                 })
                 .expect("spawning the sampler thread");
         }
@@ -436,7 +462,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
                 let (kvm, ctx, vgpu) = (&kvm, &ctx, vgpu.clone());
                 std::thread::Builder::new()
                     .name(format!("vm{i}"))
-                    .spawn_scoped(s, move || run_vm(kvm, i, vgpu, ctx, opts))
+                    .spawn_scoped(s, move || run_vm(kvm, i, Device::Virt(vgpu), ctx, opts))
                     .expect("spawning a VM thread")
             })
             .collect();
@@ -468,7 +494,8 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
         guest_ring: 3,
         clock: ClockKind::Real,
         size: opts.size,
-        shadow: opts.shadow,
+        shadow: opts.shadow_mode(),
+        scheme: opts.scheme,
         vms: reports,
         host: host.stats(),
         gate_open_ns: ctx
@@ -482,13 +509,55 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
 
 /// What the threads of one run share.
 struct RunCtx<'a> {
-    host: &'a GpuHost,
+    /// The shared host (`None` for the `native` scheme: the GPU is passed through).
+    host: Option<&'a GpuHost>,
     sim: &'a SimGpu,
     gate: Gate,
     /// The origin of every VM's phase times and of the samples.
     start: Instant,
     /// One trace recorder per VM (with `record`; empty otherwise).
     recorders: Vec<Arc<TapRecorder>>,
+}
+
+/// The `native` scheme: one VM with the simulated GPU passed through ([`passthrough`]): no
+/// host, no device model, no scheduler.
+fn run_native(kvm: &Kvm, opts: &KvmOptions, sim: Arc<SimGpu>) -> anyhow::Result<KvmReport> {
+    anyhow::ensure!(
+        opts.vms == 1,
+        "--scheme native runs exactly one VM (the GPU is passed through to it), not {}",
+        opts.vms
+    );
+    anyhow::ensure!(
+        opts.record.is_none(),
+        "--record records the device model's accesses; --scheme native has none"
+    );
+    let dev = Device::Native(Arc::new(Passthrough::new(sim.clone())));
+    let ctx = RunCtx {
+        host: None,
+        sim: &sim,
+        gate: Gate::new(0),
+        start: Instant::now(),
+        recorders: Vec::new(),
+    };
+    let report = run_vm(kvm, 0, dev, &ctx, opts);
+    Ok(KvmReport {
+        backend: "kvm",
+        pvm: is_pvm(),
+        guest_ring: 3,
+        clock: ClockKind::Real,
+        size: opts.size,
+        shadow: opts.shadow_mode(),
+        scheme: opts.scheme,
+        vms: vec![report],
+        host: HostStats {
+            vms: 1,
+            gpu: sim.stats(),
+            ..HostStats::default()
+        },
+        gate_open_ns: None,
+        samples: Vec::new(),
+        recorded: Vec::new(),
+    })
 }
 
 /// The vGPU's interrupt line as an irqfd: a rising edge signals the eventfd, which KVM turns
@@ -523,16 +592,10 @@ struct Mark {
 
 /// One VM's thread: set up, run the vCPU until the guest reports through the exit port or is
 /// stopped, collect the results.
-fn run_vm(
-    kvm: &Kvm,
-    index: usize,
-    vgpu: Arc<Vgpu>,
-    ctx: &RunCtx,
-    opts: &KvmOptions,
-) -> KvmVmReport {
+fn run_vm(kvm: &Kvm, index: usize, vgpu: Device, ctx: &RunCtx, opts: &KvmOptions) -> KvmVmReport {
     let name = format!("vm{index}");
     let mut info = KvmVmInfo {
-        weight: vgpu.profile().weight,
+        weight: vgpu.vgpu().map_or(1, |v| v.profile().weight),
         ..KvmVmInfo::default()
     };
     let mut marks = Vec::new();
@@ -548,15 +611,15 @@ fn run_vm(
         }
     }
     let stats = vgpu.stats();
-    if info.stopped.is_some() {
+    if let (true, Some(host), Some(v)) = (info.stopped.is_some(), ctx.host, vgpu.vgpu()) {
         // Contain it now, while the others run: its work in flight is dropped with it.
         info.destroyed_in_flight = Some(match ctx.recorders.get(index) {
             Some(rec) => {
                 let mut n = 0;
-                rec.destroy(|| n = destroy_stopped(ctx.host, &vgpu, &name));
+                rec.destroy(|| n = destroy_stopped(host, v, &name));
                 n
             }
-            None => destroy_stopped(ctx.host, &vgpu, &name),
+            None => destroy_stopped(host, v, &name),
         });
     }
     if let Some(rec) = ctx.recorders.get(index) {
@@ -576,7 +639,7 @@ fn run_vm(
         })
         .collect();
     KvmVmReport {
-        vm: vgpu.id().0,
+        vm: vgpu.id(),
         init,
         workloads,
         stats,
@@ -623,17 +686,15 @@ fn vm_workloads(opts: &KvmOptions, index: usize) -> &[Workload] {
 }
 
 /// GPU busy time of the VM's channels so far.
-fn busy_ns(sim: &SimGpu, vgpu: &Vgpu) -> u64 {
-    vgpu.phys_channels()
-        .filter_map(|c| sim.channel_busy_ns(c))
-        .sum()
+fn busy_ns(sim: &SimGpu, vgpu: &Device) -> u64 {
+    vgpu.channels().filter_map(|c| sim.channel_busy_ns(c)).sum()
 }
 
 #[allow(clippy::too_many_arguments)]
 fn run_vcpu(
     kvm: &Kvm,
     index: usize,
-    vgpu: &Arc<Vgpu>,
+    vgpu: &Device,
     ctx: &RunCtx,
     opts: &KvmOptions,
     info: &mut KvmVmInfo,
@@ -690,7 +751,7 @@ fn run_vcpu(
             )
             .context("writing boot parameters")?;
     }
-    vgpu.attach_guest_memory(gvm.mem.clone())
+    vgpu.attach_memory(gvm.mem.clone())
         .context("attaching guest RAM to the vGPU")?;
     // With `record`: the guest's writes to its DMA region, found in KVM's dirty log.
     let mut ram_log = match ctx.recorders.get(index) {
@@ -723,7 +784,8 @@ fn run_vcpu(
         None
     };
 
-    let mut pci = PciBus::new(vgpu.clone());
+    let bars = vgpu.bars();
+    let mut pci = PciBus::new(bars.clone());
     let mut uart = serial::uart(&name, opts.echo_console);
     let mut windows = BarWindows::default();
     let mut ex = ExitCounts::default();
@@ -741,6 +803,11 @@ fn run_vcpu(
         writes: ex.mmio_writes,
     };
     let mut zones: Vec<(u64, u64)> = Vec::new();
+    let mut remap = opts
+        .scheme
+        .filter(|s| s.remaps())
+        .and_then(|_| sim.vram_backing())
+        .map(|vram| remap::Remap::new(kvm, vram));
     if opts.coalesce {
         vcpu.map_coalesced_mmio_ring()
             .context("mapping the coalesced MMIO ring")?;
@@ -750,7 +817,7 @@ fn run_vcpu(
             break Err(msg);
         }
         if opts.coalesce {
-            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, vgpu, &mut ex, &name) {
+            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &*bars, &mut ex, &name) {
                 break Err(msg);
             }
         }
@@ -762,6 +829,9 @@ fn run_vcpu(
                     set_zones(&gvm.fd, &mut zones, windows.coalesce_zones());
                 }
             }
+        }
+        if let (Some(r), Some(v)) = (remap.as_mut(), vgpu.vgpu()) {
+            r.update(&gvm.fd, v, &windows);
         }
         if let Some(stall) = setup
             .stall
@@ -842,7 +912,7 @@ fn run_vcpu(
                 if ecam::read(&pci, addr, data) {
                     ex.ecam += 1;
                     After::Go
-                } else if windows.read(vgpu, addr, data) {
+                } else if windows.read(&*bars, addr, data) {
                     ex.mmio_reads += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -861,7 +931,7 @@ fn run_vcpu(
                 if ecam::write(&mut pci, addr, data) {
                     ex.ecam += 1;
                     After::Go
-                } else if windows.write(vgpu, addr, data) {
+                } else if windows.write(&*bars, addr, data) {
                     ex.mmio_writes += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -905,7 +975,7 @@ fn run_vcpu(
         }
     };
     if opts.coalesce {
-        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, vgpu, &mut ex, &name) {
+        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &*bars, &mut ex, &name) {
             log::warn!("{msg}");
         }
     }
@@ -913,6 +983,10 @@ fn run_vcpu(
     info.kicked = kicker.fired();
     drop(kicker);
     ctx.gate.leave(&mut at_gate);
+    if let Some(mut r) = remap {
+        r.clear(&gvm.fd);
+        info.remap = Some(r.stats);
+    }
     if fence_irq {
         info.final_rflags = vcpu.get_regs().map(|r| r.rflags).unwrap_or(0);
         if let Ok(lapic) = vcpu.get_lapic() {
@@ -961,7 +1035,7 @@ fn run_vcpu(
 fn drain_coalesced(
     vcpu: &mut VcpuFd,
     windows: &BarWindows,
-    vgpu: &Vgpu,
+    vgpu: &dyn BarDevice,
     ex: &mut ExitCounts,
     name: &str,
 ) -> Result<(), String> {

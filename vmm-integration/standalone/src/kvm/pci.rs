@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use gpuvm::vgpu::Vgpu;
+use super::passthrough::BarDevice;
 
 /// Configuration address register.
 pub const PORT_ADDR: u16 = 0xcf8;
@@ -27,7 +27,7 @@ fn host_bridge_read(offset: u8) -> u32 {
 
 /// The configuration-space decoder of bus 0.
 pub struct PciBus {
-    vgpu: Arc<Vgpu>,
+    vgpu: Arc<dyn BarDevice>,
     addr: u32,
     /// Configuration writes to the vGPU since the last [`PciBus::take_dirty`].
     dirty: bool,
@@ -35,7 +35,7 @@ pub struct PciBus {
 
 impl PciBus {
     /// A bus with the vGPU at 00:01.0.
-    pub fn new(vgpu: Arc<Vgpu>) -> PciBus {
+    pub fn new(vgpu: Arc<dyn BarDevice>) -> PciBus {
         PciBus {
             vgpu,
             addr: 0,

@@ -156,7 +156,14 @@ impl Sampler {
             .collect();
         samples.push(Sample {
             t_ns: start.elapsed().as_nanos() as u64,
-            channel_busy_ns: vgpus.iter().map(|v| super::busy_ns(sim, v)).collect(),
+            channel_busy_ns: vgpus
+                .iter()
+                .map(|v| {
+                    v.phys_channels()
+                        .filter_map(|c| sim.channel_busy_ns(c))
+                        .sum()
+                })
+                .collect(),
             accounted_ns: accounted,
             gpu_busy_ns: host.phys().stats().busy_ns,
         });
