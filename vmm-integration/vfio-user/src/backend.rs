@@ -48,7 +48,11 @@ pub struct VmDevice {
 
 impl VmDevice {
     /// Creates the VM's first vGPU.
-    pub fn new(name: &str, profile: VgpuProfile, host: Arc<GpuHost>) -> Result<Arc<VmDevice>, HostError> {
+    pub fn new(
+        name: &str,
+        profile: VgpuProfile,
+        host: Arc<GpuHost>,
+    ) -> Result<Arc<VmDevice>, HostError> {
         let dev = VmDevice {
             name: name.to_string(),
             profile,
@@ -233,7 +237,14 @@ impl VgpuBackend {
         }
     }
 
-    fn set_irqs(&mut self, index: u32, flags: u32, start: u32, count: u32, fds: Vec<File>) -> io::Result<()> {
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<File>,
+    ) -> io::Result<()> {
         if index != regions::INTX || start != 0 || count > 1 {
             return Err(einval(format!(
                 "SET_IRQS index {index} start {start} count {count}: only INTx (index 0, one vector)"
@@ -243,7 +254,9 @@ impl VgpuBackend {
         let data = flags & VFIO_IRQ_SET_DATA_TYPE_MASK;
         let line = &self.dev.line;
         let want_fds = usize::from(data == VFIO_IRQ_SET_DATA_EVENTFD && count == 1);
-        if fds.len() != want_fds || flags & !(VFIO_IRQ_SET_ACTION_TYPE_MASK | VFIO_IRQ_SET_DATA_TYPE_MASK) != 0 {
+        if fds.len() != want_fds
+            || flags & !(VFIO_IRQ_SET_ACTION_TYPE_MASK | VFIO_IRQ_SET_DATA_TYPE_MASK) != 0
+        {
             return Err(einval(format!(
                 "SET_IRQS flags {flags:#x} count {count} with {} file descriptors",
                 fds.len()
@@ -289,7 +302,14 @@ impl ServerBackend for VgpuBackend {
         Ok(())
     }
 
-    fn dma_map(&mut self, flags: DmaMapFlags, offset: u64, address: u64, size: u64, fd: Option<File>) -> io::Result<()> {
+    fn dma_map(
+        &mut self,
+        flags: DmaMapFlags,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<File>,
+    ) -> io::Result<()> {
         if !flags.contains(DmaMapFlags::READ_WRITE) {
             return Err(self.dev.reject(einval(format!(
                 "DMA map {address:#x}+{size:#x} with flags {:#x}: the GPU reads and writes guest RAM",
@@ -309,7 +329,9 @@ impl ServerBackend for VgpuBackend {
 
     fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
         if flags.contains(DmaUnmapFlags::GET_DIRTY_PAGE_INFO) {
-            return Err(self.dev.reject(einval("dirty page tracking is not supported")));
+            return Err(self
+                .dev
+                .reject(einval("dirty page tracking is not supported")));
         }
         self.dma
             .unmap(address, size, flags.contains(DmaUnmapFlags::UNMAP_ALL))
@@ -330,7 +352,14 @@ impl ServerBackend for VgpuBackend {
         self.reattach()
     }
 
-    fn set_irqs(&mut self, index: u32, flags: u32, start: u32, count: u32, fds: Vec<File>) -> io::Result<()> {
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<File>,
+    ) -> io::Result<()> {
         VgpuBackend::set_irqs(self, index, flags, start, count, fds).map_err(|e| self.dev.reject(e))
     }
 }

@@ -71,7 +71,10 @@ fn clear_stale_socket(path: &Path) -> io::Result<()> {
         return Ok(());
     };
     if !meta.file_type().is_socket() {
-        return Err(bad(format!("{} exists and is not a socket", path.display())));
+        return Err(bad(format!(
+            "{} exists and is not a socket",
+            path.display()
+        )));
     }
     if std::os::unix::net::UnixStream::connect(path).is_ok() {
         return Err(io::Error::new(
@@ -151,7 +154,9 @@ fn serve_vm(
         let recycled = dev.recycle(&why);
         drop(backend);
         if let Err(e) = recycled {
-            dev.event(&format!("cannot create a fresh vGPU ({e}); retrying in 1 s"));
+            dev.event(&format!(
+                "cannot create a fresh vGPU ({e}); retrying in 1 s"
+            ));
             std::thread::sleep(Duration::from_secs(1));
             while !stop.load(Ordering::SeqCst) && dev.vgpu().is_none() {
                 if let Err(e) = dev.recycle("retry") {
@@ -179,7 +184,11 @@ fn poll_host(host: Arc<GpuHost>, clock: Arc<dyn Clock>, stop: Arc<AtomicBool>) {
 impl Daemon {
     /// Creates every VM's vGPU on `host`, binds the sockets and starts serving. `clock` is the
     /// clock of the physical GPU (what `next_event_ns` is measured in).
-    pub fn start(host: Arc<GpuHost>, clock: Arc<dyn Clock>, cfg: DaemonConfig) -> io::Result<Daemon> {
+    pub fn start(
+        host: Arc<GpuHost>,
+        clock: Arc<dyn Clock>,
+        cfg: DaemonConfig,
+    ) -> io::Result<Daemon> {
         if cfg.vms.is_empty() {
             return Err(bad("no VMs to serve".into()));
         }

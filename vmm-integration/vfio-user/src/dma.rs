@@ -83,7 +83,13 @@ impl DmaMaps {
     }
 
     /// Checks and maps `size` bytes of `file` from `offset` at GPA `address`.
-    pub fn map(&mut self, offset: u64, address: u64, size: u64, file: Option<File>) -> io::Result<()> {
+    pub fn map(
+        &mut self,
+        offset: u64,
+        address: u64,
+        size: u64,
+        file: Option<File>,
+    ) -> io::Result<()> {
         let file = file.ok_or_else(|| {
             einval("DMA map without a file descriptor (DMA_READ/DMA_WRITE are not supported)")
         })?;

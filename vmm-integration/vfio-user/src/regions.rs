@@ -14,8 +14,8 @@ use gpuvm::gf100::pci as id;
 use gpuvm::mmio::pci::CONFIG_SPACE_SIZE;
 use gpuvm::phys::Bar;
 use vfio_bindings::bindings::vfio::{
-    vfio_region_info, VFIO_IRQ_INFO_EVENTFD, VFIO_PCI_CONFIG_REGION_INDEX,
-    VFIO_PCI_INTX_IRQ_INDEX, VFIO_PCI_NUM_IRQS, VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_READ,
+    vfio_region_info, VFIO_IRQ_INFO_EVENTFD, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_INTX_IRQ_INDEX,
+    VFIO_PCI_NUM_IRQS, VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_READ,
     VFIO_REGION_INFO_FLAG_WRITE,
 };
 use vfio_user::{IrqInfo, ServerRegion};
@@ -173,21 +173,21 @@ mod tests {
         assert_eq!(check(7, 0, 4096).unwrap(), Target::Config(0));
         assert_eq!(check(5, 0, 4).unwrap(), Target::IoBar);
         for (region, offset, len) in [
-            (2, 0, 4),                // upper half of BAR1
-            (6, 0, 4),                // no ROM
-            (9, 0, 4),                // no such region
-            (u32::MAX, 0, 4),         // no such region
-            (0, 32 << 20, 4),         // past BAR0
-            (0, u64::MAX - 1, 4),     // wraps
-            (0, 0, 0),                // empty
-            (0, 2, 4),                // misaligned
-            (0, 0, 3),                // odd size
-            (0, 0, 16),               // too wide for a register
-            (1, 0, 1 << 20),          // huge
-            (7, 4094, 4),             // past config space
-            (7, 1, 4),                // misaligned config
-            (7, 0, 6),                // partial dword
-            (5, 0x80, 1),             // past BAR5
+            (2, 0, 4),            // upper half of BAR1
+            (6, 0, 4),            // no ROM
+            (9, 0, 4),            // no such region
+            (u32::MAX, 0, 4),     // no such region
+            (0, 32 << 20, 4),     // past BAR0
+            (0, u64::MAX - 1, 4), // wraps
+            (0, 0, 0),            // empty
+            (0, 2, 4),            // misaligned
+            (0, 0, 3),            // odd size
+            (0, 0, 16),           // too wide for a register
+            (1, 0, 1 << 20),      // huge
+            (7, 4094, 4),         // past config space
+            (7, 1, 4),            // misaligned config
+            (7, 0, 6),            // partial dword
+            (5, 0x80, 1),         // past BAR5
         ] {
             assert!(
                 check(region, offset, len).is_err(),

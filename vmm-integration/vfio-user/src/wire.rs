@@ -146,8 +146,18 @@ impl RawClient {
     }
 
     /// Reads `count` bytes of `region` at `offset`.
-    pub fn region_read(&mut self, region: u32, offset: u64, count: u32) -> io::Result<(Reply, Vec<u8>)> {
-        self.request(cmd::REGION_READ, &region_access(region, offset, count, &[]), None, &[])
+    pub fn region_read(
+        &mut self,
+        region: u32,
+        offset: u64,
+        count: u32,
+    ) -> io::Result<(Reply, Vec<u8>)> {
+        self.request(
+            cmd::REGION_READ,
+            &region_access(region, offset, count, &[]),
+            None,
+            &[],
+        )
     }
 
     /// Writes `data` to `region` at `offset`.
@@ -157,10 +167,21 @@ impl RawClient {
     }
 
     /// Maps `size` bytes of `fd` (if any) at `address`.
-    pub fn dma_map(&mut self, offset: u64, address: u64, size: u64, fd: Option<RawFd>) -> io::Result<Reply> {
+    pub fn dma_map(
+        &mut self,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<RawFd>,
+    ) -> io::Result<Reply> {
         let fds: Vec<RawFd> = fd.into_iter().collect();
         Ok(self
-            .request(cmd::DMA_MAP, &dma_map_body(3, offset, address, size), None, &fds)?
+            .request(
+                cmd::DMA_MAP,
+                &dma_map_body(3, offset, address, size),
+                None,
+                &fds,
+            )?
             .0)
     }
 }

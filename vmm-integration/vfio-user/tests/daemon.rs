@@ -72,7 +72,10 @@ fn sealed_memfd(len: u64) -> File {
     let f = unsafe { File::from_raw_fd(fd) };
     f.set_len(len).unwrap();
     // SAFETY: adds a seal to our descriptor.
-    assert_eq!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) }, 0);
+    assert_eq!(
+        unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
+        0
+    );
     f
 }
 
@@ -98,7 +101,8 @@ fn clients_reset_and_disconnect_only_touch_their_own_vgpu() {
     assert_eq!(ca.region(7).unwrap().size, 4096);
     assert!(ca.region(1).unwrap().sparse_areas.is_empty());
     // Config writes reach the device model: BAR sizing reads back the size mask.
-    ca.region_write(7, 0x10, &0xffff_ffffu32.to_le_bytes()).unwrap();
+    ca.region_write(7, 0x10, &0xffff_ffffu32.to_le_bytes())
+        .unwrap();
     assert_eq!(config_dword(&mut ca, 0x10) & !0xf, !((32u32 << 20) - 1));
 
     // RAM and the interrupt.
@@ -116,12 +120,18 @@ fn clients_reset_and_disconnect_only_touch_their_own_vgpu() {
     ca.reset().unwrap();
     assert_eq!(a.teardowns(), 1);
     assert_ne!(a.vgpu().unwrap().id(), before);
-    assert_eq!(config_dword(&mut ca, 0x10) & !0xf, 0, "BARs unprogrammed again");
+    assert_eq!(
+        config_dword(&mut ca, 0x10) & !0xf,
+        0,
+        "BARs unprogrammed again"
+    );
     assert_eq!(boot0(&mut cb), id);
 
     // A disconnect does the same.
     drop(ca);
-    eventually("vm a torn down after its client left", || a.teardowns() == 2);
+    eventually("vm a torn down after its client left", || {
+        a.teardowns() == 2
+    });
     assert_eq!(b.teardowns(), 0);
     assert_eq!(b.vgpu().unwrap().id(), b_id);
     let mut ca = Client::new(&dir.join("a.sock")).unwrap();
@@ -131,9 +141,16 @@ fn clients_reset_and_disconnect_only_touch_their_own_vgpu() {
     let mut raw = RawClient::connect(&dir.join("a.sock")).unwrap();
     drop(ca);
     // A VERSION whose message size is smaller than the VERSION structure.
-    raw.send_raw(&gpuvm_vfio_user::wire::message(1, 1, &[0, 0, 1, 0], Some(8)))
-        .unwrap();
-    eventually("vm a torn down after the malformed VERSION", || a.teardowns() >= 3);
+    raw.send_raw(&gpuvm_vfio_user::wire::message(
+        1,
+        1,
+        &[0, 0, 1, 0],
+        Some(8),
+    ))
+    .unwrap();
+    eventually("vm a torn down after the malformed VERSION", || {
+        a.teardowns() >= 3
+    });
     assert_eq!(boot0(&mut cb), id);
 
     let host = d.host().clone();

@@ -1,13 +1,16 @@
 //! `gpuvm run --kvm`: output (the table, or JSON in the shape of the in-process `gpuvm run`
 //! with a `kvm` object per VM).
 
-use super::{run_kvm, KvmOptions, KvmReport};
+use super::{remote, run_kvm, KvmOptions, KvmReport};
 use crate::table::{self, Table};
 
 /// Runs the VMs and prints the report; `Ok(false)` if a workload did not verify or a VM was
 /// stopped.
 pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
-    let report = run_kvm(opts)?;
+    let report = match &opts.vfio_user {
+        Some(socket) => remote::run_remote(opts, socket)?,
+        None => run_kvm(opts)?,
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -18,6 +21,9 @@ pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
 
 /// The human-readable report.
 pub fn render(r: &KvmReport) -> String {
+    if r.backend == "kvm-vfio-user" {
+        return render_remote(r);
+    }
     let mut out = format!(
         "gpuvm run --kvm: {} KVM VMs ({}, guests in ring {}) sharing the simulated GF100, shadow page tables {}, size {}\n",
         r.vms.len(),
@@ -94,6 +100,45 @@ pub fn render(r: &KvmReport) -> String {
     out
 }
 
+/// The report of a VM whose vGPU is served by `gpuvm serve`: the workloads and the exits; the
+/// vGPU's counters and GPU time stay with the daemon.
+fn render_remote(r: &KvmReport) -> String {
+    let mut out = format!(
+        "gpuvm run --kvm --vfio-user: one KVM VM ({}, guest in ring {}), its vGPU served over vfio-user, size {}\n",
+        if r.pvm { "PVM" } else { "hardware virtualization" },
+        r.guest_ring,
+        r.size,
+    );
+    for vm in &r.vms {
+        out += &table::workload_table(std::iter::once(&vm.init).chain(&vm.workloads));
+        let k = &vm.kvm;
+        if let Some(s) = &k.stopped {
+            out += &format!("stopped: {s}\n");
+        }
+        if let Some(c) = &k.calibration {
+            out += &format!(
+                "exit cost ({} each): port I/O {}, bare MMIO {}, vGPU MMIO (BOOT_0, through the daemon) {}\n",
+                c.exits,
+                table::ns(c.pio_exit_ns),
+                table::ns(c.bare_mmio_exit_ns),
+                table::ns(c.vgpu_mmio_exit_ns)
+            );
+        }
+        out += &format!(
+            "{}/{} workloads verified; wall {}; {} MMIO reads, {} MMIO writes, {} port I/O; fences by {}, {} interrupts seen (GPU time and vGPU counters: see the daemon)\n",
+            vm.workloads.iter().filter(|w| w.verified).count(),
+            vm.workloads.len(),
+            table::ns(k.wall_ns),
+            k.exits.mmio_reads,
+            k.exits.mmio_writes,
+            k.exits.pio,
+            if k.fence_irq { "interrupt" } else { "polling" },
+            k.irqs_seen
+        );
+    }
+    out
+}
+
 /// The `--kvm` options of `gpuvm run`.
 #[derive(clap::Args, Debug, Default)]
 pub struct KvmArgs {
@@ -121,6 +166,12 @@ pub struct KvmArgs {
     /// BARs) or `I=config-garbage` (garbage over its configuration space, then uses its BARs).
     #[arg(long, value_name = "I=MODE", hide = true, requires = "kvm")]
     pub hostile: Vec<String>,
+    /// With --kvm: run one VM (--vms does not apply) whose vGPU is served by `gpuvm serve` on
+    /// the vfio-user socket SOCKET instead of in this process; guest RAM is shared with the
+    /// daemon (a sealed memfd), the interrupt arrives through an irqfd the daemon signals.
+    /// GPU time and the vGPU's counters are the daemon's and read zero here.
+    #[arg(long, value_name = "SOCKET", requires = "kvm")]
+    pub vfio_user: Option<std::path::PathBuf>,
 }
 
 impl KvmArgs {
@@ -136,6 +187,7 @@ impl KvmArgs {
         vram_mib: u64,
         guest_ram: u64,
     ) -> anyhow::Result<KvmOptions> {
+        let vms = if self.vfio_user.is_some() { 1 } else { vms };
         let mut modes = vec![super::abi::MODE_NORMAL; vms];
         for h in &self.hostile {
             let (i, mode) = h
@@ -164,6 +216,7 @@ impl KvmArgs {
             calibrate: self.calibrate,
             coalesce: !self.no_coalesce,
             timeout: std::time::Duration::from_secs(self.timeout),
+            vfio_user: self.vfio_user.clone(),
             ..KvmOptions::default()
         })
     }

@@ -2,9 +2,9 @@
 //! addresses the guest programmed through configuration space. Anything outside the decoded
 //! windows is not the vGPU's: the caller stops the VM.
 
-use gpuvm::vgpu::Vgpu;
 use gpuvm_guest::hal::Bar;
 
+use super::device::VgpuDevice;
 use super::pci::PciBus;
 
 /// Command register: memory space enable.
@@ -61,7 +61,7 @@ impl BarWindows {
     }
 
     /// Dispatches an MMIO read; false if the address is outside every BAR.
-    pub fn read(&self, vgpu: &Vgpu, addr: u64, data: &mut [u8]) -> bool {
+    pub fn read(&self, vgpu: &dyn VgpuDevice, addr: u64, data: &mut [u8]) -> bool {
         match self.lookup(addr, data.len()) {
             Some((bar, off)) => {
                 vgpu.bar_read(bar, off, data);
@@ -72,7 +72,7 @@ impl BarWindows {
     }
 
     /// Dispatches an MMIO write; false if the address is outside every BAR.
-    pub fn write(&self, vgpu: &Vgpu, addr: u64, data: &[u8]) -> bool {
+    pub fn write(&self, vgpu: &dyn VgpuDevice, addr: u64, data: &[u8]) -> bool {
         match self.lookup(addr, data.len()) {
             Some((bar, off)) => {
                 vgpu.bar_write(bar, off, data);

@@ -15,9 +15,12 @@
 pub mod abi;
 pub mod cli;
 pub mod cpu;
+pub mod device;
 pub mod mmio;
 pub mod pci;
+pub mod remote;
 pub mod serial;
+pub mod shared_ram;
 pub mod vm;
 
 use std::path::Path;
@@ -33,13 +36,14 @@ use gpuvm::irq::IrqLine;
 use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
-use gpuvm::vgpu::{Vgpu, VgpuStats};
+use gpuvm::vgpu::VgpuStats;
 use gpuvm_guest::workloads::Workload;
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuExit, VcpuFd, VmFd};
 use serde::Serialize;
 use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
+use device::{LocalVgpu, VgpuDevice};
 use mmio::BarWindows;
 use pci::PciBus;
 
@@ -106,6 +110,9 @@ pub struct KvmOptions {
     pub phys_vram: u64,
     /// Scheduling policy of the host (`None`: its default, FIFO).
     pub sched: Option<gpuvm::sched::Policy>,
+    /// Attach the (single) VM's vGPU through this vfio-user socket (`gpuvm serve`) instead of
+    /// an in-process host (see [`remote`]).
+    pub vfio_user: Option<std::path::PathBuf>,
 }
 
 impl Default for KvmOptions {
@@ -125,6 +132,7 @@ impl Default for KvmOptions {
             coalesce: true,
             phys_vram: 6 << 30,
             sched: None,
+            vfio_user: None,
         }
     }
 }
@@ -302,10 +310,11 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
             .iter()
             .enumerate()
             .map(|(i, vgpu)| {
-                let (kvm, sim, vgpu) = (&kvm, &sim, vgpu.clone());
+                let kvm = &kvm;
+                let dev: Arc<dyn VgpuDevice> = Arc::new(LocalVgpu::new(vgpu.clone(), sim.clone()));
                 std::thread::Builder::new()
                     .name(format!("vm{i}"))
-                    .spawn_scoped(s, move || run_vm(kvm, i, vgpu, sim, opts))
+                    .spawn_scoped(s, move || run_vm(kvm, i, dev, opts))
                     .expect("spawning a VM thread")
             })
             .collect();
@@ -362,20 +371,12 @@ struct Mark {
 
 /// One VM's thread: set up, run the vCPU until the guest reports through the exit port or is
 /// stopped, collect the results.
-fn run_vm(
-    kvm: &Kvm,
-    index: usize,
-    vgpu: Arc<Vgpu>,
-    sim: &SimGpu,
-    opts: &KvmOptions,
-) -> KvmVmReport {
+fn run_vm(kvm: &Kvm, index: usize, dev: Arc<dyn VgpuDevice>, opts: &KvmOptions) -> KvmVmReport {
     let name = format!("vm{index}");
     let mut info = KvmVmInfo::default();
     let mut marks = Vec::new();
     let mut ram = None;
-    match run_vcpu(
-        kvm, index, &vgpu, sim, opts, &mut info, &mut marks, &mut ram,
-    ) {
+    match run_vcpu(kvm, index, &dev, opts, &mut info, &mut marks, &mut ram) {
         Ok(()) => {}
         Err(e) => {
             let msg = format!("{name}: VM setup failed: {e:#}");
@@ -385,27 +386,18 @@ fn run_vm(
     }
     let (init, workloads) = collect_results(ram.as_ref(), &marks, opts, &info);
     KvmVmReport {
-        vm: vgpu.id().0,
+        vm: dev.vm_id().unwrap_or(index as u32),
         init,
         workloads,
-        stats: vgpu.stats(),
+        stats: dev.stats(),
         kvm: info,
     }
 }
 
-/// GPU busy time of the VM's channels so far.
-fn busy_ns(sim: &SimGpu, vgpu: &Vgpu) -> u64 {
-    vgpu.phys_channels()
-        .filter_map(|c| sim.channel_busy_ns(c))
-        .sum()
-}
-
-#[allow(clippy::too_many_arguments)]
 fn run_vcpu(
     kvm: &Kvm,
     index: usize,
-    vgpu: &Arc<Vgpu>,
-    sim: &SimGpu,
+    vgpu: &Arc<dyn VgpuDevice>,
     opts: &KvmOptions,
     info: &mut KvmVmInfo,
     marks: &mut Vec<Mark>,
@@ -413,7 +405,11 @@ fn run_vcpu(
 ) -> anyhow::Result<()> {
     let name = format!("vm{index}");
     let (ram, heap, dma) = ram_layout(opts);
-    let gvm = vm::GuestVm::new(kvm, ram)?;
+    let gvm = if vgpu.needs_shared_ram() {
+        vm::GuestVm::with_memory(kvm, shared_ram::memfd_ram(ram)?)?
+    } else {
+        vm::GuestVm::new(kvm, ram)?
+    };
     let entry = gvm.load_elf(GUEST_ELF)?;
     cpu::write_system_tables(&gvm.mem)?;
     let mut vcpu = gvm.create_vcpu()?;
@@ -446,22 +442,14 @@ fn run_vcpu(
             )
             .context("writing boot parameters")?;
     }
-    vgpu.attach_guest_memory(gvm.mem.clone())
+    vgpu.attach_ram(&gvm.mem)
         .context("attaching guest RAM to the vGPU")?;
 
-    let line = if opts.fence_irq {
+    if opts.fence_irq {
         let evt = EventFd::new(0).context("eventfd")?;
         gvm.fd.register_irqfd(&evt, IRQ_GSI).context("KVM_IRQFD")?;
-        let line = Arc::new(IrqfdLine {
-            evt,
-            level: AtomicBool::new(false),
-            raised: AtomicU64::new(0),
-        });
-        vgpu.set_irq_line(line.clone());
-        Some(line)
-    } else {
-        None
-    };
+        vgpu.connect_irq(evt)?;
+    }
 
     let mut pci = PciBus::new(vgpu.clone());
     let mut uart = serial::uart(&name, opts.echo_console);
@@ -472,7 +460,7 @@ fn run_vcpu(
     let mark = |phase: u32, ex: &ExitCounts| Mark {
         phase,
         at: Instant::now(),
-        busy_ns: busy_ns(sim, vgpu),
+        busy_ns: vgpu.busy_ns(),
         reads: ex.mmio_reads,
         writes: ex.mmio_writes,
     };
@@ -483,7 +471,7 @@ fn run_vcpu(
     }
     let stop: Result<u32, String> = loop {
         if opts.coalesce {
-            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, vgpu, &mut ex, &name) {
+            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, &name) {
                 break Err(msg);
             }
         }
@@ -495,6 +483,9 @@ fn run_vcpu(
                     set_zones(&gvm.fd, &mut zones, windows.coalesce_zones());
                 }
             }
+        }
+        if let Some(msg) = vgpu.failure() {
+            break Err(msg);
         }
         if Instant::now() > deadline {
             break Err(format!(
@@ -541,7 +532,7 @@ fn run_vcpu(
                 After::Go
             }
             Ok(VcpuExit::MmioRead(addr, data)) => {
-                if windows.read(vgpu, addr, data) {
+                if windows.read(&**vgpu, addr, data) {
                     ex.mmio_reads += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -557,7 +548,7 @@ fn run_vcpu(
                 }
             }
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                if windows.write(vgpu, addr, data) {
+                if windows.write(&**vgpu, addr, data) {
                     ex.mmio_writes += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -601,7 +592,7 @@ fn run_vcpu(
         }
     };
     if opts.coalesce {
-        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, vgpu, &mut ex, &name) {
+        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, &name) {
             log::warn!("{msg}");
         }
     }
@@ -640,7 +631,7 @@ fn run_vcpu(
     info.ns_per_mmio_exit = info.wall_ns.checked_div(mmio).unwrap_or(0);
     info.fence_irq = gvm.read_u32(abi::RESULTS_HEADER + abi::H_FENCE_IRQ) == 1;
     info.irqs_seen = gvm.read_u64(abi::RESULTS_HEADER + abi::H_IRQS);
-    info.irqs_raised = line.map_or(0, |l| l.raised.load(Ordering::SeqCst));
+    info.irqs_raised = vgpu.irqs_raised();
     info.calibration = calibration(marks, opts.calibrate);
     info.console = std::mem::take(&mut uart.writer_mut().lines);
     *ram_out = Some(gvm);
@@ -652,7 +643,7 @@ fn run_vcpu(
 fn drain_coalesced(
     vcpu: &mut VcpuFd,
     windows: &BarWindows,
-    vgpu: &Vgpu,
+    vgpu: &dyn VgpuDevice,
     ex: &mut ExitCounts,
     name: &str,
 ) -> Result<(), String> {

@@ -1,10 +1,11 @@
 //! PCI configuration mechanism 1 (ports 0xCF8-0xCFF): a host bridge at 00:00.0 and the vGPU at
-//! 00:01.0, whose configuration space is the device model's (`Vgpu::config_read/write`). Every
+//! 00:01.0, whose configuration space is the device's ([`VgpuDevice`], in-process or over
+//! vfio-user). Every
 //! other function reads all-ones (no device), and writes to it are dropped.
 
 use std::sync::Arc;
 
-use gpuvm::vgpu::Vgpu;
+use super::device::VgpuDevice;
 
 /// Configuration address register.
 pub const PORT_ADDR: u16 = 0xcf8;
@@ -25,7 +26,7 @@ fn host_bridge_read(offset: u8) -> u32 {
 
 /// The configuration-space decoder of bus 0.
 pub struct PciBus {
-    vgpu: Arc<Vgpu>,
+    vgpu: Arc<dyn VgpuDevice>,
     addr: u32,
     /// Configuration writes to the vGPU since the last [`PciBus::take_dirty`].
     dirty: bool,
@@ -33,7 +34,7 @@ pub struct PciBus {
 
 impl PciBus {
     /// A bus with the vGPU at 00:01.0.
-    pub fn new(vgpu: Arc<Vgpu>) -> PciBus {
+    pub fn new(vgpu: Arc<dyn VgpuDevice>) -> PciBus {
         PciBus {
             vgpu,
             addr: 0,
