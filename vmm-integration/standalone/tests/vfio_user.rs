@@ -212,7 +212,7 @@ fn two_vmms_share_the_daemon_and_killing_one_hurts_only_its_vgpu() {
     let b = Vmm::start(
         &serve.socket("vm1"),
         "[vm1 vmm] ",
-        &["--size", "256", "--workload", "loop", "--workload", "loop"],
+        &["--size", "768", "--workload", "loop", "--workload", "loop"],
     );
     wait_line(&serve.lines, mark, "vm1's submissions", |l| {
         l.contains("[vm1] submissions started")
@@ -246,14 +246,18 @@ fn two_vmms_share_the_daemon_and_killing_one_hurts_only_its_vgpu() {
     let status = serve.terminate();
     assert!(status.success(), "{status}");
     assert!(!s0.exists() && !s1.exists(), "sockets removed");
-    let n = line_count(&serve.lines);
-    let lines = serve.lines.0.lock().unwrap().clone();
-    assert!(
-        lines[..n]
-            .iter()
-            .any(|l| l.contains("stopped: sockets removed, 0 vGPUs left")),
-        "{lines:#?}"
-    );
+    let i = wait_line(&serve.lines, 0, "the shutdown summary", |l| {
+        l.contains("stopped: sockets removed, 0 vGPUs left")
+    });
+    let summary = serve.lines.0.lock().unwrap()[i].clone();
+    // The killed VM's loop was on the GPU: its teardown aborted it.
+    let aborted: u64 = summary
+        .trim_end_matches(" aborted")
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no abort count in {summary:?}"));
+    assert!(aborted >= 1, "{summary}");
 }
 
 /// A sealed memfd of `len` bytes, and one without the seal.
@@ -470,6 +474,10 @@ fn malformed_messages_get_errors_and_never_take_the_daemon_down() {
     healthy(&good);
     let status = serve.terminate();
     assert!(status.success(), "{status}");
+    // Every line read (the summary is the last one), the refusals were logged for vm1 only.
+    wait_line(&serve.lines, 0, "the shutdown summary", |l| {
+        l.contains("stopped: sockets removed")
+    });
     let lines = serve.lines.0.lock().unwrap().clone();
     assert!(
         lines.iter().any(|l| l.contains("[vm1] request refused")),

@@ -170,7 +170,7 @@ pub struct VgpuBackend {
     dev: Arc<VmDevice>,
     vgpu: Arc<Vgpu>,
     dma: DmaMaps,
-    writes: u64,
+    accesses: u64,
     submitting: bool,
 }
 
@@ -188,7 +188,7 @@ impl VgpuBackend {
             dev,
             vgpu,
             dma: DmaMaps::new(window, require_sealed_dma),
-            writes: 0,
+            accesses: 0,
             submitting: false,
         })
     }
@@ -224,10 +224,11 @@ impl VgpuBackend {
         }
     }
 
-    /// Reports, once per client, when the guest's first submission reached the device.
-    fn note_write(&mut self) {
-        self.writes += 1;
-        if !self.submitting && self.writes % 256 == 0 {
+    /// Reports, once per client, when the guest's first submission reached the device
+    /// (looked at every 64 BAR accesses: a guest that submitted goes on writing or polling).
+    fn note_access(&mut self) {
+        self.accesses += 1;
+        if !self.submitting && self.accesses % 64 == 0 {
             let doorbells = self.vgpu.stats().doorbells;
             if doorbells > 0 {
                 self.submitting = true;
@@ -284,7 +285,10 @@ impl ServerBackend for VgpuBackend {
     fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
         match regions::check(region, offset, data.len()).map_err(|e| self.dev.reject(e))? {
             Target::Config(off) => self.config_read(off, data),
-            Target::Bar(bar, off) => self.vgpu.bar_read(bar, off, data),
+            Target::Bar(bar, off) => {
+                self.vgpu.bar_read(bar, off, data);
+                self.note_access();
+            }
             Target::IoBar => data.fill(0xff),
         }
         Ok(())
@@ -295,7 +299,7 @@ impl ServerBackend for VgpuBackend {
             Target::Config(off) => self.config_write(off, data),
             Target::Bar(bar, off) => {
                 self.vgpu.bar_write(bar, off, data);
-                self.note_write();
+                self.note_access();
             }
             Target::IoBar => {}
         }
