@@ -124,6 +124,21 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         .unwrap_or_else(|| "unknown panic".to_string())
 }
 
+/// Makes sure the VM has a vGPU (creating one can fail, for example while resources are
+/// short): retries every second until it has one or the daemon stops.
+fn ensure_vgpu(dev: &VmDevice, stop: &AtomicBool) -> bool {
+    while dev.vgpu().is_none() {
+        if stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        if let Err(e) = dev.recycle("re-creating the vGPU") {
+            dev.event(&format!("cannot create a vGPU ({e}); retrying in 1 s"));
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+    true
+}
+
 /// One VM's thread: serve a client, tear the vGPU down, serve the next.
 fn serve_vm(
     dev: Arc<VmDevice>,
@@ -133,9 +148,9 @@ fn serve_vm(
     stop: Arc<AtomicBool>,
     require_sealed_dma: bool,
 ) {
-    while wait_for_client(&listener, &wake, &stop) {
+    while ensure_vgpu(&dev, &stop) && wait_for_client(&listener, &wake, &stop) {
         let Some(mut backend) = VgpuBackend::new(dev.clone(), require_sealed_dma) else {
-            break;
+            continue;
         };
         dev.connected();
         dev.event("client connected");
@@ -150,21 +165,12 @@ fn serve_vm(
         if stop.load(Ordering::SeqCst) {
             break;
         }
-        // Destroy the vGPU (it stops using the client's RAM) before the maps go.
-        let recycled = dev.recycle(&why);
-        drop(backend);
-        if let Err(e) = recycled {
-            dev.event(&format!(
-                "cannot create a fresh vGPU ({e}); retrying in 1 s"
-            ));
-            std::thread::sleep(Duration::from_secs(1));
-            while !stop.load(Ordering::SeqCst) && dev.vgpu().is_none() {
-                if let Err(e) = dev.recycle("retry") {
-                    dev.event(&format!("still no vGPU: {e}"));
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-            }
+        // Destroy the vGPU (it stops using the client's RAM) before the maps go; a failure to
+        // create the fresh one is retried by `ensure_vgpu`.
+        if let Err(e) = dev.recycle(&why) {
+            dev.event(&format!("{why}: vGPU destroyed; a fresh one failed: {e}"));
         }
+        drop(backend);
     }
 }
 
