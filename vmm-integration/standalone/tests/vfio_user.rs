@@ -519,3 +519,62 @@ fn serve_explains_itself_and_refuses_bad_arguments() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("NAME:PROFILE"));
 }
+
+#[test]
+fn serve_takes_one_toml_profile_per_vm() {
+    let dir = std::env::temp_dir().join(format!("gpuvm-serve-profiles-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let small = dir.join("small.toml");
+    std::fs::write(
+        &small,
+        "name = \"small\"\nvram_mib = 128\nchannels = 4\nweight = 3\nshadow = \"eager\"\n",
+    )
+    .unwrap();
+    let bad = dir.join("bad.toml");
+    std::fs::write(&bad, "vram_mib = 1\n").unwrap();
+    let sockets = dir.join("sockets");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuvm"))
+        .args(["serve", "--sched", "credit", "--socket-dir"])
+        .arg(&sockets)
+        .arg("--vm")
+        .arg(format!("alpha:{}", small.display()))
+        .arg("--vm")
+        .arg(format!("beta:{}", small.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = collect_stderr(&mut child, "[serve] ");
+    let mut serve = Serve {
+        child,
+        dir: dir.clone(),
+        lines,
+    };
+    let ready = wait_line(&serve.lines, 0, "ready", |l| {
+        l.starts_with("gpuvm serve: ready")
+    });
+    let text = serve.lines.0.lock().unwrap()[..=ready].join("\n");
+    for vm in ["alpha", "beta"] {
+        assert!(
+            text.contains(&format!("[{vm}] serving"))
+                && text
+                    .contains("profile 'small': 128 MiB VRAM, 4 channels, weight 3, shadow eager"),
+            "{text}"
+        );
+    }
+    assert!(text.contains("credit scheduler"), "{text}");
+    healthy(&sockets.join("alpha.sock"));
+    assert!(serve.terminate().success());
+    // A profile out of range is refused before anything is served.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuvm"))
+        .args(["serve", "--socket-dir"])
+        .arg(&sockets)
+        .arg("--vm")
+        .arg(format!("x:{}", bad.display()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("vram_mib = 1"));
+}
