@@ -487,6 +487,17 @@ impl Vgpu {
             .unwrap_or(Err(VgpuError::Destroyed))
     }
 
+    /// Detaches the VM's RAM: unmaps its DMA windows and forgets it, so that
+    /// [`Vgpu::attach_guest_memory`] can attach a new set. A vfio-user client maps its RAM one
+    /// region per DMA_MAP message, so the server re-attaches the whole set on each map and unmap.
+    /// Guest page-table entries naming system memory that is no longer attached fault as any
+    /// unmapped address does. A no-op if nothing is attached.
+    pub fn detach_guest_memory(&self) -> Result<(), VgpuError> {
+        self.shared
+            .access(self.id, detach_memory)
+            .ok_or(VgpuError::Destroyed)
+    }
+
     /// Connects the VM's interrupt line (level-triggered; it must not call back into the vGPU).
     pub fn set_irq_line(&self, line: Arc<dyn IrqLine>) {
         self.line.connect(line);
@@ -556,6 +567,15 @@ fn attach_memory(cx: &mut VmCx, window: u64, mem: GuestMemoryMmap) -> Result<(),
         iova_base: base,
     });
     Ok(())
+}
+
+fn detach_memory(cx: &mut VmCx) {
+    for w in cx.vm.dma_windows.drain(..) {
+        if let Err(e) = cx.phys.unmap_dma(w) {
+            log::warn!("{}: unmapping DMA window {w}: {e}", cx.vm.id);
+        }
+    }
+    cx.vm.mem.ram = None;
 }
 
 #[cfg(test)]

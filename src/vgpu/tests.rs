@@ -788,6 +788,20 @@ fn partitions_are_refused_when_they_do_not_fit() {
         v.attach_guest_memory(mem),
         Err(crate::vgpu::VgpuError::AlreadyAttached)
     );
+    // Detached, it takes a new set (what a vfio-user server does on each DMA map), once.
+    v.detach_guest_memory().unwrap();
+    let two = GuestMemoryMmap::<()>::from_ranges(&[
+        (GuestAddress(0), 4096),
+        (GuestAddress(0x10_0000), 8192),
+    ])
+    .unwrap();
+    v.attach_guest_memory(two.clone()).unwrap();
+    assert_eq!(
+        v.attach_guest_memory(two),
+        Err(crate::vgpu::VgpuError::AlreadyAttached)
+    );
+    v.detach_guest_memory().unwrap();
+    v.detach_guest_memory().unwrap();
     // Few DMA windows: with 2^38-byte windows there are 3 slots.
     let gpu: Arc<dyn PhysicalGpu> = Arc::new(SimGpu::new(SimConfig {
         vram_size: 1 << 30,

@@ -14,6 +14,7 @@ mod overhead;
 mod regs;
 mod run;
 mod scale;
+mod serve;
 mod table;
 mod trace;
 
@@ -79,6 +80,21 @@ enum Command {
     /// verified, GPU share per VM, exits) and an SVG plot of each VM's GPU time over time.
     /// In-process by default (runs anywhere, a few seconds); `--kvm` uses real KVM guests.
     Demo(demo::DemoArgs),
+    /// The vfio-user daemon (GPUvm's aggregator): one process owns the simulated GPU, the
+    /// device model and the scheduler, and serves each VM's vGPU on its own Unix socket,
+    /// `DIR/NAME.sock`; each VM's VMM is a separate process (`gpuvm run --kvm --vfio-user
+    /// DIR/NAME.sock`, or another vfio-user client).
+    ///
+    /// VMs come from `--vms N` (vm0..vmN-1, one profile for all) or one `--vm NAME:PROFILE` per
+    /// VM (a TOML vGPU profile: name, vram_mib, channels, weight, shadow). Regions: BAR0, BAR1,
+    /// BAR3, BAR5 and configuration space, all trapped (no mmap areas); guest RAM from DMA_MAP
+    /// file descriptors (memfds sealed against shrinking unless --allow-unsealed-dma); INTx
+    /// through the eventfd given with SET_IRQS; DEVICE_RESET gives a fresh vGPU. A client
+    /// that disconnects, crashes or sends malformed messages loses only its own vGPU (destroyed,
+    /// VRAM scrubbed, a fresh one served on the same socket). Events go to standard error,
+    /// prefixed with the VM's name. SIGTERM or SIGINT: vGPUs destroyed, sockets removed, exit 0.
+    /// See docs/vfio-user.md.
+    Serve(serve::ServeArgs),
 }
 
 fn main() {
@@ -92,6 +108,7 @@ fn main() {
         Command::Exp(args) => exp::run(&args),
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(true) => {}

@@ -1,13 +1,16 @@
 //! `gpuvm run --kvm`: output (the table, or JSON in the shape of the in-process `gpuvm run`
 //! with a `kvm` object per VM).
 
-use super::{run_kvm, KvmOptions, KvmReport};
+use super::{remote, run_kvm, KvmOptions, KvmReport};
 use crate::table::{self, Table};
 
 /// Runs the VMs and prints the report; `Ok(false)` if a workload did not verify or a VM was
 /// stopped.
 pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
-    let report = run_kvm(opts)?;
+    let report = match &opts.vfio_user {
+        Some(socket) => remote::run_remote(opts, socket)?,
+        None => run_kvm(opts)?,
+    };
     for f in &report.recorded {
         eprintln!("gpuvm: recorded {}", f.display());
     }
@@ -21,6 +24,9 @@ pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
 
 /// The human-readable report.
 pub fn render(r: &KvmReport) -> String {
+    if r.backend == "kvm-vfio-user" {
+        return render_remote(r);
+    }
     let mut out = format!(
         "gpuvm run --kvm: {} KVM VMs ({}, guests in ring {}) sharing the simulated GF100, {}, size {}\n",
         r.vms.len(),
@@ -115,6 +121,45 @@ pub fn render(r: &KvmReport) -> String {
     out
 }
 
+/// The report of a VM whose vGPU is served by `gpuvm serve`: the workloads and the exits; the
+/// vGPU's counters and GPU time stay with the daemon.
+fn render_remote(r: &KvmReport) -> String {
+    let mut out = format!(
+        "gpuvm run --kvm --vfio-user: one KVM VM ({}, guest in ring {}), its vGPU served over vfio-user, size {}\n",
+        if r.pvm { "PVM" } else { "hardware virtualization" },
+        r.guest_ring,
+        r.size,
+    );
+    for vm in &r.vms {
+        out += &table::workload_table(std::iter::once(&vm.init).chain(&vm.workloads));
+        let k = &vm.kvm;
+        if let Some(s) = &k.stopped {
+            out += &format!("stopped: {s}\n");
+        }
+        if let Some(c) = &k.calibration {
+            out += &format!(
+                "exit cost ({} each): port I/O {}, bare MMIO {}, vGPU MMIO (BOOT_0, through the daemon) {}\n",
+                c.exits,
+                table::ns(c.pio_exit_ns),
+                table::ns(c.bare_mmio_exit_ns),
+                table::ns(c.vgpu_mmio_exit_ns)
+            );
+        }
+        out += &format!(
+            "{}/{} workloads verified; wall {}; {} MMIO reads, {} MMIO writes, {} port I/O; fences by {}, {} interrupts seen (GPU time and vGPU counters: see the daemon)\n",
+            vm.workloads.iter().filter(|w| w.verified).count(),
+            vm.workloads.len(),
+            table::ns(k.wall_ns),
+            k.exits.mmio_reads,
+            k.exits.mmio_writes,
+            k.exits.pio,
+            if k.fence_irq { "interrupt" } else { "polling" },
+            k.irqs_seen
+        );
+    }
+    out
+}
+
 /// The `--kvm` options of `gpuvm run`.
 #[derive(clap::Args, Debug, Default)]
 pub struct KvmArgs {
@@ -167,6 +212,12 @@ pub struct KvmArgs {
     /// memory-mapped ECAM window at 0xE0000000 (MMIO exits) instead of ports 0xCF8/0xCFC.
     #[arg(long, requires = "kvm")]
     pub ecam: bool,
+    /// With --kvm: run one VM (--vms does not apply) whose vGPU is served by `gpuvm serve` on
+    /// the vfio-user socket SOCKET instead of in this process; guest RAM is shared with the
+    /// daemon (a sealed memfd), the interrupt arrives through an irqfd the daemon signals.
+    /// GPU time and the vGPU's counters are the daemon's and read zero here.
+    #[arg(long, value_name = "SOCKET", requires = "kvm")]
+    pub vfio_user: Option<std::path::PathBuf>,
 }
 
 /// Loop iterations of a kernel that runs `ns` of modeled GPU time on the simulated GF100.
@@ -193,6 +244,7 @@ impl KvmArgs {
         vram_mib: u64,
         guest_ram: u64,
     ) -> anyhow::Result<KvmOptions> {
+        let vms = if self.vfio_user.is_some() { 1 } else { vms };
         let mut modes = vec![super::abi::MODE_NORMAL; vms];
         let mut setups = vec![super::setup::VmSetup::default(); vms];
         for &i in &self.irq_vm {
@@ -268,6 +320,7 @@ impl KvmArgs {
             timeout: std::time::Duration::from_secs(self.timeout),
             setups,
             ecam: self.ecam,
+            vfio_user: self.vfio_user.clone(),
             ..KvmOptions::default()
         })
     }

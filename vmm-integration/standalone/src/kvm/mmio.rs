@@ -4,7 +4,7 @@
 
 use gpuvm_guest::hal::Bar;
 
-use super::passthrough::BarDevice;
+use super::device::VgpuDevice;
 use super::pci::PciBus;
 
 /// Command register: memory space enable.
@@ -68,7 +68,7 @@ impl BarWindows {
     }
 
     /// Dispatches an MMIO read; false if the address is outside every BAR.
-    pub fn read(&self, vgpu: &dyn BarDevice, addr: u64, data: &mut [u8]) -> bool {
+    pub fn read(&self, vgpu: &dyn VgpuDevice, addr: u64, data: &mut [u8]) -> bool {
         match self.lookup(addr, data.len()) {
             Some((bar, off)) => {
                 vgpu.bar_read(bar, off, data);
@@ -79,7 +79,7 @@ impl BarWindows {
     }
 
     /// Dispatches an MMIO write; false if the address is outside every BAR.
-    pub fn write(&self, vgpu: &dyn BarDevice, addr: u64, data: &[u8]) -> bool {
+    pub fn write(&self, vgpu: &dyn VgpuDevice, addr: u64, data: &[u8]) -> bool {
         match self.lookup(addr, data.len()) {
             Some((bar, off)) => {
                 vgpu.bar_write(bar, off, data);

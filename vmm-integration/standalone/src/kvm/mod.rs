@@ -15,6 +15,7 @@
 pub mod abi;
 pub mod cli;
 pub mod cpu;
+pub mod device;
 pub mod ecam;
 pub mod isolation;
 pub mod kick;
@@ -23,10 +24,12 @@ pub mod passthrough;
 pub mod pci;
 pub mod record;
 pub mod remap;
+pub mod remote;
 pub mod scale;
 pub mod scheme;
 pub mod serial;
 pub mod setup;
+pub mod shared_ram;
 pub mod vm;
 
 use std::path::Path;
@@ -50,8 +53,9 @@ use serde::Serialize;
 use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
+use device::{LocalVgpu, VgpuDevice};
 use mmio::BarWindows;
-use passthrough::{BarDevice, Device, Passthrough};
+use passthrough::Passthrough;
 use pci::PciBus;
 use setup::{Gate, Sample, Sampler, VmSetup};
 
@@ -134,6 +138,9 @@ pub struct KvmOptions {
     /// The virtualization scheme (`None`: trap every BAR access, shadow mode `shadow`); see
     /// [`scheme::KvmScheme`].
     pub scheme: Option<scheme::KvmScheme>,
+    /// Attach the (single) VM's vGPU through this vfio-user socket (`gpuvm serve`) instead of
+    /// an in-process host (see [`remote`]).
+    pub vfio_user: Option<std::path::PathBuf>,
 }
 
 impl KvmOptions {
@@ -166,6 +173,7 @@ impl Default for KvmOptions {
             ecam: false,
             record: None,
             scheme: None,
+            vfio_user: None,
         }
     }
 }
@@ -439,7 +447,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
     }
     let ctx = RunCtx {
         host: Some(&host),
-        sim: &sim,
+        sim: Some(&sim),
         gate: Gate::new(gated),
         start,
         recorders,
@@ -447,22 +455,21 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
     let sampler = Sampler::new();
     let reports: Vec<KvmVmReport> = std::thread::scope(|s| {
         if let Some(every) = opts.sample_every {
-            let (sampler, ctx, vgpus, host) = (&sampler, &ctx, &vgpus, &host);
+            let (sampler, ctx, vgpus, host, sim) = (&sampler, &ctx, &vgpus, &host, &*sim);
             std::thread::Builder::new()
                 .name("sampler".into())
-                .spawn_scoped(s, move || {
-                    sampler.run(every, ctx.start, host, ctx.sim, vgpus)
-                })
+                .spawn_scoped(s, move || sampler.run(every, ctx.start, host, sim, vgpus))
                 .expect("spawning the sampler thread");
         }
         let handles: Vec<_> = vgpus
             .iter()
             .enumerate()
             .map(|(i, vgpu)| {
-                let (kvm, ctx, vgpu) = (&kvm, &ctx, vgpu.clone());
+                let (kvm, ctx) = (&kvm, &ctx);
+                let dev: Arc<dyn VgpuDevice> = Arc::new(LocalVgpu::new(vgpu.clone(), sim.clone()));
                 std::thread::Builder::new()
                     .name(format!("vm{i}"))
-                    .spawn_scoped(s, move || run_vm(kvm, i, Device::Virt(vgpu), ctx, opts))
+                    .spawn_scoped(s, move || run_vm(kvm, i, dev, ctx, opts))
                     .expect("spawning a VM thread")
             })
             .collect();
@@ -511,12 +518,27 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
 struct RunCtx<'a> {
     /// The shared host (`None` for the `native` scheme: the GPU is passed through).
     host: Option<&'a GpuHost>,
-    sim: &'a SimGpu,
+    /// The simulated GPU under the host (`None` when the device is elsewhere).
+    sim: Option<&'a SimGpu>,
     gate: Gate,
     /// The origin of every VM's phase times and of the samples.
     start: Instant,
     /// One trace recorder per VM (with `record`; empty otherwise).
     recorders: Vec<Arc<TapRecorder>>,
+}
+
+impl RunCtx<'_> {
+    /// A context of one VM with no shared host in this process (`--scheme native`,
+    /// `--vfio-user`): no gate, no recorders.
+    fn detached() -> RunCtx<'static> {
+        RunCtx {
+            host: None,
+            sim: None,
+            gate: Gate::new(0),
+            start: Instant::now(),
+            recorders: Vec::new(),
+        }
+    }
 }
 
 /// The `native` scheme: one VM with the simulated GPU passed through ([`passthrough`]): no
@@ -531,14 +553,8 @@ fn run_native(kvm: &Kvm, opts: &KvmOptions, sim: Arc<SimGpu>) -> anyhow::Result<
         opts.record.is_none(),
         "--record records the device model's accesses; --scheme native has none"
     );
-    let dev = Device::Native(Arc::new(Passthrough::new(sim.clone())));
-    let ctx = RunCtx {
-        host: None,
-        sim: &sim,
-        gate: Gate::new(0),
-        start: Instant::now(),
-        recorders: Vec::new(),
-    };
+    let dev: Arc<dyn VgpuDevice> = Arc::new(Passthrough::new(sim.clone()));
+    let ctx = RunCtx::detached();
     let report = run_vm(kvm, 0, dev, &ctx, opts);
     Ok(KvmReport {
         backend: "kvm",
@@ -592,17 +608,21 @@ struct Mark {
 
 /// One VM's thread: set up, run the vCPU until the guest reports through the exit port or is
 /// stopped, collect the results.
-fn run_vm(kvm: &Kvm, index: usize, vgpu: Device, ctx: &RunCtx, opts: &KvmOptions) -> KvmVmReport {
+fn run_vm(
+    kvm: &Kvm,
+    index: usize,
+    dev: Arc<dyn VgpuDevice>,
+    ctx: &RunCtx,
+    opts: &KvmOptions,
+) -> KvmVmReport {
     let name = format!("vm{index}");
     let mut info = KvmVmInfo {
-        weight: vgpu.vgpu().map_or(1, |v| v.profile().weight),
+        weight: dev.vgpu().map_or(1, |v| v.profile().weight),
         ..KvmVmInfo::default()
     };
     let mut marks = Vec::new();
     let mut ram = None;
-    match run_vcpu(
-        kvm, index, &vgpu, ctx, opts, &mut info, &mut marks, &mut ram,
-    ) {
+    match run_vcpu(kvm, index, &dev, ctx, opts, &mut info, &mut marks, &mut ram) {
         Ok(()) => {}
         Err(e) => {
             let msg = format!("{name}: VM setup failed: {e:#}");
@@ -610,8 +630,8 @@ fn run_vm(kvm: &Kvm, index: usize, vgpu: Device, ctx: &RunCtx, opts: &KvmOptions
             info.stopped = Some(msg);
         }
     }
-    let stats = vgpu.stats();
-    if let (true, Some(host), Some(v)) = (info.stopped.is_some(), ctx.host, vgpu.vgpu()) {
+    let stats = dev.stats();
+    if let (true, Some(host), Some(v)) = (info.stopped.is_some(), ctx.host, dev.vgpu()) {
         // Contain it now, while the others run: its work in flight is dropped with it.
         info.destroyed_in_flight = Some(match ctx.recorders.get(index) {
             Some(rec) => {
@@ -639,7 +659,7 @@ fn run_vm(kvm: &Kvm, index: usize, vgpu: Device, ctx: &RunCtx, opts: &KvmOptions
         })
         .collect();
     KvmVmReport {
-        vm: vgpu.id(),
+        vm: dev.vm_id().unwrap_or(index as u32),
         init,
         workloads,
         stats,
@@ -685,16 +705,11 @@ fn vm_workloads(opts: &KvmOptions, index: usize) -> &[Workload] {
         .unwrap_or(&opts.workloads)
 }
 
-/// GPU busy time of the VM's channels so far.
-fn busy_ns(sim: &SimGpu, vgpu: &Device) -> u64 {
-    vgpu.channels().filter_map(|c| sim.channel_busy_ns(c)).sum()
-}
-
 #[allow(clippy::too_many_arguments)]
 fn run_vcpu(
     kvm: &Kvm,
     index: usize,
-    vgpu: &Device,
+    vgpu: &Arc<dyn VgpuDevice>,
     ctx: &RunCtx,
     opts: &KvmOptions,
     info: &mut KvmVmInfo,
@@ -710,7 +725,11 @@ fn run_vcpu(
         anyhow::bail!("at most {} workloads per VM", abi::MAX_WORKLOADS);
     }
     let (ram, heap, dma) = ram_layout(opts);
-    let gvm = vm::GuestVm::new(kvm, ram)?;
+    let gvm = if vgpu.needs_shared_ram() {
+        vm::GuestVm::with_memory(kvm, shared_ram::memfd_ram(ram)?)?
+    } else {
+        vm::GuestVm::new(kvm, ram)?
+    };
     let entry = gvm.load_elf(GUEST_ELF)?;
     cpu::write_system_tables(&gvm.mem)?;
     let mut vcpu = gvm.create_vcpu()?;
@@ -751,7 +770,7 @@ fn run_vcpu(
             )
             .context("writing boot parameters")?;
     }
-    vgpu.attach_memory(gvm.mem.clone())
+    vgpu.attach_ram(&gvm.mem)
         .context("attaching guest RAM to the vGPU")?;
     // With `record`: the guest's writes to its DMA region, found in KVM's dirty log.
     let mut ram_log = match ctx.recorders.get(index) {
@@ -770,22 +789,13 @@ fn run_vcpu(
         }
     };
 
-    let line = if fence_irq {
+    if fence_irq {
         let evt = EventFd::new(0).context("eventfd")?;
         gvm.fd.register_irqfd(&evt, IRQ_GSI).context("KVM_IRQFD")?;
-        let line = Arc::new(IrqfdLine {
-            evt,
-            level: AtomicBool::new(false),
-            raised: AtomicU64::new(0),
-        });
-        vgpu.set_irq_line(line.clone());
-        Some(line)
-    } else {
-        None
-    };
+        vgpu.connect_irq(evt)?;
+    }
 
-    let bars = vgpu.bars();
-    let mut pci = PciBus::new(bars.clone());
+    let mut pci = PciBus::new(vgpu.clone());
     let mut uart = serial::uart(&name, opts.echo_console);
     let mut windows = BarWindows::default();
     let mut ex = ExitCounts::default();
@@ -798,7 +808,7 @@ fn run_vcpu(
     let mark = |phase: u32, ex: &ExitCounts| Mark {
         phase,
         at: Instant::now(),
-        busy_ns: busy_ns(sim, vgpu),
+        busy_ns: vgpu.busy_ns(),
         reads: ex.mmio_reads,
         writes: ex.mmio_writes,
     };
@@ -806,7 +816,7 @@ fn run_vcpu(
     let mut remap = opts
         .scheme
         .filter(|s| s.remaps())
-        .and_then(|_| sim.vram_backing())
+        .and_then(|_| sim.and_then(|s| s.vram_backing()))
         .map(|vram| remap::Remap::new(kvm, vram));
     if opts.coalesce {
         vcpu.map_coalesced_mmio_ring()
@@ -817,7 +827,7 @@ fn run_vcpu(
             break Err(msg);
         }
         if opts.coalesce {
-            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &*bars, &mut ex, &name) {
+            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, &name) {
                 break Err(msg);
             }
         }
@@ -832,6 +842,9 @@ fn run_vcpu(
         }
         if let (Some(r), Some(v)) = (remap.as_mut(), vgpu.vgpu()) {
             r.update(&gvm.fd, v, &windows);
+        }
+        if let Some(msg) = vgpu.failure() {
+            break Err(msg);
         }
         if let Some(stall) = setup
             .stall
@@ -912,7 +925,7 @@ fn run_vcpu(
                 if ecam::read(&pci, addr, data) {
                     ex.ecam += 1;
                     After::Go
-                } else if windows.read(&*bars, addr, data) {
+                } else if windows.read(&**vgpu, addr, data) {
                     ex.mmio_reads += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -931,7 +944,7 @@ fn run_vcpu(
                 if ecam::write(&mut pci, addr, data) {
                     ex.ecam += 1;
                     After::Go
-                } else if windows.write(&*bars, addr, data) {
+                } else if windows.write(&**vgpu, addr, data) {
                     ex.mmio_writes += 1;
                     After::Go
                 } else if addr & !0xfff == abi::NULL_MMIO {
@@ -975,7 +988,7 @@ fn run_vcpu(
         }
     };
     if opts.coalesce {
-        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &*bars, &mut ex, &name) {
+        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, &name) {
             log::warn!("{msg}");
         }
     }
@@ -1023,7 +1036,7 @@ fn run_vcpu(
     info.irqs_seen = gvm.read_u64(abi::RESULTS_HEADER + abi::H_IRQS);
     info.kernels = gvm.read_u64(abi::RESULTS_HEADER + abi::H_KERNELS);
     info.kernels_submitted = gvm.read_u64(abi::RESULTS_HEADER + abi::H_SUBMITTED);
-    info.irqs_raised = line.map_or(0, |l| l.raised.load(Ordering::SeqCst));
+    info.irqs_raised = vgpu.irqs_raised();
     info.calibration = calibration(marks, opts.calibrate);
     info.console = std::mem::take(&mut uart.writer_mut().lines);
     *ram_out = Some(gvm);
@@ -1035,7 +1048,7 @@ fn run_vcpu(
 fn drain_coalesced(
     vcpu: &mut VcpuFd,
     windows: &BarWindows,
-    vgpu: &dyn BarDevice,
+    vgpu: &dyn VgpuDevice,
     ex: &mut ExitCounts,
     name: &str,
 ) -> Result<(), String> {

@@ -9,56 +9,37 @@
 //! uses), so the guest finds and places the device the same way. With one VM only: a second
 //! guest would own the same GPU.
 
-use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpuvm::addr::{Gpa, Iova};
 use gpuvm::harness::{BareGpu, InProcessDevice};
-use gpuvm::irq::IrqLine;
 use gpuvm::mmio::pci::PciConfig;
-use gpuvm::phys::{Bar, PhysicalGpu};
-use gpuvm::vgpu::{Vgpu, VgpuStats};
+use gpuvm::phys::sim::SimGpu;
+use gpuvm::phys::Bar;
+use gpuvm::vgpu::VgpuStats;
 use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
+use vmm_sys_util::eventfd::EventFd;
 
-/// What the VMM needs from the device behind the vGPU's PCI function and BARs.
-pub trait BarDevice: Send + Sync {
-    /// Reads configuration space.
-    fn config_read(&self, offset: u16, data: &mut [u8]);
-    /// Writes configuration space.
-    fn config_write(&self, offset: u16, data: &[u8]);
-    /// Reads 1-8 bytes of `bar` at `offset`.
-    fn bar_read(&self, bar: Bar, offset: u64, data: &mut [u8]);
-    /// Writes 1-8 bytes of `bar` at `offset`.
-    fn bar_write(&self, bar: Bar, offset: u64, data: &[u8]);
-}
-
-impl BarDevice for Vgpu {
-    fn config_read(&self, offset: u16, data: &mut [u8]) {
-        Vgpu::config_read(self, offset, data)
-    }
-    fn config_write(&self, offset: u16, data: &[u8]) {
-        Vgpu::config_write(self, offset, data)
-    }
-    fn bar_read(&self, bar: Bar, offset: u64, data: &mut [u8]) {
-        Vgpu::bar_read(self, bar, offset, data)
-    }
-    fn bar_write(&self, bar: Bar, offset: u64, data: &[u8]) {
-        Vgpu::bar_write(self, bar, offset, data)
-    }
-}
+use super::device::VgpuDevice;
+use super::IrqfdLine;
 
 /// The physical GPU given to one guest as it is.
 pub struct Passthrough {
     gpu: BareGpu,
+    sim: Arc<SimGpu>,
     pci: Mutex<PciConfig>,
+    line: Mutex<Option<Arc<IrqfdLine>>>,
 }
 
 impl Passthrough {
-    /// The GPU `gpu` with a fresh configuration space.
-    pub fn new(gpu: Arc<dyn PhysicalGpu>) -> Passthrough {
+    /// The simulated GPU `sim` with a fresh configuration space.
+    pub fn new(sim: Arc<SimGpu>) -> Passthrough {
         Passthrough {
-            gpu: BareGpu(gpu),
+            gpu: BareGpu(sim.clone()),
+            sim,
             pci: Mutex::new(PciConfig::quadro6000()),
+            line: Mutex::new(None),
         }
     }
 
@@ -67,7 +48,7 @@ impl Passthrough {
     }
 }
 
-impl BarDevice for Passthrough {
+impl VgpuDevice for Passthrough {
     fn config_read(&self, offset: u16, data: &mut [u8]) {
         self.pci().read(offset, data)
     }
@@ -88,79 +69,51 @@ impl BarDevice for Passthrough {
         }
         self.gpu.bar_write(bar, offset, data)
     }
-}
-
-/// The device of one KVM VM.
-#[derive(Clone)]
-pub enum Device {
-    /// A vGPU of the shared host.
-    Virt(Arc<Vgpu>),
-    /// The physical GPU (the `native` scheme).
-    Native(Arc<Passthrough>),
-}
-
-impl Device {
-    /// The device as the PCI bus and the BAR windows use it.
-    pub fn bars(&self) -> Arc<dyn BarDevice> {
-        match self {
-            Device::Virt(v) => v.clone(),
-            Device::Native(p) => p.clone(),
-        }
+    fn needs_shared_ram(&self) -> bool {
+        false
     }
-
-    /// The vGPU, if this is one.
-    pub fn vgpu(&self) -> Option<&Arc<Vgpu>> {
-        match self {
-            Device::Virt(v) => Some(v),
-            Device::Native(_) => None,
+    /// Guest RAM is mapped for DMA at IOVA = GPA (the in-process native harness does the same).
+    fn attach_ram(&self, mem: &GuestMemoryMmap) -> anyhow::Result<()> {
+        let regions: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
+        for (gpa, len) in regions {
+            self.gpu
+                .0
+                .map_dma(Iova(gpa), len, mem.clone(), Gpa(gpa))
+                .map_err(|e| anyhow::anyhow!("mapping guest RAM for DMA: {e}"))?;
         }
+        Ok(())
     }
-
-    /// The VM's id (0 for native).
-    pub fn id(&self) -> u32 {
-        match self {
-            Device::Virt(v) => v.id().0,
-            Device::Native(_) => 0,
-        }
+    fn connect_irq(&self, evt: EventFd) -> anyhow::Result<()> {
+        let line = Arc::new(IrqfdLine {
+            evt,
+            level: AtomicBool::new(false),
+            raised: AtomicU64::new(0),
+        });
+        self.gpu.set_irq_line(line.clone());
+        *self.line.lock().unwrap_or_else(|e| e.into_inner()) = Some(line);
+        Ok(())
     }
-
-    /// The device model's counters (empty for native: there is none).
-    pub fn stats(&self) -> VgpuStats {
-        self.vgpu().map(|v| v.stats()).unwrap_or_default()
+    fn irqs_raised(&self) -> u64 {
+        self.line
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |l| l.raised.load(Ordering::SeqCst))
     }
-
-    /// The physical channels the VM's work runs on (all of them natively).
-    pub fn channels(&self) -> Range<u32> {
-        match self {
-            Device::Virt(v) => v.phys_channels(),
-            Device::Native(_) => 0..gf100::pfifo::CHANNELS,
-        }
+    /// The whole GPU is the guest's: every channel's busy time.
+    fn busy_ns(&self) -> u64 {
+        (0..gf100::pfifo::CHANNELS)
+            .filter_map(|c| self.sim.channel_busy_ns(c))
+            .sum()
     }
-
-    /// Makes guest RAM reachable by DMA: through the vGPU's DMA window, or natively at
-    /// IOVA = GPA.
-    pub fn attach_memory(&self, mem: GuestMemoryMmap) -> anyhow::Result<()> {
-        match self {
-            Device::Virt(v) => Ok(v.attach_guest_memory(mem)?),
-            Device::Native(p) => {
-                let regions: Vec<(u64, u64)> =
-                    mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
-                for (gpa, len) in regions {
-                    p.gpu
-                        .0
-                        .map_dma(Iova(gpa), len, mem.clone(), Gpa(gpa))
-                        .map_err(|e| anyhow::anyhow!("mapping guest RAM for DMA: {e}"))?;
-                }
-                Ok(())
-            }
-        }
+    /// There is no device model: no counters.
+    fn stats(&self) -> VgpuStats {
+        VgpuStats::default()
     }
-
-    /// Connects the interrupt line.
-    pub fn set_irq_line(&self, line: Arc<dyn IrqLine>) {
-        match self {
-            Device::Virt(v) => v.set_irq_line(line),
-            Device::Native(p) => p.gpu.set_irq_line(line),
-        }
+    fn vm_id(&self) -> Option<u32> {
+        Some(0)
+    }
+    fn failure(&self) -> Option<String> {
+        None
     }
 }

@@ -1,12 +1,13 @@
 //! PCI configuration mechanism 1 (ports 0xCF8-0xCFF): a host bridge at 00:00.0 and the vGPU at
-//! 00:01.0, whose configuration space is the device model's (`Vgpu::config_read/write`). Every
-//! other function reads all-ones (no device), and writes to it are dropped. The same functions
-//! are reachable through the memory-mapped ECAM window ([`super::ecam`]) via
-//! [`PciBus::function_read`] / [`PciBus::function_write`].
+//! 00:01.0, whose configuration space is the device's ([`VgpuDevice`], in-process or over
+//! vfio-user, or the GPU itself under `--scheme native`). Every other function reads all-ones
+//! (no device), and writes to it are dropped. The same functions are reachable through the
+//! memory-mapped ECAM window ([`super::ecam`]) via [`PciBus::function_read`] /
+//! [`PciBus::function_write`].
 
 use std::sync::Arc;
 
-use super::passthrough::BarDevice;
+use super::device::VgpuDevice;
 
 /// Configuration address register.
 pub const PORT_ADDR: u16 = 0xcf8;
@@ -27,7 +28,7 @@ fn host_bridge_read(offset: u8) -> u32 {
 
 /// The configuration-space decoder of bus 0.
 pub struct PciBus {
-    vgpu: Arc<dyn BarDevice>,
+    vgpu: Arc<dyn VgpuDevice>,
     addr: u32,
     /// Configuration writes to the vGPU since the last [`PciBus::take_dirty`].
     dirty: bool,
@@ -35,7 +36,7 @@ pub struct PciBus {
 
 impl PciBus {
     /// A bus with the vGPU at 00:01.0.
-    pub fn new(vgpu: Arc<dyn BarDevice>) -> PciBus {
+    pub fn new(vgpu: Arc<dyn VgpuDevice>) -> PciBus {
         PciBus {
             vgpu,
             addr: 0,

@@ -241,23 +241,26 @@ mod tests {
     use gpuvm::profile::{ShadowMode, VgpuProfile};
 
     use super::*;
-    use crate::kvm::passthrough::BarDevice;
+    use crate::kvm::device::LocalVgpu;
     use crate::kvm::pci::PciBus;
 
     fn cfg32(v: &Vgpu, off: u16, val: u32) {
-        BarDevice::config_write(v, off, &val.to_le_bytes());
+        v.config_write(off, &val.to_le_bytes());
     }
 
     /// Places BAR0/BAR1/BAR3 like the guest does (BAR1 at `bar1`) with memory decoding on or
     /// off, and returns the decoded windows.
-    fn place(v: &Arc<Vgpu>, bar1: u32, memory: bool) -> BarWindows {
+    fn place(v: &Arc<Vgpu>, sim: &Arc<SimGpu>, bar1: u32, memory: bool) -> BarWindows {
         cfg32(v, 0x10, 0xcc00_0000);
         cfg32(v, 0x14, bar1);
         cfg32(v, 0x18, 0);
         cfg32(v, 0x1c, 0xc800_0000);
         cfg32(v, 0x20, 0);
         cfg32(v, 0x04, if memory { 0x6 } else { 0 });
-        BarWindows::from_config(&PciBus::new(v.clone()))
+        BarWindows::from_config(&PciBus::new(Arc::new(LocalVgpu::new(
+            v.clone(),
+            sim.clone(),
+        ))))
     }
 
     // BAR moves and memory decoding turned off must drop the slots at the old addresses.
@@ -297,23 +300,23 @@ mod tests {
             s
         };
         // Unbound BARs are in direct mode: the whole windows map the start of the slice.
-        r.update(&vm, &v, &place(&v, 0xc000_0000, true));
+        r.update(&vm, &v, &place(&v, &sim, 0xc000_0000, true));
         assert_eq!(
             slots(&r),
             [(0xc000_0000, 128 << 20, 0), (0xc800_0000, 64 << 20, 0)]
         );
         assert_eq!(r.stats.slot_errors, 0);
         let remaps = r.stats.remaps;
-        r.update(&vm, &v, &place(&v, 0xc000_0000, true));
+        r.update(&vm, &v, &place(&v, &sim, 0xc000_0000, true));
         assert_eq!(r.stats.remaps, remaps, "nothing moved: no remap");
         // The guest moves BAR1.
-        r.update(&vm, &v, &place(&v, 0xd000_0000, true));
+        r.update(&vm, &v, &place(&v, &sim, 0xd000_0000, true));
         assert_eq!(
             slots(&r),
             [(0xc800_0000, 64 << 20, 0), (0xd000_0000, 128 << 20, 0)]
         );
         // Memory decoding off: nothing stays mapped.
-        r.update(&vm, &v, &place(&v, 0xd000_0000, false));
+        r.update(&vm, &v, &place(&v, &sim, 0xd000_0000, false));
         assert!(slots(&r).is_empty());
         assert_eq!(r.stats.slot_errors, 0);
         assert_eq!(r.stats.max_slots, 2);

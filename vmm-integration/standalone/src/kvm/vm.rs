@@ -27,13 +27,26 @@ impl GuestVm {
                 abi::MMIO_HOLE
             );
         }
+        let len = usize::try_from(ram).context("guest RAM size")?;
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), len)])
+            .with_context(|| format!("allocating {} MiB of guest RAM", ram >> 20))?;
+        GuestVm::with_memory(kvm, mem)
+    }
+
+    /// Creates a VM whose RAM is `mem` (for example shared memory, see
+    /// [`super::shared_ram`]) and the in-kernel irqchip.
+    pub fn with_memory(kvm: &Kvm, mem: GuestMemoryMmap) -> anyhow::Result<GuestVm> {
+        if mem.last_addr().0 >= abi::MMIO_HOLE {
+            bail!(
+                "guest RAM ends at {:#x}, inside the MMIO hole at {:#x}",
+                mem.last_addr().0,
+                abi::MMIO_HOLE
+            );
+        }
         let fd = kvm.create_vm().context("KVM_CREATE_VM")?;
         // Intel VMX needs a TSS region for real mode; harmless elsewhere (PVM ignores it).
         let _ = fd.set_tss_address(0xfffb_d000);
         fd.create_irq_chip().context("KVM_CREATE_IRQCHIP")?;
-        let len = usize::try_from(ram).context("guest RAM size")?;
-        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), len)])
-            .with_context(|| format!("allocating {} MiB of guest RAM", ram >> 20))?;
         for (slot, region) in mem.iter().enumerate() {
             let host = mem
                 .get_host_address(region.start_addr())

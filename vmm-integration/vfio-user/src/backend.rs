@@ -1,0 +1,369 @@
+//! One VM's vGPU behind `vfio_user::ServerBackend`.
+//!
+//! [`VmDevice`] is what outlives connections: the VM's name and profile, its current vGPU on
+//! the shared `GpuHost` and its interrupt line. [`VgpuBackend`] is one connection's view: the
+//! client's DMA maps and the checks on every request. Region accesses go to
+//! `Vgpu::config_read/write` and `Vgpu::bar_read/write` after [`crate::regions::check`]; DMA maps
+//! become the vGPU's guest memory ([`crate::dma`]); SET_IRQS connects the INTx eventfd
+//! ([`crate::irq`]); DEVICE_RESET destroys the vGPU (its VRAM slice scrubbed) and creates a
+//! fresh one from the same profile, keeping the DMA maps and the eventfd as a function-level
+//! reset keeps the IOMMU and the VMM's interrupt routing. When the connection ends, however it
+//! ends, the daemon tears the vGPU down the same way and the next client gets a fresh one.
+//!
+//! Every refusal is an `io::Error` the crate turns into an error reply, counted and logged
+//! (rate-limited) with the VM's name.
+
+use std::fs::File;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use gpuvm::host::{GpuHost, HostError};
+use gpuvm::profile::VgpuProfile;
+use gpuvm::vgpu::Vgpu;
+use vfio_bindings::bindings::vfio::{
+    VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_ACTION_TYPE_MASK,
+    VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_EVENTFD, VFIO_IRQ_SET_DATA_NONE,
+    VFIO_IRQ_SET_DATA_TYPE_MASK,
+};
+use vfio_user::{DmaMapFlags, DmaUnmapFlags, ServerBackend};
+
+use crate::dma::DmaMaps;
+use crate::irq::{adopt_eventfd, IntxLine};
+use crate::regions::{self, Target};
+
+/// One VM served over its socket: survives its clients.
+#[derive(Debug)]
+pub struct VmDevice {
+    name: String,
+    profile: VgpuProfile,
+    host: Arc<GpuHost>,
+    vgpu: Mutex<Option<Arc<Vgpu>>>,
+    line: Arc<IntxLine>,
+    stopping: AtomicBool,
+    teardowns: AtomicU64,
+    rejected: AtomicU64,
+    connections: AtomicU64,
+}
+
+impl VmDevice {
+    /// Creates the VM's first vGPU.
+    pub fn new(
+        name: &str,
+        profile: VgpuProfile,
+        host: Arc<GpuHost>,
+    ) -> Result<Arc<VmDevice>, HostError> {
+        let dev = VmDevice {
+            name: name.to_string(),
+            profile,
+            host,
+            vgpu: Mutex::new(None),
+            line: Arc::new(IntxLine::new()),
+            stopping: AtomicBool::new(false),
+            teardowns: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
+        };
+        let v = dev.create()?;
+        *dev.slot() = Some(v);
+        Ok(Arc::new(dev))
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Arc<Vgpu>>> {
+        self.vgpu.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn create(&self) -> Result<Arc<Vgpu>, HostError> {
+        let v = self.host.create_vgpu(&self.profile)?;
+        self.line.reset();
+        v.set_irq_line(self.line.clone());
+        Ok(v)
+    }
+
+    /// The VM's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The VM's profile.
+    pub fn profile(&self) -> &VgpuProfile {
+        &self.profile
+    }
+
+    /// The current vGPU (`None` once the daemon shut down).
+    pub fn vgpu(&self) -> Option<Arc<Vgpu>> {
+        self.slot().clone()
+    }
+
+    /// The interrupt line.
+    pub fn line(&self) -> &Arc<IntxLine> {
+        &self.line
+    }
+
+    /// vGPUs torn down (disconnects, crashes, resets).
+    pub fn teardowns(&self) -> u64 {
+        self.teardowns.load(Ordering::SeqCst)
+    }
+
+    /// Requests refused since the daemon started.
+    pub fn rejected(&self) -> u64 {
+        self.rejected.load(Ordering::SeqCst)
+    }
+
+    /// Connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.connections.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn connected(&self) {
+        self.connections.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Prints a per-VM event on standard error (and logs it).
+    pub fn event(&self, msg: &str) {
+        log::info!("[{}] {msg}", self.name);
+        eprintln!("gpuvm serve: [{}] {msg}", self.name);
+    }
+
+    /// Destroys the current vGPU (channels stopped, work dropped, VRAM slice scrubbed, DMA
+    /// windows unmapped) and, unless the daemon is stopping, creates a fresh one from the same
+    /// profile.
+    pub fn recycle(&self, why: &str) -> Result<Option<Arc<Vgpu>>, HostError> {
+        let mut slot = self.slot();
+        if let Some(old) = slot.take() {
+            if let Err(e) = self.host.destroy_vgpu(&old) {
+                self.event(&format!("destroying the vGPU: {e}"));
+            }
+            self.teardowns.fetch_add(1, Ordering::SeqCst);
+        }
+        self.line.reset();
+        if self.stopping.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        let v = self.create()?;
+        self.event(&format!(
+            "{why}: vGPU destroyed and scrubbed, fresh {} (profile '{}')",
+            v.id(),
+            self.profile.name
+        ));
+        *slot = Some(v.clone());
+        Ok(Some(v))
+    }
+
+    /// Destroys the vGPU for good (daemon shutdown).
+    pub fn shut_down(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        let _ = self.recycle("shutdown");
+    }
+
+    fn reject(&self, e: io::Error) -> io::Error {
+        let n = self.rejected.fetch_add(1, Ordering::SeqCst) + 1;
+        if n <= 16 || n.is_power_of_two() {
+            self.event(&format!("request refused ({n} so far): {e}"));
+        }
+        e
+    }
+}
+
+/// One connection's backend.
+pub struct VgpuBackend {
+    dev: Arc<VmDevice>,
+    vgpu: Arc<Vgpu>,
+    dma: DmaMaps,
+    accesses: u64,
+    submitting: bool,
+}
+
+fn einval(what: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, what.into())
+}
+
+impl VgpuBackend {
+    /// A backend for a new client of `dev` (`None` once the daemon shut down). With
+    /// `require_sealed_dma`, DMA map files must be sealed against shrinking.
+    pub fn new(dev: Arc<VmDevice>, require_sealed_dma: bool) -> Option<VgpuBackend> {
+        let vgpu = dev.vgpu()?;
+        let window = dev.host.config().iova_window;
+        Some(VgpuBackend {
+            dev,
+            vgpu,
+            dma: DmaMaps::new(window, require_sealed_dma),
+            accesses: 0,
+            submitting: false,
+        })
+    }
+
+    /// Gives the vGPU the current set of DMA maps.
+    fn reattach(&self) -> io::Result<()> {
+        self.vgpu
+            .detach_guest_memory()
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        if let Some(mem) = self.dma.guest_memory() {
+            self.vgpu
+                .attach_guest_memory(mem)
+                .map_err(|e| einval(format!("attaching guest RAM: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn config_read(&self, offset: u16, data: &mut [u8]) {
+        if data.len() <= 4 {
+            return self.vgpu.config_read(offset, data);
+        }
+        for (i, chunk) in data.chunks_mut(4).enumerate() {
+            self.vgpu.config_read(offset + 4 * i as u16, chunk);
+        }
+    }
+
+    fn config_write(&self, offset: u16, data: &[u8]) {
+        if data.len() <= 4 {
+            return self.vgpu.config_write(offset, data);
+        }
+        for (i, chunk) in data.chunks(4).enumerate() {
+            self.vgpu.config_write(offset + 4 * i as u16, chunk);
+        }
+    }
+
+    /// Reports, once per client, when the guest's first submission reached the device
+    /// (looked at every 64 BAR accesses: a guest that submitted goes on writing or polling).
+    fn note_access(&mut self) {
+        self.accesses += 1;
+        if !self.submitting && self.accesses % 64 == 0 {
+            let doorbells = self.vgpu.stats().doorbells;
+            if doorbells > 0 {
+                self.submitting = true;
+                self.dev
+                    .event(&format!("submissions started ({doorbells} doorbells)"));
+            }
+        }
+    }
+
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<File>,
+    ) -> io::Result<()> {
+        if index != regions::INTX || start != 0 || count > 1 {
+            return Err(einval(format!(
+                "SET_IRQS index {index} start {start} count {count}: only INTx (index 0, one vector)"
+            )));
+        }
+        let action = flags & VFIO_IRQ_SET_ACTION_TYPE_MASK;
+        let data = flags & VFIO_IRQ_SET_DATA_TYPE_MASK;
+        let line = &self.dev.line;
+        let want_fds = usize::from(data == VFIO_IRQ_SET_DATA_EVENTFD && count == 1);
+        if fds.len() != want_fds
+            || flags & !(VFIO_IRQ_SET_ACTION_TYPE_MASK | VFIO_IRQ_SET_DATA_TYPE_MASK) != 0
+        {
+            return Err(einval(format!(
+                "SET_IRQS flags {flags:#x} count {count} with {} file descriptors",
+                fds.len()
+            )));
+        }
+        match (action, data, count) {
+            (VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, 1) => {
+                let evt = fds.into_iter().next().ok_or_else(|| einval("no eventfd"))?;
+                line.set_eventfd(Some(adopt_eventfd(evt)?));
+            }
+            (VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_NONE, 0) => line.set_eventfd(None),
+            (VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_DATA_NONE, 1) => line.set_masked(true),
+            (VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_NONE, 1) => line.set_masked(false),
+            _ => {
+                return Err(einval(format!(
+                    "SET_IRQS flags {flags:#x} count {count}: supported are TRIGGER with one eventfd, TRIGGER with none and count 0, MASK and UNMASK"
+                )))
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ServerBackend for VgpuBackend {
+    fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
+        match regions::check(region, offset, data.len()).map_err(|e| self.dev.reject(e))? {
+            Target::Config(off) => self.config_read(off, data),
+            Target::Bar(bar, off) => {
+                self.vgpu.bar_read(bar, off, data);
+                self.note_access();
+            }
+            Target::IoBar => data.fill(0xff),
+        }
+        Ok(())
+    }
+
+    fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> io::Result<()> {
+        match regions::check(region, offset, data.len()).map_err(|e| self.dev.reject(e))? {
+            Target::Config(off) => self.config_write(off, data),
+            Target::Bar(bar, off) => {
+                self.vgpu.bar_write(bar, off, data);
+                self.note_access();
+            }
+            Target::IoBar => {}
+        }
+        Ok(())
+    }
+
+    fn dma_map(
+        &mut self,
+        flags: DmaMapFlags,
+        offset: u64,
+        address: u64,
+        size: u64,
+        fd: Option<File>,
+    ) -> io::Result<()> {
+        if !flags.contains(DmaMapFlags::READ_WRITE) {
+            return Err(self.dev.reject(einval(format!(
+                "DMA map {address:#x}+{size:#x} with flags {:#x}: the GPU reads and writes guest RAM",
+                flags.bits()
+            ))));
+        }
+        self.dma
+            .map(offset, address, size, fd)
+            .map_err(|e| self.dev.reject(e))?;
+        if let Err(e) = self.reattach() {
+            let _ = self.dma.unmap(address, size, false);
+            let _ = self.reattach();
+            return Err(self.dev.reject(e));
+        }
+        Ok(())
+    }
+
+    fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
+        if flags.contains(DmaUnmapFlags::GET_DIRTY_PAGE_INFO) {
+            return Err(self
+                .dev
+                .reject(einval("dirty page tracking is not supported")));
+        }
+        self.dma
+            .unmap(address, size, flags.contains(DmaUnmapFlags::UNMAP_ALL))
+            .map_err(|e| self.dev.reject(e))?;
+        self.reattach().map_err(|e| self.dev.reject(e))
+    }
+
+    fn reset(&mut self) -> io::Result<()> {
+        let eventfd = self.dev.line.take_eventfd();
+        let fresh = self
+            .dev
+            .recycle("device reset")
+            .map_err(|e| io::Error::other(format!("re-creating the vGPU: {e}")))?
+            .ok_or_else(|| io::Error::other("the daemon is shutting down"))?;
+        self.vgpu = fresh;
+        self.dev.line.set_eventfd(eventfd);
+        self.submitting = false;
+        self.reattach()
+    }
+
+    fn set_irqs(
+        &mut self,
+        index: u32,
+        flags: u32,
+        start: u32,
+        count: u32,
+        fds: Vec<File>,
+    ) -> io::Result<()> {
+        VgpuBackend::set_irqs(self, index, flags, start, count, fds).map_err(|e| self.dev.reject(e))
+    }
+}

@@ -1,0 +1,25 @@
+//! A vfio-user server for gpuvm's virtual GPUs: the "A3" aggregator of GPUvm, where one host
+//! process owns the GPU and the scheduler and each VM's VMM (a separate process, such as Cloud
+//! Hypervisor or `gpuvm run --kvm --vfio-user`) reaches its own vGPU through a Unix socket.
+//!
+//! - [`regions`]: the vGPU as VFIO PCI regions (BAR0..BAR5, ROM, config space) and interrupts,
+//!   and the checks every region access passes.
+//! - [`dma`]: guest RAM from the client's DMA_MAP messages (shared file mappings, validated).
+//! - [`irq`]: the vGPU's level-triggered line as an INTx eventfd the client hands over.
+//! - [`backend`]: one VM's vGPU behind `vfio_user::ServerBackend`, with reset and teardown.
+//! - [`daemon`]: one `GpuHost`, one socket and one thread per VM, a poller thread, shutdown.
+//! - [`wire`]: raw protocol framing, for tests that send what the `vfio_user` client cannot.
+//!
+//! Every message a client sends is untrusted. What the `vfio_user` crate itself mishandles is
+//! contained per VM (see `docs/vfio-user.md`).
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod daemon;
+pub mod dma;
+pub mod irq;
+pub mod regions;
+pub mod wire;
+
+pub use backend::VmDevice;
+pub use daemon::{Daemon, DaemonConfig, VmSpec};
