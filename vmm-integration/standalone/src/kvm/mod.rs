@@ -17,6 +17,8 @@ pub mod cli;
 pub mod cpu;
 pub mod mmio;
 pub mod pci;
+#[cfg(test)]
+mod pvh_note;
 pub mod serial;
 pub mod vm;
 
