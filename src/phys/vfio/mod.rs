@@ -11,7 +11,7 @@
 //! Everything except `sys` runs in the unit tests over a simulated GF100 served as VFIO
 //! regions (`docs/vfio.md` says what was and was not exercised). The real GPU keeps its own
 //! time: [`PhysicalGpu::next_event_ns`] is `None` (nothing to jump a simulated clock to) and
-//! [`PhysicalGpu::poll`] only collects interrupts. Counters a real GPU does not expose (MMU
+//! [`PhysicalGpu::poll`] only collects interrupts (register and aperture accesses too). Counters a real GPU does not expose (MMU
 //! faults, busy time, ...) stay 0 in [`GpuStats`]; [`VfioGpu::vfio_stats`] has the backend's.
 
 mod bars;
@@ -46,7 +46,7 @@ pub use sys::VfioPci;
 
 use bars::BarIo;
 use dma::DmaWindows;
-use irq::Irq;
+use irq::{Check, Irq};
 use pramin::Pramin;
 
 /// What the backend did, beyond [`GpuStats`].
@@ -188,14 +188,14 @@ impl<D: DeviceAccess> VfioGpu<D> {
     }
 
     /// Recomputes the interrupt line (see `irq`).
-    fn refresh_irq(&self, force: bool) {
+    fn refresh_irq(&self, check: Check) {
         let level = || {
             let intr = self.bar0.read32(&self.dev, pmc::INTR_HOST);
             let en = self.bar0.read32(&self.dev, pmc::INTR_EN_HOST);
             pmc::line_asserted(intr, en)
         };
         let rearm = || self.bar0.write32(&self.dev, pmc::MSI_REARM, 0);
-        self.irq.refresh(&self.dev, force, level, rearm);
+        self.irq.refresh(&self.dev, check, level, rearm);
     }
 
     /// The part of `[addr, addr + len)` inside VRAM, as (start, length).
@@ -233,6 +233,7 @@ impl<D: DeviceAccess> PhysicalGpu for VfioGpu<D> {
                 .bad_register_reads
                 .fetch_add(1, Ordering::Relaxed);
         }
+        self.refresh_irq(Check::Access);
         v
     }
 
@@ -250,7 +251,7 @@ impl<D: DeviceAccess> PhysicalGpu for VfioGpu<D> {
         } else {
             self.bar0.write32(&self.dev, offset, value);
         }
-        self.refresh_irq(false);
+        self.refresh_irq(Check::Access);
     }
 
     fn read_aperture(&self, bar: Bar, offset: u64, data: &mut [u8]) {
@@ -258,6 +259,7 @@ impl<D: DeviceAccess> PhysicalGpu for VfioGpu<D> {
         if !self.aperture(bar).read(&self.dev, offset, data) {
             self.counters.out_of_bar.fetch_add(1, Ordering::Relaxed);
         }
+        self.refresh_irq(Check::Access);
     }
 
     fn write_aperture(&self, bar: Bar, offset: u64, data: &[u8]) {
@@ -267,6 +269,7 @@ impl<D: DeviceAccess> PhysicalGpu for VfioGpu<D> {
         if !self.aperture(bar).write(&self.dev, offset, data) {
             self.counters.out_of_bar.fetch_add(1, Ordering::Relaxed);
         }
+        self.refresh_irq(Check::Access);
     }
 
     fn vram_size(&self) -> u64 {
@@ -315,7 +318,7 @@ impl<D: DeviceAccess> PhysicalGpu for VfioGpu<D> {
     }
 
     fn poll(&self) {
-        self.refresh_irq(false);
+        self.refresh_irq(Check::Poll);
     }
 
     fn next_event_ns(&self) -> Option<u64> {
