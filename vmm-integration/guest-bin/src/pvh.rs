@@ -20,6 +20,7 @@
 use core::fmt::Write;
 use core::sync::atomic::{AtomicBool, Ordering};
 
+use gpuvm_guest::hal::Bar;
 use gpuvm_guest::workloads::Workload;
 
 use crate::{abi, cfg_read, cfg_write, outb, rd32, rd64, wr32, wr64, wr8, Bars, Serial};
@@ -304,7 +305,8 @@ pub fn firmware_bars(dev: u8) -> Bars {
         bar1: 0,
         bar3: 0,
     };
-    for (slot, size) in [(0u8, 32u64 << 20), (1, 128 << 20), (3, 64 << 20)] {
+    for (slot, bar) in [(0u8, Bar::Bar0), (1, Bar::Bar1), (3, Bar::Bar3)] {
+        let size = bar.size();
         let off = 0x10 + slot * 4;
         let lo = cfg_read(dev, off);
         let mut addr = u64::from(lo & !0xf);
