@@ -1,13 +1,14 @@
 //! The physical GPU underneath every virtual one: the [`PhysicalGpu`] trait and its backends.
 //!
 //! - [`sim`]: a software GF100 (the embedded default, used by every test).
-//! - `vfio` (later): a real GF100 passed through with VFIO.
+//! - [`vfio`]: a real GF100 bound to vfio-pci ([`open`] picks one of the two from a spec).
 //!
 //! Everything above this module (MMIO trapping, shadow page tables, shadow channels, the
 //! scheduler) talks to the GPU only through this trait. All methods take `&self`: backends are
 //! internally synchronized so that many vCPU threads may call them at once.
 
 pub mod sim;
+pub mod vfio;
 
 use std::sync::Arc;
 
@@ -18,8 +19,46 @@ pub use gf100::pci::Bar;
 use crate::addr::{Gpa, HostVram, Iova};
 use crate::irq::IrqLine;
 
+/// Which physical GPU to run on: `sim` (a simulated GF100) or `vfio:DOMAIN:BUS:DEV.FN` (a real
+/// one bound to vfio-pci; the `vfio:` may be left out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuSpec {
+    /// The simulated GF100.
+    Sim,
+    /// A real GF100 through VFIO.
+    Vfio(vfio::PciAddress),
+}
+
+impl std::str::FromStr for GpuSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "sim" => Ok(GpuSpec::Sim),
+            _ => s
+                .strip_prefix("vfio:")
+                .unwrap_or(s)
+                .parse()
+                .map(GpuSpec::Vfio)
+                .map_err(|e| format!("{e}; or 'sim'")),
+        }
+    }
+}
+
+/// Opens the physical GPU `spec` names: a new simulated GF100 built from `sim`, or the device
+/// at a PCI address through VFIO (with the default sysfs and `/dev/vfio` paths).
+pub fn open(spec: GpuSpec, sim: sim::SimConfig) -> Result<Arc<dyn PhysicalGpu>, vfio::OpenError> {
+    match spec {
+        GpuSpec::Sim => Ok(Arc::new(sim::SimGpu::new(sim))),
+        GpuSpec::Vfio(addr) => {
+            let dev = vfio::VfioPci::open(addr, &vfio::VfioPaths::default())?;
+            Ok(Arc::new(vfio::VfioGpu::new(dev)?))
+        }
+    }
+}
+
 /// Why a DMA window could not be registered.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum DmaError {
     /// The window is empty or its end overflows.
     #[error("DMA window of {len:#x} bytes at IOVA {iova} is empty or wraps")]
@@ -46,6 +85,22 @@ pub enum DmaError {
     /// No window starts at that IOVA.
     #[error("no DMA window at IOVA {0}")]
     NoSuchWindow(Iova),
+    /// An IOMMU maps whole pages: the IOVA, length and guest address must be page-aligned.
+    #[error("DMA window of {len:#x} bytes at IOVA {iova} is not page-aligned")]
+    Unaligned {
+        /// Start of the window.
+        iova: Iova,
+        /// Length of the window.
+        len: u64,
+    },
+    /// The IOMMU (VFIO) refused the mapping or unmapping.
+    #[error("IOMMU refused the DMA window at IOVA {iova}: {reason}")]
+    Iommu {
+        /// Start of the window.
+        iova: Iova,
+        /// The VFIO error.
+        reason: String,
+    },
 }
 
 /// Counters every backend keeps. Read with [`PhysicalGpu::stats`].

@@ -16,6 +16,7 @@
 #![no_main]
 
 mod abi;
+mod pvh;
 
 extern crate alloc;
 
@@ -250,6 +251,9 @@ macro_rules! println {
 }
 
 fn exit(code: u32) -> ! {
+    if pvh::active() {
+        pvh::shutdown(code);
+    }
     outl(abi::PORT_EXIT, code);
     loop {
         // The VMM stops the vCPU at the exit port; nothing else to do in ring 3.
@@ -741,7 +745,11 @@ fn run(boot: &Boot) -> u32 {
         println!("no 10de:06d8 on PCI bus 0");
         return abi::EXIT_FAIL;
     };
-    let bars = setup_bars(dev, boot.mmio_base);
+    let bars = if pvh::active() {
+        pvh::firmware_bars(dev)
+    } else {
+        setup_bars(dev, boot.mmio_base)
+    };
     match boot.mode {
         abi::MODE_POKE_OUTSIDE => {
             let addr = boot.mmio_base + 0x3000_0000;

@@ -22,6 +22,8 @@ pub mod kick;
 pub mod mmio;
 pub mod passthrough;
 pub mod pci;
+#[cfg(test)]
+mod pvh_note;
 pub mod record;
 pub mod remap;
 pub mod remote;
