@@ -876,6 +876,10 @@ fn run_vcpu(
             Exit(u32),
             Stop(String),
             Fault(&'static str),
+            /// An MMIO read of `len` bytes at the address.
+            Read(u64, usize),
+            /// An MMIO write of the first `len` bytes.
+            Write(u64, [u8; 8], usize),
         }
         let run = vcpu.run();
         if !matches!(&run, Err(e) if e.errno() == libc::EINTR) {
@@ -923,42 +927,13 @@ fn run_vcpu(
             }
             // With `record`, the guest's RAM writes go into the trace before the access.
             _ if ram_err.is_some() => After::Stop(ram_err.take().unwrap_or_default()),
-            Ok(VcpuExit::MmioRead(addr, data)) => {
-                if ecam::read(&pci, addr, data) {
-                    ex.ecam += 1;
-                    After::Go
-                } else if windows.read(&**vgpu, addr, data) {
-                    ex.mmio_reads += 1;
-                    After::Go
-                } else if addr & !0xfff == abi::NULL_MMIO {
-                    ex.other += 1;
-                    data.fill(0);
-                    After::Go
-                } else {
-                    After::Stop(format!(
-                        "{name}: guest read {} bytes at {addr:#x}, outside the vGPU's BARs ({}): VM stopped",
-                        data.len(),
-                        windows.describe()
-                    ))
-                }
-            }
+            // Handled below, once the vCPU's borrow has ended and the coalesced ring is drained.
+            Ok(VcpuExit::MmioRead(addr, data)) => After::Read(addr, data.len().min(8)),
             Ok(VcpuExit::MmioWrite(addr, data)) => {
-                if ecam::write(&mut pci, addr, data) {
-                    ex.ecam += 1;
-                    After::Go
-                } else if windows.write(&**vgpu, addr, data) {
-                    ex.mmio_writes += 1;
-                    After::Go
-                } else if addr & !0xfff == abi::NULL_MMIO {
-                    ex.other += 1;
-                    After::Go
-                } else {
-                    After::Stop(format!(
-                        "{name}: guest wrote {} bytes at {addr:#x}, outside the vGPU's BARs ({}): VM stopped",
-                        data.len(),
-                        windows.describe()
-                    ))
-                }
+                let mut b = [0u8; 8];
+                let n = data.len().min(8);
+                b[..n].copy_from_slice(&data[..n]);
+                After::Write(addr, b, n)
             }
             Ok(VcpuExit::Shutdown) => After::Fault("the guest faulted (KVM_EXIT_SHUTDOWN: an exception it cannot handle in ring 3)"),
             Ok(VcpuExit::Hlt) => After::Fault("the guest halted"),
@@ -977,8 +952,55 @@ fn run_vcpu(
             }
             Err(e) => After::Stop(format!("{name}: KVM_RUN failed: {e}: VM stopped")),
         };
+        // KVM queues coalesced writes without exiting: those in the ring now are stores the
+        // guest made before this access, so they reach the device first (QEMU flushes the ring
+        // before handling any MMIO exit for the same reason).
+        if opts.coalesce && matches!(after, After::Read(..) | After::Write(..)) {
+            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, &name) {
+                break Err(msg);
+            }
+        }
         match after {
             After::Go => {}
+            After::Read(addr, len) => {
+                let mut buf = [0u8; 8];
+                let data = &mut buf[..len];
+                let done = if ecam::read(&pci, addr, data) {
+                    ex.ecam += 1;
+                    true
+                } else if windows.read(&**vgpu, addr, data) {
+                    ex.mmio_reads += 1;
+                    true
+                } else if addr & !0xfff == abi::NULL_MMIO {
+                    ex.other += 1;
+                    data.fill(0);
+                    true
+                } else {
+                    false
+                };
+                if !done {
+                    break Err(format!(
+                        "{name}: guest read {len} bytes at {addr:#x}, outside the vGPU's BARs ({}): VM stopped",
+                        windows.describe()
+                    ));
+                }
+                complete_mmio_read(&mut vcpu, data);
+            }
+            After::Write(addr, buf, len) => {
+                let data = &buf[..len];
+                if ecam::write(&mut pci, addr, data) {
+                    ex.ecam += 1;
+                } else if windows.write(&**vgpu, addr, data) {
+                    ex.mmio_writes += 1;
+                } else if addr & !0xfff == abi::NULL_MMIO {
+                    ex.other += 1;
+                } else {
+                    break Err(format!(
+                        "{name}: guest wrote {len} bytes at {addr:#x}, outside the vGPU's BARs ({}): VM stopped",
+                        windows.describe()
+                    ));
+                }
+            }
             After::Exit(code) => break Ok(code),
             After::Stop(msg) => break Err(msg),
             After::Fault(what) => {
@@ -1043,6 +1065,17 @@ fn run_vcpu(
     info.console = std::mem::take(&mut uart.writer_mut().lines);
     *ram_out = Some(gvm);
     Ok(())
+}
+
+/// Answers an MMIO read exit after the exit's borrow of the vCPU ended (the coalesced ring had
+/// to be drained first): the value goes where KVM_RUN returns it to the guest.
+fn complete_mmio_read(vcpu: &mut VcpuFd, data: &[u8]) {
+    let run = vcpu.get_kvm_run();
+    // SAFETY: the last KVM_RUN returned KVM_EXIT_MMIO for a read (this is only called then), so
+    // `mmio` is the active member of the exit union; `data` is at most 8 bytes, its array's size.
+    let mmio = unsafe { &mut run.__bindgen_anon_1.mmio };
+    let n = data.len().min(mmio.data.len());
+    mmio.data[..n].copy_from_slice(&data[..n]);
 }
 
 /// Replays the writes KVM queued in the coalesced MMIO ring, in order, before anything else
