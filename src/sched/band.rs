@@ -30,6 +30,15 @@ pub(crate) struct BandRules;
 
 impl Rules for BandRules {
     const NAME: &'static str = "band";
+    const BUFFERS: bool = true;
+
+    fn name(&self, p: &SchedParams) -> &'static str {
+        if p.adaptive_wait || p.util_of_busy {
+            Self::NAME
+        } else {
+            "band-gdev"
+        }
+    }
 
     fn demote(&self, u: &VmView) -> bool {
         u.credit_ns < 0 && u.over_share()

@@ -64,7 +64,7 @@ fn dispatch_rules() {
 
 #[test]
 fn policies_by_name() {
-    for p in Policy::ALL {
+    for p in Policy::EVERY {
         assert_eq!(p.name().parse::<Policy>(), Ok(p));
         assert_eq!(p.to_string(), p.name());
         assert_eq!(by_name(p.name()).unwrap().name(), p.name());
@@ -72,7 +72,7 @@ fn policies_by_name() {
     }
     assert!(by_name("lottery").is_none());
     let e = "lottery".parse::<Policy>().unwrap_err();
-    assert!(e.contains("fifo, credit or band"), "{e}");
+    assert!(e.contains("fifo, credit, band or band-gdev"), "{e}");
     assert_eq!(share_ppm(1, 3), 333_333);
     assert_eq!(share_ppm(1, 0), 0);
 }
@@ -524,10 +524,15 @@ fn short_versus_long_on_the_mock_gpu() {
 /// the VM whose buffer was taken goes to the tail and vm0 gets its turn.
 #[test]
 fn band_lost_buffers_cannot_block_the_run_list() {
-    let run = |requeue: bool| {
+    let gdev = SchedParams {
+        adaptive_wait: false,
+        util_of_busy: false,
+        ..SchedParams::default()
+    };
+    let run = |requeue: bool, p: &SchedParams| {
         let p = SchedParams {
             requeue_on_lost_wait: requeue,
-            ..SchedParams::default()
+            ..p.clone()
         };
         let mut m = MockGpu::new(Policy::Band.create(&p), 1);
         let mut guests = Vec::new();
@@ -547,10 +552,23 @@ fn band_lost_buffers_cannot_block_the_run_list() {
         m.run(&mut guests, 4_000 * MS);
         m.max_queue_delay[&0]
     };
-    assert!(run(false) > 3_000 * MS, "Gdev's exact rule starves vm0");
+    assert!(
+        run(false, &gdev) > 3_000 * MS,
+        "Gdev's exact rule starves vm0"
+    );
     // What is left is vm0 waiting while it is itself over its share (its utilisation decays
     // within a window).
-    assert!(run(true) < 1_000 * MS, "{} ms", run(true) / MS);
+    assert!(
+        run(true, &gdev) < 1_000 * MS,
+        "{} ms",
+        run(true, &gdev) / MS
+    );
+    let default = SchedParams::default();
+    assert!(
+        run(true, &default) < 1_000 * MS,
+        "{} ms",
+        run(true, &default) / MS
+    );
 }
 
 #[derive(Debug, Clone)]
