@@ -431,6 +431,97 @@ fn band_buffer_while_the_previous_vm_drains() {
     assert_eq!(b.decide(&[], 4, until), Dispatch(sub(1, 0, 2)));
 }
 
+/// Gdev's rules with the experiment's defaults otherwise (`Policy::BandGdev`).
+fn gdev_params() -> SchedParams {
+    SchedParams {
+        adaptive_wait: false,
+        util_of_busy: false,
+        ..SchedParams::default()
+    }
+}
+
+#[test]
+fn band_adaptive_buffer_is_not_ended_by_the_vm_it_holds_and_grows_with_the_reaction() {
+    // Gdev: vm1 (over its share) re-submits during the buffer held against it and takes it.
+    let mut g = buffer_setup(Policy::Band, gdev_params());
+    assert_eq!(g.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
+    g.submit(sub(1, 0, 3), 32 * MS + 200 * US);
+    assert_eq!(g.decide(&[], 4, 32 * MS + 200 * US), Dispatch(sub(1, 0, 3)));
+
+    // Adaptive (default): vm1's arrival is held with its queued work; vm0, 400 us after its
+    // completion, takes the buffer.
+    let mut b = buffer_setup(Policy::Band, SchedParams::default());
+    assert_eq!(b.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
+    b.submit(sub(1, 0, 3), 32 * MS + 200 * US);
+    assert_eq!(
+        b.decide(&[], 4, 32 * MS + 200 * US),
+        WaitUntil(32 * MS + 500 * US)
+    );
+    b.submit(sub(0, 0, 2), 32 * MS + 400 * US);
+    assert_eq!(b.decide(&[], 4, 32 * MS + 400 * US), Dispatch(sub(0, 0, 2)));
+    assert_eq!((b.snapshot().waits, b.snapshot().waits_taken), (1, 1));
+    // vm0 reacted in 400 us: its next buffer is 400 x 150 % = 600 us.
+    b.complete(&sub(0, 0, 2), 33 * MS, 600 * US);
+    assert_eq!(b.decide(&[], 4, 33 * MS), WaitUntil(33 * MS + 600 * US));
+    // Nobody comes: vm1 runs when it ends.
+    assert_eq!(b.decide(&[], 4, 33 * MS + 600 * US), Dispatch(sub(1, 0, 3)));
+}
+
+#[test]
+fn band_adaptive_buffer_is_held_when_nobody_has_work() {
+    // vm1 ran alone (over its share) and has nothing queued when vm0's kernel completes;
+    // vm1 re-submits 100 us later, vm0 200 us later.
+    let script = |p: SchedParams| {
+        let mut b = two(Policy::Band, p);
+        b.submit(sub(1, 0, 1), 0);
+        assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
+        b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
+        b.submit(sub(0, 0, 1), 31 * MS);
+        assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
+        b.complete(&sub(0, 0, 1), 32 * MS, MS);
+        assert_eq!(b.decide(&[], 4, 32 * MS), Idle);
+        b.submit(sub(1, 0, 2), 32 * MS + 100 * US);
+        let first = b.decide(&[], 4, 32 * MS + 100 * US);
+        b.submit(sub(0, 0, 2), 32 * MS + 200 * US);
+        let inflight: Vec<Submission> = match first {
+            Dispatch(s) => vec![s],
+            _ => vec![],
+        };
+        let second = b.decide(&inflight, 4, 32 * MS + 200 * US);
+        (first, second)
+    };
+    // Gdev: the GPU is free, vm1 arrives first and takes it; vm0 waits for its kernel.
+    assert_eq!(script(gdev_params()), (Dispatch(sub(1, 0, 2)), Idle));
+    // Adaptive: the GPU is kept for vm0 (under its share) for its wait; vm1 is held.
+    assert_eq!(
+        script(SchedParams::default()),
+        (WaitUntil(32 * MS + 500 * US), Dispatch(sub(0, 0, 2)))
+    );
+}
+
+#[test]
+fn band_does_not_wait_adaptively_for_a_vm_much_slower_than_its_kernels() {
+    // vm0's kernels take 50 us of GPU time and it reacts in 400 us (8x > wait_max_ratio 5):
+    // Gdev's buffer, which vm1's arrival takes.
+    let mut b = two(Policy::Band, SchedParams::default());
+    b.submit(sub(1, 0, 1), 0);
+    assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
+    b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
+    b.submit(sub(0, 0, 1), 31 * MS);
+    assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
+    b.submit(sub(1, 0, 2), 31 * MS);
+    b.complete(&sub(0, 0, 1), 31 * MS + 50 * US, 50 * US);
+    let t = 31 * MS + 50 * US;
+    assert_eq!(b.decide(&[], 4, t), WaitUntil(t + 500 * US));
+    b.submit(sub(0, 0, 2), t + 400 * US);
+    assert_eq!(b.decide(&[], 4, t + 400 * US), Dispatch(sub(0, 0, 2)));
+    b.complete(&sub(0, 0, 2), t + 450 * US, 50 * US);
+    let t = t + 450 * US;
+    assert_eq!(b.decide(&[], 4, t), WaitUntil(t + 500 * US));
+    b.submit(sub(1, 0, 3), t + 100 * US);
+    assert_eq!(b.decide(&[], 4, t + 100 * US), Dispatch(sub(1, 0, 3)));
+}
+
 #[test]
 fn band_arrival_yield_is_optional() {
     let script = |p: SchedParams| {
@@ -499,6 +590,7 @@ fn short_long(policy: Policy, secs: u64) -> MockGpu {
 
 #[test]
 fn short_versus_long_on_the_mock_gpu() {
+    // (See also `slow_guests_on_the_mock_gpu`.)
     // The GPUvm/Gdev setup on the mock GPU: only BAND holds the 50/50 split.
     let share = |m: &MockGpu| m.busy(0) as f64 / (m.busy(0) + m.busy(1)) as f64;
     let fifo = short_long(Policy::Fifo, 3);
@@ -515,6 +607,45 @@ fn short_versus_long_on_the_mock_gpu() {
     assert!(c < 0.25, "credit: short VM share {c}");
     assert!(b > 0.45, "band: short VM share {b}");
     assert!(band.log.iter().any(|e| matches!(e, Ev::Wait { .. })));
+}
+
+/// The GPUvm/Gdev setup with guests that take 500 µs to react after each completion (both
+/// VMs): Gdev's fixed 500 µs buffer is lost to the long-kernel VM's own re-submission and the
+/// short VM gets ~12 % of the GPU; the adaptive buffer keeps it near 50 %, paying with idle
+/// time (about its reaction per short kernel while the long VM is held).
+#[test]
+fn slow_guests_on_the_mock_gpu() {
+    let run = |p: SchedParams| {
+        let mut m = MockGpu::new(Policy::Band.create(&p), 4);
+        m.add_vm(0, 1);
+        m.add_vm(1, 1);
+        let mut guests = [
+            Guest::new(0, 1, 1, vec![500 * US], 0),
+            Guest::new(1, 1, 2, vec![10 * MS], 0),
+        ];
+        for g in &mut guests {
+            g.think = 500 * US;
+        }
+        m.run(&mut guests, 5_000 * MS);
+        m
+    };
+    let share = |m: &MockGpu| m.busy(0) as f64 / (m.busy(0) + m.busy(1)) as f64;
+    let (gdev, adaptive) = (run(gdev_params()), run(SchedParams::default()));
+    for m in [&gdev, &adaptive] {
+        assert_eq!(m.idle_with_work, 0);
+        assert_eq!(m.acct.total_busy_ns(m.now), m.gpu_busy);
+    }
+    let (g, a) = (share(&gdev), share(&adaptive));
+    assert!((g - 0.5).abs() > 0.3, "gdev: short VM share {g}");
+    assert!((a - 0.5).abs() < 0.05, "adaptive: short VM share {a}");
+    // The price: the GPU idles while the long VM is held for the short VM's reaction
+    // (at most one reaction, 500 µs, per short kernel of 500 µs).
+    assert!(adaptive.wait_idle > 0);
+    assert!(
+        adaptive.wait_idle <= adaptive.busy(0),
+        "{}",
+        adaptive.wait_idle
+    );
 }
 
 /// The case the property test below found: under Gdev's exact BAND, vm1 (over its share by a
