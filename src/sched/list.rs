@@ -88,6 +88,9 @@ struct Entry {
     reaction_ns: u64,
     /// When a completion of it left nothing queued, until its next doorbell.
     idle_since: Option<u64>,
+    /// Its last gap was longer than `wait_max_ns`: it is not waited for until it comes back
+    /// within that.
+    away: bool,
     /// GPU time per completion, moving average (1/8), ns.
     gpu_per_completion_ns: u64,
 }
@@ -257,6 +260,7 @@ impl<R: Rules> ListSched<R> {
                 busy_ppm: 0,
                 reaction_ns: 0,
                 idle_since: None,
+                away: false,
                 gpu_per_completion_ns: 0,
             },
         );
@@ -320,16 +324,18 @@ impl<R: Rules> ListSched<R> {
         };
         if let Some(t) = e.idle_since.take() {
             // Its reaction time: a decayed maximum (up at once, down by 1/8 of the difference
-            // per sample), a sample bounded so that one long pause is forgotten within a few
-            // kernels.
-            let g = now
-                .saturating_sub(t)
-                .min(self.p.wait_max_ns.saturating_mul(2));
-            e.reaction_ns = if g >= e.reaction_ns {
-                g
-            } else {
-                e.reaction_ns - (e.reaction_ns - g) / 8
-            };
+            // per sample). A gap longer than `wait_max` is not a reaction a buffer could cover
+            // (the guest paused, or its vCPU did not run): it is not counted, and the VM is not
+            // waited for until it comes back within `wait_max` again.
+            let g = now.saturating_sub(t);
+            e.away = g > self.p.wait_max_ns;
+            if !e.away {
+                e.reaction_ns = if g >= e.reaction_ns {
+                    g
+                } else {
+                    e.reaction_ns - (e.reaction_ns - g) / 8
+                };
+            }
         }
         match e.queue.iter_mut().find(|q| q.phys_chid == s.phys_chid) {
             Some(q) => q.put = s.put,
@@ -417,9 +423,10 @@ impl<R: Rules> ListSched<R> {
         }
         let e = self.vms.get(&u)?;
         let r = e.reaction_ns;
-        if r > e
-            .gpu_per_completion_ns
-            .saturating_mul(u64::from(self.p.wait_max_ratio))
+        if e.away
+            || r > e
+                .gpu_per_completion_ns
+                .saturating_mul(u64::from(self.p.wait_max_ratio))
         {
             return None;
         }
