@@ -87,6 +87,11 @@ fn params_defaults_serde_and_validation() {
     assert_eq!(p.wait_chances, 1);
     assert!(!p.arrival_yield);
     assert_eq!(p.credit_bound, CreditBound::Clamp);
+    assert!(p.adaptive_wait && p.util_of_busy && p.requeue_on_lost_wait);
+    assert_eq!(
+        (p.wait_max_ns, p.wait_margin_pct, p.wait_max_ratio),
+        (10 * MS, 150, 5)
+    );
     assert_eq!(p.validate(), Ok(()));
     let t: SchedParams = toml::from_str("wait_ns = 250000\ncredit_bound = \"zero\"").unwrap();
     assert_eq!(t.wait_ns, 250 * US);
@@ -110,6 +115,18 @@ fn params_defaults_serde_and_validation() {
         },
         SchedParams {
             credit_limit_ns: u64::MAX,
+            ..p.clone()
+        },
+        SchedParams {
+            wait_max_ns: 100 * US,
+            ..p.clone()
+        },
+        SchedParams {
+            wait_max_ratio: 0,
+            ..p.clone()
+        },
+        SchedParams {
+            wait_margin_pct: 50,
             ..p.clone()
         },
     ] {
@@ -497,6 +514,57 @@ fn band_adaptive_buffer_is_held_when_nobody_has_work() {
         script(SchedParams::default()),
         (WaitUntil(32 * MS + 500 * US), Dispatch(sub(0, 0, 2)))
     );
+}
+
+#[test]
+fn band_does_not_wait_for_a_vm_that_stayed_away_until_it_comes_back() {
+    // vm0 reacts in 2 ms (waited for: 3 ms), then once in 12 ms (> wait_max 10 ms): after
+    // that gap it gets Gdev's 500 µs buffer, which vm1's arrival takes; after a 2 ms gap
+    // it is waited for again, as before the long one.
+    let mut b = two(Policy::Band, SchedParams::default());
+    b.submit(sub(1, 0, 1), 0);
+    assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
+    b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
+    b.submit(sub(0, 0, 1), 31 * MS);
+    assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
+    b.submit(sub(1, 0, 2), 31 * MS);
+    // Completion at 32 ms, back at 34 ms (the first buffer is 500 µs and expires: vm1 runs).
+    b.complete(&sub(0, 0, 1), 32 * MS, MS);
+    assert_eq!(b.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
+    assert_eq!(b.decide(&[], 4, 32 * MS + 500 * US), Dispatch(sub(1, 0, 2)));
+    b.submit(sub(0, 0, 2), 34 * MS);
+    b.complete(&sub(1, 0, 2), 35 * MS, 2 * MS + 500 * US);
+    assert_eq!(b.decide(&[], 4, 35 * MS), Dispatch(sub(0, 0, 2)));
+    b.submit(sub(1, 0, 3), 35 * MS);
+    b.complete(&sub(0, 0, 2), 36 * MS, MS);
+    assert_eq!(
+        b.decide(&[], 4, 36 * MS),
+        WaitUntil(39 * MS),
+        "2 ms x 150 %"
+    );
+    // vm0 stays away 12 ms: vm1 runs at 39 ms.
+    assert_eq!(b.decide(&[], 4, 39 * MS), Dispatch(sub(1, 0, 3)));
+    b.submit(sub(0, 0, 3), 48 * MS);
+    b.complete(&sub(1, 0, 3), 49 * MS, 10 * MS);
+    assert_eq!(b.decide(&[], 4, 49 * MS), Dispatch(sub(0, 0, 3)));
+    b.submit(sub(1, 0, 4), 49 * MS);
+    b.complete(&sub(0, 0, 3), 50 * MS, MS);
+    assert_eq!(b.decide(&[], 4, 50 * MS), WaitUntil(50 * MS + 500 * US));
+    b.submit(sub(1, 0, 5), 50 * MS + 100 * US);
+    assert_eq!(
+        b.decide(&[], 4, 50 * MS + 100 * US),
+        Dispatch(sub(1, 0, 5)),
+        "Gdev's buffer: vm1's arrival takes it"
+    );
+    // Back within 2 ms: waited for again, 3 ms (the 12 ms gap did not enter the estimate).
+    b.submit(sub(0, 0, 4), 52 * MS);
+    b.complete(&sub(1, 0, 5), 60 * MS, 9_900 * US);
+    assert_eq!(b.decide(&[], 4, 60 * MS), Dispatch(sub(0, 0, 4)));
+    b.submit(sub(1, 0, 6), 60 * MS);
+    b.complete(&sub(0, 0, 4), 61 * MS, MS);
+    assert_eq!(b.decide(&[], 4, 61 * MS), WaitUntil(64 * MS));
+    b.submit(sub(1, 0, 7), 61 * MS + 100 * US);
+    assert_eq!(b.decide(&[], 4, 61 * MS + 100 * US), WaitUntil(64 * MS));
 }
 
 #[test]

@@ -100,7 +100,8 @@ pub struct IsolationArgs {
     #[arg(long, default_value_t = 0)]
     think_us: u64,
     /// Scheduler parameters as TOML (`period_ns`, `credit_limit_ns`, `credit_bound`,
-    /// `util_window_ns`, `wait_ns`, `wait_chances`, `arrival_yield`, `requeue_on_lost_wait`;
+    /// `util_window_ns`, `wait_ns`, `wait_chances`, `arrival_yield`, `requeue_on_lost_wait`,
+    /// `adaptive_wait`, `wait_max_ns`, `wait_margin_pct`, `wait_max_ratio`, `util_of_busy`;
     /// missing ones keep their defaults, see docs/scheduling.md).
     #[arg(long, value_name = "FILE")]
     params: Option<PathBuf>,
