@@ -15,6 +15,16 @@
 //!    nobody arrives the selected VM gets the GPU ("one chance", `GDEV_VSCHED_BAND_SELECT_
 //!    CHANCES`). This is the only time the GPU is idle while work is queued.
 //!
+//! **Adaptive time buffer** (this crate's deviation, on by default,
+//! [`SchedParams::adaptive_wait`] and [`SchedParams::util_of_busy`]; `Policy::BandGdev` turns
+//! both off): guests that need longer than 500 µs to react after a completion (KVM guests
+//! here: 0.6-2 ms) defeat Gdev's buffer — the over-share VM's own re-submission takes it, and
+//! none is held when nobody has work queued. The buffer after a completion of a VM under its
+//! share then lasts that VM's observed reaction time (x 150 %, 500 µs to 10 ms), only a VM not
+//! over its share can take it, it is held also when nobody has work, and "over its share" is
+//! measured against the GPU's busy time. It pays for isolation with idle time
+//! (`docs/scheduling.md` §5 "Guests that react slowly").
+//!
 //! Optional (off by default, [`SchedParams::arrival_yield`]): Gdev's code also yields on
 //! arrival — a VM that holds the GPU, has credit `<= 0` and is over its share, and submits more
 //! while another VM exists, gives the others one time buffer first.
@@ -30,6 +40,15 @@ pub(crate) struct BandRules;
 
 impl Rules for BandRules {
     const NAME: &'static str = "band";
+    const BUFFERS: bool = true;
+
+    fn name(&self, p: &SchedParams) -> &'static str {
+        if p.adaptive_wait || p.util_of_busy {
+            Self::NAME
+        } else {
+            "band-gdev"
+        }
+    }
 
     fn demote(&self, u: &VmView) -> bool {
         u.credit_ns < 0 && u.over_share()

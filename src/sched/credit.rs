@@ -21,6 +21,7 @@ pub(crate) struct CreditRules;
 
 impl Rules for CreditRules {
     const NAME: &'static str = "credit";
+    const BUFFERS: bool = false;
 
     fn demote(&self, u: &VmView) -> bool {
         u.credit_ns <= 0

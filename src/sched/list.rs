@@ -56,6 +56,12 @@ impl VmView {
 pub(crate) trait Rules: Send + std::fmt::Debug {
     /// Policy name.
     const NAME: &'static str;
+    /// Does the policy ever hold the GPU idle (a time buffer)?
+    const BUFFERS: bool;
+    /// The name it reports with these parameters.
+    fn name(&self, _p: &SchedParams) -> &'static str {
+        Self::NAME
+    }
     /// Does VM `u`, whose submission just completed, go to the tail of the run list?
     fn demote(&self, u: &VmView) -> bool;
     /// Is the GPU held idle for a time buffer before it goes to `next`, which is not the VM
@@ -74,24 +80,42 @@ struct Entry {
     com_time: u64,
     window_start: u64,
     util_ppm: u32,
+    /// Its utilisation over the utilisation of all VMs (its share of the GPU's busy time),
+    /// ppm, as of the last tick (`util_of_busy`).
+    busy_ppm: u32,
+    /// Its reaction time as observed (completion with nothing queued to its next doorbell): a
+    /// decayed maximum, ns (`adaptive_wait`).
+    reaction_ns: u64,
+    /// When a completion of it left nothing queued, until its next doorbell.
+    idle_since: Option<u64>,
+    /// Its last gap was longer than `wait_max_ns`: it is not waited for until it comes back
+    /// within that.
+    away: bool,
+    /// GPU time per completion, moving average (1/8), ns.
+    gpu_per_completion_ns: u64,
 }
 
 /// A running time buffer.
 #[derive(Debug, Clone, Copy)]
 struct Buffer {
     until: u64,
-    /// Who gets the GPU when it expires unclaimed.
-    then: VmId,
+    /// Who gets the GPU when it expires unclaimed. `None` for an adaptive buffer started when
+    /// nobody had work queued (nobody is held yet; the first VM over its share that arrives
+    /// is).
+    then: Option<VmId>,
     /// The VM whose completion started it (selection is re-run for it on a retry).
     prev: VmId,
     /// Chances left including this one.
     chances: u32,
+    /// An adaptive buffer (`adaptive_wait`): only a VM not over its share (or `prev`) takes
+    /// it. Otherwise Gdev's: any arrival takes it.
+    guarded: bool,
 }
 
 /// A run-list scheduler with rules `R`.
 #[derive(Debug)]
 pub(crate) struct ListSched<R: Rules> {
-    rules: R,
+    pub(crate) rules: R,
     p: SchedParams,
     vms: BTreeMap<VmId, Entry>,
     order: Vec<VmId>,
@@ -135,7 +159,11 @@ impl<R: Rules> ListSched<R> {
     fn view(&self, vm: VmId) -> Option<VmView> {
         self.vms.get(&vm).map(|e| VmView {
             credit_ns: e.credit,
-            util_ppm: e.util_ppm,
+            util_ppm: if self.p.util_of_busy {
+                e.busy_ppm
+            } else {
+                e.util_ppm
+            },
             share_ppm: share_ppm(e.weight, self.total_weight),
         })
     }
@@ -201,6 +229,13 @@ impl<R: Rules> ListSched<R> {
             let bounded = self.bound(credit);
             self.vms.get_mut(&vm).expect("present").credit = bounded;
         }
+        // Each VM's part of the GPU's busy time (`util_of_busy`).
+        let total: u64 = self.vms.values().map(|e| u64::from(e.util_ppm)).sum();
+        for e in self.vms.values_mut() {
+            e.busy_ppm = (u64::from(e.util_ppm) * 1_000_000)
+                .checked_div(total)
+                .unwrap_or(0) as u32;
+        }
     }
 
     pub fn next_tick_ns(&self) -> Option<u64> {
@@ -222,6 +257,11 @@ impl<R: Rules> ListSched<R> {
                 com_time: 0,
                 window_start: now,
                 util_ppm: 0,
+                busy_ppm: 0,
+                reaction_ns: 0,
+                idle_since: None,
+                away: false,
+                gpu_per_completion_ns: 0,
             },
         );
         // gdev_init_scheduler: a new vGPU starts with one replenishment.
@@ -244,7 +284,10 @@ impl<R: Rules> ListSched<R> {
         if self.current == Some(vm) {
             self.current = None;
         }
-        if self.buffer.is_some_and(|b| b.then == vm || b.prev == vm) {
+        if self
+            .buffer
+            .is_some_and(|b| b.then == Some(vm) || b.prev == vm)
+        {
             self.buffer = None;
         }
         e.queue.len()
@@ -279,6 +322,21 @@ impl<R: Rules> ListSched<R> {
             log::warn!("{}: submission of unknown {}; dropped", R::NAME, s.vm);
             return;
         };
+        if let Some(t) = e.idle_since.take() {
+            // Its reaction time: a decayed maximum (up at once, down by 1/8 of the difference
+            // per sample). A gap longer than `wait_max` is not a reaction a buffer could cover
+            // (the guest paused, or its vCPU did not run): it is not counted, and the VM is not
+            // waited for until it comes back within `wait_max` again.
+            let g = now.saturating_sub(t);
+            e.away = g > self.p.wait_max_ns;
+            if !e.away {
+                e.reaction_ns = if g >= e.reaction_ns {
+                    g
+                } else {
+                    e.reaction_ns - (e.reaction_ns - g) / 8
+                };
+            }
+        }
         match e.queue.iter_mut().find(|q| q.phys_chid == s.phys_chid) {
             Some(q) => q.put = s.put,
             None => {
@@ -287,15 +345,34 @@ impl<R: Rules> ListSched<R> {
             }
         }
         let v = s.vm;
+        if self
+            .buffer
+            .is_some_and(|b| b.then.is_none() && now >= b.until)
+        {
+            // An adaptive buffer nobody was held by (so no timer) is over.
+            self.buffer = None;
+        }
         if let Some(b) = self.buffer {
+            let view = self.view(v).expect("present");
+            if b.guarded && v != b.prev && self.rules.buffer_before(&view) {
+                // A VM over its share cannot end an adaptive buffer: it is held with the
+                // others (the first one to arrive is selected when the buffer ends).
+                if b.then.is_none() {
+                    self.waits += 1;
+                    self.buffer = Some(Buffer { then: Some(v), ..b });
+                }
+                return;
+            }
             // Whoever arrives while the GPU is held free takes it (Gdev: current == NULL).
             self.buffer = None;
-            self.waits_taken += 1;
             self.current = Some(v);
-            if self.p.requeue_on_lost_wait && b.then != v {
-                // The VM waited for is over its share and lost its turn: it goes behind the
-                // others, so that it cannot block the run list (see `SchedParams`).
-                self.move_to_tail(b.then);
+            if let Some(then) = b.then {
+                self.waits_taken += 1;
+                if self.p.requeue_on_lost_wait && then != v {
+                    // The VM waited for is over its share and lost its turn: it goes behind
+                    // the others, so that it cannot block the run list (see `SchedParams`).
+                    self.move_to_tail(then);
+                }
             }
             return;
         }
@@ -305,22 +382,56 @@ impl<R: Rules> ListSched<R> {
                 let others = self.vms.len() > 1;
                 let view = self.view(v).expect("present");
                 if self.p.arrival_yield && others && self.rules.yield_on_arrival(&view, &self.p) {
-                    self.start_buffer(now, v, v, 1);
+                    self.start_buffer(now, v, v, 1, self.p.wait_ns, false);
                 }
             }
             Some(_) => {}
         }
     }
 
-    fn start_buffer(&mut self, now: u64, then: VmId, prev: VmId, chances: u32) {
+    fn start_buffer(
+        &mut self,
+        now: u64,
+        then: VmId,
+        prev: VmId,
+        chances: u32,
+        wait: u64,
+        guarded: bool,
+    ) {
         self.current = None;
         self.waits += 1;
         self.buffer = Some(Buffer {
-            until: now.saturating_add(self.p.wait_ns),
-            then,
+            until: now.saturating_add(wait),
+            then: Some(then),
             prev,
             chances,
+            guarded,
         });
+    }
+
+    /// The adaptive buffer held after a completion of `u` (`adaptive_wait`): `u`'s reaction
+    /// estimate times the margin, at least `wait_ns`; `None` if adaptive buffers are off, `u`
+    /// is over its share (the buffer is for VMs under it), slower than `wait_max_ns`, or
+    /// slower than `wait_max_ratio` times its GPU time per completion.
+    fn adaptive_wait_for(&self, u: VmId) -> Option<u64> {
+        if !self.p.adaptive_wait || self.vms.len() < 2 {
+            return None;
+        }
+        let view = self.view(u)?;
+        if view.over_share() {
+            return None;
+        }
+        let e = self.vms.get(&u)?;
+        let r = e.reaction_ns;
+        if e.away
+            || r > e
+                .gpu_per_completion_ns
+                .saturating_mul(u64::from(self.p.wait_max_ratio))
+        {
+            return None;
+        }
+        let w = (u128::from(r) * u128::from(self.p.wait_margin_pct) / 100) as u64;
+        (w <= self.p.wait_max_ns).then(|| w.max(self.p.wait_ns))
     }
 
     pub fn complete(&mut self, s: &Submission, now: u64, gpu_ns: u64) {
@@ -332,6 +443,12 @@ impl<R: Rules> ListSched<R> {
         // gdev_select_next_compute: credit -= exec; com_time += exec.
         e.credit = e.credit.saturating_sub(gpu_ns.min(i64::MAX as u64) as i64);
         e.com_time = e.com_time.saturating_add(gpu_ns);
+        e.idle_since = e.queue.is_empty().then_some(now);
+        e.gpu_per_completion_ns = if e.gpu_per_completion_ns == 0 {
+            gpu_ns
+        } else {
+            e.gpu_per_completion_ns - e.gpu_per_completion_ns / 8 + gpu_ns / 8
+        };
         if self.buffer.is_some() {
             // A buffer is running (started by an earlier completion of `u`, which still had
             // work in flight): the list order is updated, the buffer stands.
@@ -361,12 +478,30 @@ impl<R: Rules> ListSched<R> {
     /// Selection after a completion of `u` (or a buffer retry).
     fn select_next(&mut self, u: VmId, now: u64, chances: u32) {
         self.demote_if(u);
+        let buffers = R::BUFFERS && self.p.wait_ns > 0;
         match self.first_with_work() {
-            None => self.current = None,
+            None => {
+                self.current = None;
+                // Adaptive: nobody has work, but `u` (under its share) is expected back; a VM
+                // over its share that arrives first is held until then.
+                if let Some(w) = self.adaptive_wait_for(u).filter(|_| buffers) {
+                    self.buffer = Some(Buffer {
+                        until: now.saturating_add(w),
+                        then: None,
+                        prev: u,
+                        chances: 1,
+                        guarded: true,
+                    });
+                }
+            }
             Some(next) => {
                 let view = self.view(next).expect("present");
-                if next != u && self.p.wait_ns > 0 && self.rules.buffer_before(&view) {
-                    self.start_buffer(now, next, u, chances.max(1));
+                if next != u && buffers && self.rules.buffer_before(&view) {
+                    let chances = chances.max(1);
+                    match self.adaptive_wait_for(u) {
+                        Some(w) => self.start_buffer(now, next, u, chances, w, true),
+                        None => self.start_buffer(now, next, u, chances, self.p.wait_ns, false),
+                    }
                 } else {
                     self.current = Some(next);
                 }
@@ -376,23 +511,38 @@ impl<R: Rules> ListSched<R> {
 
     pub fn decide(&mut self, inflight: &[Submission], max_inflight: usize, now: u64) -> Decision {
         self.catch_up(now);
-        if self.buffer.is_some() && self.queued == 0 {
+        if self.buffer.is_some_and(|b| b.then.is_some()) && self.queued == 0 {
             // Nobody is left to wait for.
             self.buffer = None;
             self.current = None;
         }
+        if let Some(b) = self.buffer.filter(|b| b.then.is_none() && self.queued > 0) {
+            // (Cannot happen: arrivals during an adaptive buffer take it or are held by it.)
+            self.waits += 1;
+            self.buffer = Some(Buffer {
+                then: self.first_with_work(),
+                ..b
+            });
+        }
         if let Some(b) = self.buffer {
             if now < b.until {
-                return Decision::WaitUntil(b.until);
+                return match b.then {
+                    Some(_) => Decision::WaitUntil(b.until),
+                    // Nobody held, nothing queued: nothing to wake up for.
+                    None => Decision::Idle,
+                };
             }
             self.buffer = None;
             if b.chances > 1 && self.vms.contains_key(&b.prev) {
                 self.select_next(b.prev, now, b.chances - 1);
                 if let Some(b) = self.buffer {
-                    return Decision::WaitUntil(b.until);
+                    return match b.then {
+                        Some(_) => Decision::WaitUntil(b.until),
+                        None => Decision::Idle,
+                    };
                 }
             } else {
-                self.current = Some(b.then);
+                self.current = b.then;
             }
         }
         // The selected VM lost its work (channel or VM removed) while the GPU is free: the
@@ -450,7 +600,7 @@ macro_rules! list_scheduler {
     ($ty:ty, $rules:ty) => {
         impl $crate::sched::Scheduler for $ty {
             fn name(&self) -> &'static str {
-                <$rules as $crate::sched::list::Rules>::NAME
+                $crate::sched::list::Rules::name(&self.0.rules, self.0.params())
             }
             fn add_vm(&mut self, vm: $crate::sched::VmId, weight: u32, now_ns: u64) {
                 self.0.add_vm(vm, weight, now_ns)

@@ -189,13 +189,22 @@ pub enum Policy {
     Fifo,
     /// Xen-style credit ([`CreditScheduler`]).
     Credit,
-    /// Gdev's bandwidth-aware non-preemptive scheduler ([`BandScheduler`]).
+    /// Gdev's bandwidth-aware non-preemptive scheduler ([`BandScheduler`]), with this crate's
+    /// deviations that are on by default ([`SchedParams`]).
     Band,
+    /// BAND with Gdev's fixed time buffer and utilisation over elapsed time: [`Policy::Band`]
+    /// with [`SchedParams::adaptive_wait`] and [`SchedParams::util_of_busy`] off, for side by
+    /// side comparisons (`docs/scheduling.md` §5).
+    #[serde(rename = "band-gdev")]
+    BandGdev,
 }
 
 impl Policy {
-    /// Every policy, in the order experiments report them.
+    /// The policies experiments run by default, in the order they report them.
     pub const ALL: [Policy; 3] = [Policy::Fifo, Policy::Credit, Policy::Band];
+
+    /// Every policy, including variants.
+    pub const EVERY: [Policy; 4] = [Policy::Fifo, Policy::Credit, Policy::BandGdev, Policy::Band];
 
     /// The policy's name as written on the command line.
     pub fn name(self) -> &'static str {
@@ -203,7 +212,13 @@ impl Policy {
             Policy::Fifo => "fifo",
             Policy::Credit => "credit",
             Policy::Band => "band",
+            Policy::BandGdev => "band-gdev",
         }
+    }
+
+    /// Does the policy hold the GPU idle on purpose (BAND's time buffer)?
+    pub fn waits(self) -> bool {
+        matches!(self, Policy::Band | Policy::BandGdev)
     }
 
     /// A scheduler of this policy with these parameters.
@@ -212,6 +227,11 @@ impl Policy {
             Policy::Fifo => Box::new(FifoScheduler::new()),
             Policy::Credit => Box::new(CreditScheduler::new(params.clone())),
             Policy::Band => Box::new(BandScheduler::new(params.clone())),
+            Policy::BandGdev => Box::new(BandScheduler::new(SchedParams {
+                adaptive_wait: false,
+                util_of_busy: false,
+                ..params.clone()
+            })),
         }
     }
 }
@@ -225,10 +245,12 @@ impl std::fmt::Display for Policy {
 impl std::str::FromStr for Policy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Policy::ALL
+        Policy::EVERY
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| format!("unknown scheduler '{s}' (expected fifo, credit or band)"))
+            .ok_or_else(|| {
+                format!("unknown scheduler '{s}' (expected fifo, credit, band or band-gdev)")
+            })
     }
 }
 
@@ -284,6 +306,37 @@ pub struct SchedParams {
     /// keep taking its buffers (found by this crate's property tests; `docs/scheduling.md`).
     /// Default on; off is Gdev's exact behaviour.
     pub requeue_on_lost_wait: bool,
+    /// BAND's time buffer adapts to each VM's reaction time (this crate's deviation from Gdev,
+    /// `docs/scheduling.md` §5 "Guests that react slowly"): the buffer after a completion of a
+    /// VM under its share lasts that VM's observed reaction time (completion to its next
+    /// doorbell, a decayed maximum) times `wait_margin_pct`, between `wait_ns` and
+    /// `wait_max_ns`; only a VM not over its share can take it (the VM it is held against
+    /// cannot end it by re-submitting); and it is also held when nobody has work queued, so
+    /// that a VM over its share that arrives first waits for it. A VM slower than `wait_max_ns`
+    /// is not waited for. Default on; off is Gdev's fixed buffer.
+    pub adaptive_wait: bool,
+    /// Longest adaptive buffer. Default 10 ms: one long kernel of the isolation experiment, a
+    /// third of a period; covers the 0.6-2 ms reactions of KVM guests on this machine
+    /// (`docs/experiments.md`) with room, and bounds the idle time one selection can cost.
+    pub wait_max_ns: u64,
+    /// The adaptive buffer is the VM's reaction estimate times this percentage. Default 150:
+    /// the estimate is already a decayed maximum; the margin covers jitter above it. A larger
+    /// margin costs idle time only when the VM does not come back.
+    pub wait_margin_pct: u32,
+    /// A VM whose reaction estimate is more than this many times its GPU time per completion
+    /// is not waited for adaptively (it gets Gdev's fixed buffer): each wait for it idles the
+    /// GPU for its reaction time to give it one submission's GPU time, so this bounds the idle
+    /// time paid for a VM to this multiple of the GPU time it gets that way. Default 5: covers
+    /// 0.5 ms kernels with the 0.6-2.5 ms reactions of KVM guests here; a VM with 10 µs kernels
+    /// and a 2 ms reaction (200x) is not waited for.
+    pub wait_max_ratio: u32,
+    /// "Over its share" compares a VM's share of the GPU's *busy* time (its utilisation over
+    /// the sum of all VMs' utilisations) with its share, instead of Gdev's utilisation over
+    /// elapsed time. When the GPU idles — guests that react slowly, adaptive buffers — Gdev's
+    /// measure finds every VM under its share and stops buffering although one VM gets far
+    /// more GPU time than another (`docs/scheduling.md` §5). With the GPU always busy the two
+    /// are the same. Default on; off is Gdev's.
+    pub util_of_busy: bool,
 }
 
 impl Default for SchedParams {
@@ -297,6 +350,11 @@ impl Default for SchedParams {
             wait_chances: 1,
             arrival_yield: false,
             requeue_on_lost_wait: true,
+            adaptive_wait: true,
+            wait_max_ns: 10_000_000,
+            wait_margin_pct: 150,
+            wait_max_ratio: 5,
+            util_of_busy: true,
         }
     }
 }
@@ -316,11 +374,23 @@ impl SchedParams {
         if self.wait_chances == 0 && self.wait_ns > 0 {
             return Err("wait_chances must be at least 1 when wait_ns is set".into());
         }
+        if self.adaptive_wait && self.wait_max_ns < self.wait_ns {
+            return Err("wait_max_ns must be at least wait_ns".into());
+        }
+        if self.wait_max_ns > 1_000_000_000 {
+            return Err("wait_max_ns must be at most 1 s".into());
+        }
+        if self.wait_max_ratio == 0 {
+            return Err("wait_max_ratio must be at least 1".into());
+        }
+        if !(100..=1000).contains(&self.wait_margin_pct) {
+            return Err("wait_margin_pct must be 100..=1000".into());
+        }
         Ok(())
     }
 }
 
-/// Creates a scheduler by name (`fifo`, `credit`, `band`) with default parameters; `None` for an
+/// Creates a scheduler by name (`fifo`, `credit`, `band`, `band-gdev`) with default parameters; `None` for an
 /// unknown name.
 pub fn by_name(name: &str) -> Option<Box<dyn Scheduler>> {
     name.parse::<Policy>()

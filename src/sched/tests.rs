@@ -64,7 +64,7 @@ fn dispatch_rules() {
 
 #[test]
 fn policies_by_name() {
-    for p in Policy::ALL {
+    for p in Policy::EVERY {
         assert_eq!(p.name().parse::<Policy>(), Ok(p));
         assert_eq!(p.to_string(), p.name());
         assert_eq!(by_name(p.name()).unwrap().name(), p.name());
@@ -72,7 +72,7 @@ fn policies_by_name() {
     }
     assert!(by_name("lottery").is_none());
     let e = "lottery".parse::<Policy>().unwrap_err();
-    assert!(e.contains("fifo, credit or band"), "{e}");
+    assert!(e.contains("fifo, credit, band or band-gdev"), "{e}");
     assert_eq!(share_ppm(1, 3), 333_333);
     assert_eq!(share_ppm(1, 0), 0);
 }
@@ -87,6 +87,11 @@ fn params_defaults_serde_and_validation() {
     assert_eq!(p.wait_chances, 1);
     assert!(!p.arrival_yield);
     assert_eq!(p.credit_bound, CreditBound::Clamp);
+    assert!(p.adaptive_wait && p.util_of_busy && p.requeue_on_lost_wait);
+    assert_eq!(
+        (p.wait_max_ns, p.wait_margin_pct, p.wait_max_ratio),
+        (10 * MS, 150, 5)
+    );
     assert_eq!(p.validate(), Ok(()));
     let t: SchedParams = toml::from_str("wait_ns = 250000\ncredit_bound = \"zero\"").unwrap();
     assert_eq!(t.wait_ns, 250 * US);
@@ -110,6 +115,18 @@ fn params_defaults_serde_and_validation() {
         },
         SchedParams {
             credit_limit_ns: u64::MAX,
+            ..p.clone()
+        },
+        SchedParams {
+            wait_max_ns: 100 * US,
+            ..p.clone()
+        },
+        SchedParams {
+            wait_max_ratio: 0,
+            ..p.clone()
+        },
+        SchedParams {
+            wait_margin_pct: 50,
             ..p.clone()
         },
     ] {
@@ -431,6 +448,148 @@ fn band_buffer_while_the_previous_vm_drains() {
     assert_eq!(b.decide(&[], 4, until), Dispatch(sub(1, 0, 2)));
 }
 
+/// Gdev's rules with the experiment's defaults otherwise (`Policy::BandGdev`).
+fn gdev_params() -> SchedParams {
+    SchedParams {
+        adaptive_wait: false,
+        util_of_busy: false,
+        ..SchedParams::default()
+    }
+}
+
+#[test]
+fn band_adaptive_buffer_is_not_ended_by_the_vm_it_holds_and_grows_with_the_reaction() {
+    // Gdev: vm1 (over its share) re-submits during the buffer held against it and takes it.
+    let mut g = buffer_setup(Policy::Band, gdev_params());
+    assert_eq!(g.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
+    g.submit(sub(1, 0, 3), 32 * MS + 200 * US);
+    assert_eq!(g.decide(&[], 4, 32 * MS + 200 * US), Dispatch(sub(1, 0, 3)));
+
+    // Adaptive (default): vm1's arrival is held with its queued work; vm0, 400 us after its
+    // completion, takes the buffer.
+    let mut b = buffer_setup(Policy::Band, SchedParams::default());
+    assert_eq!(b.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
+    b.submit(sub(1, 0, 3), 32 * MS + 200 * US);
+    assert_eq!(
+        b.decide(&[], 4, 32 * MS + 200 * US),
+        WaitUntil(32 * MS + 500 * US)
+    );
+    b.submit(sub(0, 0, 2), 32 * MS + 400 * US);
+    assert_eq!(b.decide(&[], 4, 32 * MS + 400 * US), Dispatch(sub(0, 0, 2)));
+    assert_eq!((b.snapshot().waits, b.snapshot().waits_taken), (1, 1));
+    // vm0 reacted in 400 us: its next buffer is 400 x 150 % = 600 us.
+    b.complete(&sub(0, 0, 2), 33 * MS, 600 * US);
+    assert_eq!(b.decide(&[], 4, 33 * MS), WaitUntil(33 * MS + 600 * US));
+    // Nobody comes: vm1 runs when it ends.
+    assert_eq!(b.decide(&[], 4, 33 * MS + 600 * US), Dispatch(sub(1, 0, 3)));
+}
+
+#[test]
+fn band_adaptive_buffer_is_held_when_nobody_has_work() {
+    // vm1 ran alone (over its share) and has nothing queued when vm0's kernel completes;
+    // vm1 re-submits 100 us later, vm0 200 us later.
+    let script = |p: SchedParams| {
+        let mut b = two(Policy::Band, p);
+        b.submit(sub(1, 0, 1), 0);
+        assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
+        b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
+        b.submit(sub(0, 0, 1), 31 * MS);
+        assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
+        b.complete(&sub(0, 0, 1), 32 * MS, MS);
+        assert_eq!(b.decide(&[], 4, 32 * MS), Idle);
+        b.submit(sub(1, 0, 2), 32 * MS + 100 * US);
+        let first = b.decide(&[], 4, 32 * MS + 100 * US);
+        b.submit(sub(0, 0, 2), 32 * MS + 200 * US);
+        let inflight: Vec<Submission> = match first {
+            Dispatch(s) => vec![s],
+            _ => vec![],
+        };
+        let second = b.decide(&inflight, 4, 32 * MS + 200 * US);
+        (first, second)
+    };
+    // Gdev: the GPU is free, vm1 arrives first and takes it; vm0 waits for its kernel.
+    assert_eq!(script(gdev_params()), (Dispatch(sub(1, 0, 2)), Idle));
+    // Adaptive: the GPU is kept for vm0 (under its share) for its wait; vm1 is held.
+    assert_eq!(
+        script(SchedParams::default()),
+        (WaitUntil(32 * MS + 500 * US), Dispatch(sub(0, 0, 2)))
+    );
+}
+
+#[test]
+fn band_does_not_wait_for_a_vm_that_stayed_away_until_it_comes_back() {
+    // vm0 reacts in 2 ms (waited for: 3 ms), then once in 12 ms (> wait_max 10 ms): after
+    // that gap it gets Gdev's 500 µs buffer, which vm1's arrival takes; after a 2 ms gap
+    // it is waited for again, as before the long one.
+    let mut b = two(Policy::Band, SchedParams::default());
+    b.submit(sub(1, 0, 1), 0);
+    assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
+    b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
+    b.submit(sub(0, 0, 1), 31 * MS);
+    assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
+    b.submit(sub(1, 0, 2), 31 * MS);
+    // Completion at 32 ms, back at 34 ms (the first buffer is 500 µs and expires: vm1 runs).
+    b.complete(&sub(0, 0, 1), 32 * MS, MS);
+    assert_eq!(b.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
+    assert_eq!(b.decide(&[], 4, 32 * MS + 500 * US), Dispatch(sub(1, 0, 2)));
+    b.submit(sub(0, 0, 2), 34 * MS);
+    b.complete(&sub(1, 0, 2), 35 * MS, 2 * MS + 500 * US);
+    assert_eq!(b.decide(&[], 4, 35 * MS), Dispatch(sub(0, 0, 2)));
+    b.submit(sub(1, 0, 3), 35 * MS);
+    b.complete(&sub(0, 0, 2), 36 * MS, MS);
+    assert_eq!(
+        b.decide(&[], 4, 36 * MS),
+        WaitUntil(39 * MS),
+        "2 ms x 150 %"
+    );
+    // vm0 stays away 12 ms: vm1 runs at 39 ms.
+    assert_eq!(b.decide(&[], 4, 39 * MS), Dispatch(sub(1, 0, 3)));
+    b.submit(sub(0, 0, 3), 48 * MS);
+    b.complete(&sub(1, 0, 3), 49 * MS, 10 * MS);
+    assert_eq!(b.decide(&[], 4, 49 * MS), Dispatch(sub(0, 0, 3)));
+    b.submit(sub(1, 0, 4), 49 * MS);
+    b.complete(&sub(0, 0, 3), 50 * MS, MS);
+    assert_eq!(b.decide(&[], 4, 50 * MS), WaitUntil(50 * MS + 500 * US));
+    b.submit(sub(1, 0, 5), 50 * MS + 100 * US);
+    assert_eq!(
+        b.decide(&[], 4, 50 * MS + 100 * US),
+        Dispatch(sub(1, 0, 5)),
+        "Gdev's buffer: vm1's arrival takes it"
+    );
+    // Back within 2 ms: waited for again, 3 ms (the 12 ms gap did not enter the estimate).
+    b.submit(sub(0, 0, 4), 52 * MS);
+    b.complete(&sub(1, 0, 5), 60 * MS, 9_900 * US);
+    assert_eq!(b.decide(&[], 4, 60 * MS), Dispatch(sub(0, 0, 4)));
+    b.submit(sub(1, 0, 6), 60 * MS);
+    b.complete(&sub(0, 0, 4), 61 * MS, MS);
+    assert_eq!(b.decide(&[], 4, 61 * MS), WaitUntil(64 * MS));
+    b.submit(sub(1, 0, 7), 61 * MS + 100 * US);
+    assert_eq!(b.decide(&[], 4, 61 * MS + 100 * US), WaitUntil(64 * MS));
+}
+
+#[test]
+fn band_does_not_wait_adaptively_for_a_vm_much_slower_than_its_kernels() {
+    // vm0's kernels take 50 us of GPU time and it reacts in 400 us (8x > wait_max_ratio 5):
+    // Gdev's buffer, which vm1's arrival takes.
+    let mut b = two(Policy::Band, SchedParams::default());
+    b.submit(sub(1, 0, 1), 0);
+    assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
+    b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
+    b.submit(sub(0, 0, 1), 31 * MS);
+    assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
+    b.submit(sub(1, 0, 2), 31 * MS);
+    b.complete(&sub(0, 0, 1), 31 * MS + 50 * US, 50 * US);
+    let t = 31 * MS + 50 * US;
+    assert_eq!(b.decide(&[], 4, t), WaitUntil(t + 500 * US));
+    b.submit(sub(0, 0, 2), t + 400 * US);
+    assert_eq!(b.decide(&[], 4, t + 400 * US), Dispatch(sub(0, 0, 2)));
+    b.complete(&sub(0, 0, 2), t + 450 * US, 50 * US);
+    let t = t + 450 * US;
+    assert_eq!(b.decide(&[], 4, t), WaitUntil(t + 500 * US));
+    b.submit(sub(1, 0, 3), t + 100 * US);
+    assert_eq!(b.decide(&[], 4, t + 100 * US), Dispatch(sub(1, 0, 3)));
+}
+
 #[test]
 fn band_arrival_yield_is_optional() {
     let script = |p: SchedParams| {
@@ -499,6 +658,7 @@ fn short_long(policy: Policy, secs: u64) -> MockGpu {
 
 #[test]
 fn short_versus_long_on_the_mock_gpu() {
+    // (See also `slow_guests_on_the_mock_gpu`.)
     // The GPUvm/Gdev setup on the mock GPU: only BAND holds the 50/50 split.
     let share = |m: &MockGpu| m.busy(0) as f64 / (m.busy(0) + m.busy(1)) as f64;
     let fifo = short_long(Policy::Fifo, 3);
@@ -517,6 +677,45 @@ fn short_versus_long_on_the_mock_gpu() {
     assert!(band.log.iter().any(|e| matches!(e, Ev::Wait { .. })));
 }
 
+/// The GPUvm/Gdev setup with guests that take 500 µs to react after each completion (both
+/// VMs): Gdev's fixed 500 µs buffer is lost to the long-kernel VM's own re-submission and the
+/// short VM gets ~12 % of the GPU; the adaptive buffer keeps it near 50 %, paying with idle
+/// time (about its reaction per short kernel while the long VM is held).
+#[test]
+fn slow_guests_on_the_mock_gpu() {
+    let run = |p: SchedParams| {
+        let mut m = MockGpu::new(Policy::Band.create(&p), 4);
+        m.add_vm(0, 1);
+        m.add_vm(1, 1);
+        let mut guests = [
+            Guest::new(0, 1, 1, vec![500 * US], 0),
+            Guest::new(1, 1, 2, vec![10 * MS], 0),
+        ];
+        for g in &mut guests {
+            g.think = 500 * US;
+        }
+        m.run(&mut guests, 5_000 * MS);
+        m
+    };
+    let share = |m: &MockGpu| m.busy(0) as f64 / (m.busy(0) + m.busy(1)) as f64;
+    let (gdev, adaptive) = (run(gdev_params()), run(SchedParams::default()));
+    for m in [&gdev, &adaptive] {
+        assert_eq!(m.idle_with_work, 0);
+        assert_eq!(m.acct.total_busy_ns(m.now), m.gpu_busy);
+    }
+    let (g, a) = (share(&gdev), share(&adaptive));
+    assert!((g - 0.5).abs() > 0.3, "gdev: short VM share {g}");
+    assert!((a - 0.5).abs() < 0.05, "adaptive: short VM share {a}");
+    // The price: the GPU idles while the long VM is held for the short VM's reaction
+    // (at most one reaction, 500 µs, per short kernel of 500 µs).
+    assert!(adaptive.wait_idle > 0);
+    assert!(
+        adaptive.wait_idle <= adaptive.busy(0),
+        "{}",
+        adaptive.wait_idle
+    );
+}
+
 /// The case the property test below found: under Gdev's exact BAND, vm1 (over its share by a
 /// hair, credit positive) sits ahead of vm0 in the run list; vm2 (under its share, re-submitting
 /// 150 µs after each completion) takes every time buffer held for vm1, vm1 never runs and so is
@@ -524,10 +723,15 @@ fn short_versus_long_on_the_mock_gpu() {
 /// the VM whose buffer was taken goes to the tail and vm0 gets its turn.
 #[test]
 fn band_lost_buffers_cannot_block_the_run_list() {
-    let run = |requeue: bool| {
+    let gdev = SchedParams {
+        adaptive_wait: false,
+        util_of_busy: false,
+        ..SchedParams::default()
+    };
+    let run = |requeue: bool, p: &SchedParams| {
         let p = SchedParams {
             requeue_on_lost_wait: requeue,
-            ..SchedParams::default()
+            ..p.clone()
         };
         let mut m = MockGpu::new(Policy::Band.create(&p), 1);
         let mut guests = Vec::new();
@@ -547,10 +751,23 @@ fn band_lost_buffers_cannot_block_the_run_list() {
         m.run(&mut guests, 4_000 * MS);
         m.max_queue_delay[&0]
     };
-    assert!(run(false) > 3_000 * MS, "Gdev's exact rule starves vm0");
+    assert!(
+        run(false, &gdev) > 3_000 * MS,
+        "Gdev's exact rule starves vm0"
+    );
     // What is left is vm0 waiting while it is itself over its share (its utilisation decays
     // within a window).
-    assert!(run(true) < 1_000 * MS, "{} ms", run(true) / MS);
+    assert!(
+        run(true, &gdev) < 1_000 * MS,
+        "{} ms",
+        run(true, &gdev) / MS
+    );
+    let default = SchedParams::default();
+    assert!(
+        run(true, &default) < 1_000 * MS,
+        "{} ms",
+        run(true, &default) / MS
+    );
 }
 
 #[derive(Debug, Clone)]

@@ -59,7 +59,9 @@ enum ExpCommand {
 /// Options of `gpuvm exp isolation`.
 #[derive(Args, Debug)]
 pub struct IsolationArgs {
-    /// Scheduling policy: fifo, credit, band, or all (each in its own run).
+    /// Scheduling policy: fifo, credit, band, band-gdev (BAND with Gdev's fixed time buffer,
+    /// docs/scheduling.md §5), a comma-separated list of them, or all (fifo, credit, band);
+    /// each in its own run.
     #[arg(long, default_value = "all")]
     sched: String,
     /// Number of VMs (the documented mixes are for 2, 4 and 8).
@@ -99,7 +101,8 @@ pub struct IsolationArgs {
     #[arg(long, default_value_t = 0)]
     think_us: u64,
     /// Scheduler parameters as TOML (`period_ns`, `credit_limit_ns`, `credit_bound`,
-    /// `util_window_ns`, `wait_ns`, `wait_chances`, `arrival_yield`, `requeue_on_lost_wait`;
+    /// `util_window_ns`, `wait_ns`, `wait_chances`, `arrival_yield`, `requeue_on_lost_wait`,
+    /// `adaptive_wait`, `wait_max_ns`, `wait_margin_pct`, `wait_max_ratio`, `util_of_busy`;
     /// missing ones keep their defaults, see docs/scheduling.md).
     #[arg(long, value_name = "FILE")]
     params: Option<PathBuf>,
@@ -141,9 +144,15 @@ fn policies(name: &str) -> anyhow::Result<Vec<Policy>> {
     if name == "all" {
         return Ok(Policy::ALL.to_vec());
     }
-    name.parse::<Policy>().map(|p| vec![p]).map_err(|_| {
-        anyhow::anyhow!("unknown scheduler '{name}' (expected fifo, credit, band or all)")
-    })
+    name.split(',')
+        .map(|n| {
+            n.trim().parse::<Policy>().map_err(|_| {
+                anyhow::anyhow!(
+                    "unknown scheduler '{n}' (expected fifo, credit, band, band-gdev or all)"
+                )
+            })
+        })
+        .collect()
 }
 
 fn options(a: &IsolationArgs) -> anyhow::Result<IsolationOptions> {
@@ -500,7 +509,14 @@ mod tests {
         assert_eq!(policies("all").unwrap(), Policy::ALL.to_vec());
         assert_eq!(policies("band").unwrap(), vec![Policy::Band]);
         let e = policies("lottery").unwrap_err().to_string();
-        assert!(e.contains("expected fifo, credit, band or all"), "{e}");
+        assert!(
+            e.contains("expected fifo, credit, band, band-gdev or all"),
+            "{e}"
+        );
+        assert_eq!(
+            policies("band-gdev,band").unwrap(),
+            vec![Policy::BandGdev, Policy::Band]
+        );
     }
 
     #[test]

@@ -390,3 +390,34 @@ fn demo_json_four_vms_under_band_verified_with_a_plot() {
     assert!(std::fs::read_to_string(&svg).unwrap().contains("<polyline"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn exp_isolation_compares_gdevs_band_with_the_adaptive_one() {
+    // Guests that react in 500 µs: Gdev's fixed buffer misses, the adaptive one (default
+    // BAND) holds the share at the cost of idle time (docs/scheduling.md §5).
+    let v = json_ok(&[
+        "exp",
+        "isolation",
+        "--vms",
+        "2",
+        "--duration",
+        "1",
+        "--think-us",
+        "500",
+        "--sched",
+        "band-gdev,band",
+        "--json",
+    ]);
+    assert_eq!(v["params"]["adaptive_wait"], true);
+    let p = v["policies"].as_array().expect("policies");
+    let names: Vec<&str> = p.iter().map(|p| p["policy"].as_str().unwrap()).collect();
+    assert_eq!(names, ["band-gdev", "band"]);
+    let err = |i: usize| p[i]["mean_error"].as_f64().unwrap();
+    let util = |i: usize| p[i]["utilization"].as_f64().unwrap();
+    assert!(err(0) > 0.3, "band-gdev {}", err(0));
+    assert!(err(1) < 0.15, "band {}", err(1));
+    assert!(util(1) < util(0));
+    let bad = gpuvm(&["exp", "isolation", "--sched", "band,lottery"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("band-gdev"));
+}
