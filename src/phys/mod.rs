@@ -103,6 +103,22 @@ pub enum DmaError {
     },
 }
 
+impl DmaError {
+    /// The end of the window `[iova, iova + len)` that maps guest RAM from `gpa`: the checks
+    /// every backend makes first (not empty, neither range wraps).
+    pub fn window_end(iova: Iova, len: u64, gpa: Gpa) -> Result<u64, DmaError> {
+        let end = iova
+            .raw()
+            .checked_add(len)
+            .filter(|_| len > 0)
+            .ok_or(DmaError::Empty { iova, len })?;
+        gpa.raw()
+            .checked_add(len)
+            .ok_or(DmaError::NotBacked { gpa, len })?;
+        Ok(end)
+    }
+}
+
 /// Counters every backend keeps. Read with [`PhysicalGpu::stats`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GpuStats {

@@ -35,14 +35,7 @@ impl DmaWindows {
         mem: GuestMemoryMmap,
         gpa: Gpa,
     ) -> Result<(), DmaError> {
-        let end = iova
-            .raw()
-            .checked_add(len)
-            .filter(|_| len > 0)
-            .ok_or(DmaError::Empty { iova, len })?;
-        gpa.raw()
-            .checked_add(len)
-            .ok_or(DmaError::NotBacked { gpa, len })?;
+        let end = DmaError::window_end(iova, len, gpa)?;
         let backed =
             usize::try_from(len).is_ok_and(|l| mem.check_range(GuestAddress(gpa.raw()), l));
         if !backed {

@@ -82,14 +82,7 @@ impl DmaWindows {
         mem: GuestMemoryMmap,
         gpa: Gpa,
     ) -> Result<(), DmaError> {
-        let end = iova
-            .raw()
-            .checked_add(len)
-            .filter(|_| len > 0)
-            .ok_or(DmaError::Empty { iova, len })?;
-        gpa.raw()
-            .checked_add(len)
-            .ok_or(DmaError::NotBacked { gpa, len })?;
+        let end = DmaError::window_end(iova, len, gpa)?;
         if (iova.raw() | len | gpa.raw()) % PAGE != 0 {
             return Err(DmaError::Unaligned { iova, len });
         }

@@ -2,42 +2,10 @@
 //! vGPU on PCI and drives it through real MMIO exits (docs/kvm.md). Without a usable /dev/kvm
 //! every test prints "SKIPPED: /dev/kvm not available" and returns.
 
-use std::process::{Command, Output};
+mod support;
 
 use serde_json::Value;
-
-/// True if /dev/kvm can be opened; otherwise prints why the test is skipped.
-fn kvm_available(test: &str) -> bool {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => true,
-        Err(e) => {
-            println!("SKIPPED: /dev/kvm not available ({e}): {test}");
-            eprintln!("SKIPPED: /dev/kvm not available ({e}): {test}");
-            false
-        }
-    }
-}
-
-fn gpuvm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuvm"))
-        .args(args)
-        .output()
-        .expect("run gpuvm")
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "invalid JSON ({e}); stdout: {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
+use support::{gpuvm, json, kvm_available};
 
 /// Checks that VM `vm` ran to its exit port with every workload verified through MMIO exits.
 fn assert_vm_verified(vm: &Value, workloads: &[&str]) {

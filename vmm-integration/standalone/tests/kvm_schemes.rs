@@ -4,41 +4,10 @@
 //! holds with guest pages mapped straight onto VRAM. Without a usable /dev/kvm every test prints
 //! "SKIPPED: /dev/kvm not available" and returns. Counts are compared, never times.
 
-use std::process::{Command, Output};
+mod support;
 
 use serde_json::Value;
-
-fn kvm_available(test: &str) -> bool {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => true,
-        Err(e) => {
-            println!("SKIPPED: /dev/kvm not available ({e}): {test}");
-            eprintln!("SKIPPED: /dev/kvm not available ({e}): {test}");
-            false
-        }
-    }
-}
-
-fn gpuvm(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gpuvm"))
-        .args(args)
-        .output()
-        .expect("run gpuvm")
-}
-
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "invalid JSON ({e}); stdout: {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
+use support::{gpuvm, json, kvm_available};
 
 const WORKLOADS: [&str; 4] = ["madd", "mmul", "memcpy_htod", "loop"];
 

@@ -4,6 +4,8 @@
 //! never the daemon. Tests that need KVM print "SKIPPED: /dev/kvm not available" without it.
 //! Every test kills the daemon it started (a Drop guard), so none is left behind.
 
+mod support;
+
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
@@ -15,21 +17,7 @@ use gpuvm_vfio_user::wire::{
     self, cmd, dma_map_body, region_access, set_irqs_body, version_body, RawClient,
 };
 use serde_json::Value;
-
-fn kvm_available(test: &str) -> bool {
-    match std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-    {
-        Ok(_) => true,
-        Err(e) => {
-            println!("SKIPPED: /dev/kvm not available ({e}): {test}");
-            eprintln!("SKIPPED: /dev/kvm not available ({e}): {test}");
-            false
-        }
-    }
-}
+use support::kvm_available;
 
 /// Lines a child printed on standard error, shared with a reader thread.
 type Lines = Arc<(Mutex<Vec<String>>, Condvar)>;

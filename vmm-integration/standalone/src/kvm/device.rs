@@ -48,11 +48,38 @@ pub trait VgpuDevice: Send + Sync {
     }
 }
 
+/// The irqfd line of an in-process device, once connected, and how many edges it sent.
+#[derive(Default)]
+pub(super) struct IrqfdSlot(Mutex<Option<Arc<IrqfdLine>>>);
+
+impl IrqfdSlot {
+    /// Wraps `evt` (already the VM's irqfd) as a level-triggered line, remembers it and
+    /// returns it for the device to drive.
+    pub(super) fn connect(&self, evt: EventFd) -> Arc<IrqfdLine> {
+        let line = Arc::new(IrqfdLine {
+            evt,
+            level: AtomicBool::new(false),
+            raised: AtomicU64::new(0),
+        });
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(line.clone());
+        line
+    }
+
+    /// Rising edges sent so far (0 if never connected).
+    pub(super) fn raised(&self) -> u64 {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map_or(0, |l| l.raised.load(Ordering::SeqCst))
+    }
+}
+
 /// The in-process device model on the simulated GPU.
 pub struct LocalVgpu {
     vgpu: Arc<Vgpu>,
     sim: Arc<SimGpu>,
-    line: Mutex<Option<Arc<IrqfdLine>>>,
+    line: IrqfdSlot,
 }
 
 impl LocalVgpu {
@@ -61,7 +88,7 @@ impl LocalVgpu {
         LocalVgpu {
             vgpu,
             sim,
-            line: Mutex::new(None),
+            line: IrqfdSlot::default(),
         }
     }
 }
@@ -86,21 +113,11 @@ impl VgpuDevice for LocalVgpu {
         Ok(self.vgpu.attach_guest_memory(mem.clone())?)
     }
     fn connect_irq(&self, evt: EventFd) -> anyhow::Result<()> {
-        let line = Arc::new(IrqfdLine {
-            evt,
-            level: AtomicBool::new(false),
-            raised: AtomicU64::new(0),
-        });
-        self.vgpu.set_irq_line(line.clone());
-        *self.line.lock().unwrap_or_else(|e| e.into_inner()) = Some(line);
+        self.vgpu.set_irq_line(self.line.connect(evt));
         Ok(())
     }
     fn irqs_raised(&self) -> u64 {
-        self.line
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(0, |l| l.raised.load(Ordering::SeqCst))
+        self.line.raised()
     }
     fn busy_ns(&self) -> u64 {
         self.vgpu

@@ -9,7 +9,6 @@
 //! uses), so the guest finds and places the device the same way. With one VM only: a second
 //! guest would own the same GPU.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpuvm::addr::{Gpa, Iova};
@@ -21,15 +20,14 @@ use gpuvm::vgpu::VgpuStats;
 use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
-use super::device::VgpuDevice;
-use super::IrqfdLine;
+use super::device::{IrqfdSlot, VgpuDevice};
 
 /// The physical GPU given to one guest as it is.
 pub struct Passthrough {
     gpu: BareGpu,
     sim: Arc<SimGpu>,
     pci: Mutex<PciConfig>,
-    line: Mutex<Option<Arc<IrqfdLine>>>,
+    line: IrqfdSlot,
 }
 
 impl Passthrough {
@@ -39,7 +37,7 @@ impl Passthrough {
             gpu: BareGpu(sim.clone()),
             sim,
             pci: Mutex::new(PciConfig::quadro6000()),
-            line: Mutex::new(None),
+            line: IrqfdSlot::default(),
         }
     }
 
@@ -84,21 +82,11 @@ impl VgpuDevice for Passthrough {
         Ok(())
     }
     fn connect_irq(&self, evt: EventFd) -> anyhow::Result<()> {
-        let line = Arc::new(IrqfdLine {
-            evt,
-            level: AtomicBool::new(false),
-            raised: AtomicU64::new(0),
-        });
-        self.gpu.set_irq_line(line.clone());
-        *self.line.lock().unwrap_or_else(|e| e.into_inner()) = Some(line);
+        self.gpu.set_irq_line(self.line.connect(evt));
         Ok(())
     }
     fn irqs_raised(&self) -> u64 {
-        self.line
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .map_or(0, |l| l.raised.load(Ordering::SeqCst))
+        self.line.raised()
     }
     /// The whole GPU is the guest's: every channel's busy time.
     fn busy_ns(&self) -> u64 {
