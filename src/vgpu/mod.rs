@@ -421,7 +421,8 @@ impl Vgpu {
 
     /// The BAR regions and their trap policy: the BAR0 region table (deny by default: offsets
     /// not listed are unknown and read the bad-register code), and BAR1 and BAR3 as one
-    /// translated region each. Today every region must be trapped.
+    /// translated region each. No region is static enough to map straight through; the pages of
+    /// BAR1/BAR3 that may be are dynamic and come from [`Vgpu::direct_map`].
     pub fn regions(&self) -> Vec<BarRegion> {
         let mut v: Vec<BarRegion> = BAR0_REGIONS
             .iter()
