@@ -143,6 +143,16 @@ pub const MODE_STREAM: u32 = 3;
 pub const MODE_STOP_FAULT: u32 = 4;
 /// Hostile: ring the doorbell for a long `loop` kernel, then spin forever without an exit.
 pub const MODE_STOP_SPIN: u32 = 5;
+/// Hostile: after the first workload, write [`RO_PROBE_VALUE`] through BAR3 into the instance
+/// block of the workload channel (bound, so the BAR-remap plan maps its page read-only) at
+/// [`RO_PROBE_OFFSET`], read it back through BAR3, print both on the console, then run the rest
+/// of the workloads (a read-back mismatch fails the run).
+pub const MODE_RO_WRITE: u32 = 6;
+/// `MODE_RO_WRITE`: offset in the instance block of the probe word: past the RAMFC, the page
+/// directory and the graphics-context pointer, a word neither the driver nor the GPU uses.
+pub const RO_PROBE_OFFSET: u64 = 0xff0;
+/// `MODE_RO_WRITE`: the value written.
+pub const RO_PROBE_VALUE: u32 = 0x600d_f00d;
 
 // Results: entry 0 is driver init, entry 1 + i workload i; RESULT_SIZE bytes each.
 /// Bytes per result entry.

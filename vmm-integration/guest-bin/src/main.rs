@@ -859,10 +859,36 @@ fn run(boot: &Boot) -> u32 {
                 println!("{}: FAILED: {e}", w.name());
             }
         }
+        if i == 0 && boot.mode == abi::MODE_RO_WRITE {
+            ok &= ro_write(&gpu, bars.bar3);
+        }
     }
     phase(abi::PHASE_DONE);
     let _ = workloads::release_channel(&mut gpu);
     finish(ok)
+}
+
+/// `MODE_RO_WRITE`: writes [`abi::RO_PROBE_VALUE`] through BAR3 into the bound workload
+/// channel's instance block and reads it back through BAR3; true if the read saw the value.
+/// Under BAR remap the block's page is a read-only KVM slot: the write must exit to the device
+/// model (which stores it into VRAM) and the read is served from the slot without an exit.
+fn ro_write(gpu: &Gpu<KvmHal>, bar3: u64) -> bool {
+    let Some(va) = workloads::channel_inst_bar3(gpu) else {
+        println!("ro-write: the workload channel's instance block is not mapped in BAR3");
+        return false;
+    };
+    let off = va + abi::RO_PROBE_OFFSET;
+    let before = rd32(bar3 + off);
+    wr32(bar3 + off, abi::RO_PROBE_VALUE);
+    let after = rd32(bar3 + off);
+    let ok = after == abi::RO_PROBE_VALUE;
+    println!(
+        "ro-write: BAR3 {off:#x} (instance block + {:#x}): was {before:#x}, wrote {:#x}, read back {after:#x}: {}",
+        abi::RO_PROBE_OFFSET,
+        abi::RO_PROBE_VALUE,
+        if ok { "read back matches" } else { "READ BACK MISMATCH" }
+    );
+    ok
 }
 
 /// Reports the interrupts seen and the verdict.

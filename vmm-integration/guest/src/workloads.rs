@@ -153,6 +153,13 @@ pub fn run<H: Mmio + Dma + Platform>(
     r
 }
 
+/// Where the instance block of the channel the workloads keep between runs is mapped in BAR3
+/// (offset into the BAR), if there is such a channel and its block is reached through BAR3.
+/// For the `ro-write` hostile mode of the KVM guest, which writes into that block directly.
+pub fn channel_inst_bar3<H: Mmio + Dma + Platform>(gpu: &Gpu<H>) -> Option<u64> {
+    gpu.chan.as_ref().and_then(|c| c.inst.bar3_va)
+}
+
 /// Frees the channel the workloads keep between runs (if any).
 pub fn release_channel<H: Mmio + Dma + Platform>(gpu: &mut Gpu<H>) -> Result<(), DriverError> {
     match gpu.chan.take() {

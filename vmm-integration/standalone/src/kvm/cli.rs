@@ -194,7 +194,9 @@ pub struct KvmArgs {
     /// With --kvm, for tests: run VM `I` as a hostile guest, `I=poke-outside` (reads outside its
     /// BARs), `I=config-garbage` (garbage over its configuration space, then uses its BARs),
     /// `I=stop-fault` (rings the doorbell for a 1.5 s kernel, then executes `hlt` in ring 3) or
-    /// `I=stop-spin` (the same, then spins without exits until --timeout kicks it).
+    /// `I=stop-spin` (the same, then spins without exits until --timeout kicks it) or
+    /// `I=ro-write` (after the first workload, writes into its bound channel's instance block
+    /// through BAR3 and reads it back: a read-only BAR-remap slot under `--scheme fv`/`pv`).
     #[arg(long, value_name = "I=MODE", hide = true, requires = "kvm")]
     pub hostile: Vec<String>,
     /// With --kvm: VM `I` waits for its fences by interrupt (repeatable; the others poll unless
@@ -290,8 +292,9 @@ impl KvmArgs {
                 "config-garbage" => super::abi::MODE_CONFIG_GARBAGE,
                 "stop-fault" => super::abi::MODE_STOP_FAULT,
                 "stop-spin" => super::abi::MODE_STOP_SPIN,
+                "ro-write" => super::abi::MODE_RO_WRITE,
                 _ => anyhow::bail!(
-                    "--hostile '{h}': modes are poke-outside, config-garbage, stop-fault, stop-spin"
+                    "--hostile '{h}': modes are poke-outside, config-garbage, stop-fault, stop-spin, ro-write"
                 ),
             };
             if matches!(mode, "stop-fault" | "stop-spin") {

@@ -99,10 +99,17 @@ impl BarWindows {
     /// BAR0's PRAMIN window. Neither holds a doorbell or a register with a side effect the
     /// guest waits for without an exit of its own, so replaying them at the next exit changes
     /// no outcome. Reads in these ranges still exit.
-    pub fn coalesce_zones(&self) -> Vec<(u64, u64)> {
+    ///
+    /// With BAR remap (`remap`) BAR3 is left out: its trapped pages are then mostly read-only
+    /// slots (bound instance blocks, tracked page tables), whose reads do *not* exit, so a
+    /// queued write would stay invisible to the guest's own read-back until some later exit
+    /// (seen end to end: the `ro-write` guest read back the old word). Its writable pages are
+    /// slots and never exit at all, so coalescing BAR3 saves nothing there.
+    pub fn coalesce_zones(&self, remap: bool) -> Vec<(u64, u64)> {
         self.windows
             .iter()
             .filter_map(|&(bar, base, size)| match bar {
+                Bar::Bar3 if remap => None,
                 Bar::Bar3 => Some((base, size)),
                 Bar::Bar0 => Some((base + PRAMIN.0, PRAMIN.1)),
                 Bar::Bar1 => None,

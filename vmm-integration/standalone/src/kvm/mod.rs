@@ -118,7 +118,8 @@ pub struct KvmOptions {
     pub calibrate: u32,
     /// A VM still running after this long is stopped (checked at its exits).
     pub timeout: Duration,
-    /// Coalesce writes to BAR3 and BAR0's PRAMIN window (see [`BarWindows::coalesce_zones`]).
+    /// Coalesce writes to BAR3 (not under BAR remap) and BAR0's PRAMIN window (see
+    /// [`BarWindows::coalesce_zones`]).
     pub coalesce: bool,
     /// VRAM of the simulated GPU.
     pub phys_vram: u64,
@@ -829,7 +830,9 @@ fn run_vcpu(
             break Err(msg);
         }
         if opts.coalesce {
-            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, &name) {
+            if let Err(msg) =
+                drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, remap.as_mut(), &name)
+            {
                 break Err(msg);
             }
         }
@@ -838,7 +841,7 @@ fn run_vcpu(
             if new != windows {
                 windows = new;
                 if opts.coalesce {
-                    set_zones(&gvm.fd, &mut zones, windows.coalesce_zones());
+                    set_zones(&gvm.fd, &mut zones, windows.coalesce_zones(remap.is_some()));
                 }
             }
         }
@@ -956,7 +959,9 @@ fn run_vcpu(
         // guest made before this access, so they reach the device first (QEMU flushes the ring
         // before handling any MMIO exit for the same reason).
         if opts.coalesce && matches!(after, After::Read(..) | After::Write(..)) {
-            if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, &name) {
+            if let Err(msg) =
+                drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, remap.as_mut(), &name)
+            {
                 break Err(msg);
             }
         }
@@ -992,6 +997,9 @@ fn run_vcpu(
                     ex.ecam += 1;
                 } else if windows.write(&**vgpu, addr, data) {
                     ex.mmio_writes += 1;
+                    if let Some(r) = remap.as_mut() {
+                        r.note_write(addr);
+                    }
                 } else if addr & !0xfff == abi::NULL_MMIO {
                     ex.other += 1;
                 } else {
@@ -1012,7 +1020,9 @@ fn run_vcpu(
         }
     };
     if opts.coalesce {
-        if let Err(msg) = drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, &name) {
+        if let Err(msg) =
+            drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, remap.as_mut(), &name)
+        {
             log::warn!("{msg}");
         }
     }
@@ -1085,6 +1095,7 @@ fn drain_coalesced(
     windows: &BarWindows,
     vgpu: &dyn VgpuDevice,
     ex: &mut ExitCounts,
+    mut remap: Option<&mut remap::Remap>,
     name: &str,
 ) -> Result<(), String> {
     loop {
@@ -1100,6 +1111,9 @@ fn drain_coalesced(
                 }
                 ex.mmio_writes += 1;
                 ex.coalesced_writes += 1;
+                if let Some(r) = remap.as_deref_mut() {
+                    r.note_write(e.phys_addr);
+                }
             }
             Ok(None) => return Ok(()),
             Err(e) => return Err(format!("{name}: reading the coalesced MMIO ring: {e}")),

@@ -57,6 +57,9 @@ pub struct RemapStats {
     pub slot_limit: u64,
     /// KVM supports read-only slots.
     pub readonly_supported: bool,
+    /// Guest writes that exited from a page mapped by a read-only slot (and went to the device
+    /// model): proof that such a write traps instead of landing in VRAM behind the model's back.
+    pub read_only_write_exits: u64,
 }
 
 /// One KVM memory slot over VRAM.
@@ -189,6 +192,17 @@ impl Remap {
         self.stats.pages_over_slot_limit = over;
         self.stats.pages_readonly_unsupported = ro_unsupported;
         self.stats.remap_ns += t0.elapsed().as_nanos() as u64;
+    }
+
+    /// Counts a guest MMIO write exit at `gpa` that falls in one of the read-only slots in use.
+    pub fn note_write(&mut self, gpa: u64) {
+        if self
+            .slots
+            .iter()
+            .any(|(_, s)| s.read_only && gpa >= s.gpa && gpa - s.gpa < s.len)
+        {
+            self.stats.read_only_write_exits += 1;
+        }
     }
 
     /// Removes every slot (the VM's BARs are gone or the VM ends).
