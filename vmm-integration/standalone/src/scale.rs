@@ -209,42 +209,59 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
     Ok(ok)
 }
 
-/// The table.
+/// The table. With KVM guests there is no modeled time (the exits are real) but a bring-up
+/// column; otherwise the columns are the same.
 pub fn render(r: &ScaleReport) -> String {
-    if r.backend == "kvm" {
-        return render_kvm(r);
+    let kvm = r.backend == "kvm";
+    let mut out = if kvm {
+        format!(
+            "gpuvm exp scale --kvm: {} x{} per VM, size {}, shadow {}, {} scheduler, KVM guests on the real clock\nper VM = mean of each VM's measured wall time; aggregate = start gate to the last VM's end; bring-up = start to gate (all VMs)\n\n",
+            r.workload, r.repeat, r.size, r.shadow, r.scheduler,
+        )
+    } else {
+        format!(
+            "gpuvm exp scale: {} x{} per VM, size {}, shadow {}, {} scheduler, {} clock, in-process\nper VM = mean of each VM's measured wall time; aggregate = barrier to the last VM's end; modeled = per VM + exits per VM x {}\n\n",
+            r.workload,
+            r.repeat,
+            r.size,
+            r.shadow,
+            r.scheduler,
+            match r.clock {
+                ClockKind::Sim => "simulated",
+                ClockKind::Real => "real",
+            },
+            table::ns(r.exit_ns)
+        )
+    };
+    let mut head = vec!["VMs"];
+    if kvm {
+        head.push("bring-up");
     }
-    let mut out = format!(
-        "gpuvm exp scale: {} x{} per VM, size {}, shadow {}, {} scheduler, {} clock, in-process\nper VM = mean of each VM's measured wall time; aggregate = barrier to the last VM's end; modeled = per VM + exits per VM x {}\n\n",
-        r.workload,
-        r.repeat,
-        r.size,
-        r.shadow,
-        r.scheduler,
-        match r.clock {
-            ClockKind::Sim => "simulated",
-            ClockKind::Real => "real",
-        },
-        table::ns(r.exit_ns)
-    );
-    let mut t = Table::new([
-        "VMs",
-        "per VM",
-        "slowest VM",
-        "aggregate",
-        "per VM modeled",
+    head.extend(["per VM", "slowest VM", "aggregate"]);
+    if !kvm {
+        head.push("per VM modeled");
+    }
+    head.extend([
         "GPU busy",
         "utilization",
-        "exits",
+        if kvm { "MMIO exits" } else { "exits" },
         "verified",
     ]);
+    let mut t = Table::new(head);
     for p in &r.points {
-        t.row([
-            p.vms.to_string(),
+        let mut row = vec![p.vms.to_string()];
+        if kvm {
+            row.push(table::ns(p.bring_up_ns.unwrap_or(0)));
+        }
+        row.extend([
             table::ns(p.per_vm_wall_ns),
             table::ns(p.max_vm_wall_ns),
             table::ns(p.aggregate_wall_ns),
-            table::ns(p.per_vm_modeled_ns),
+        ]);
+        if !kvm {
+            row.push(table::ns(p.per_vm_modeled_ns));
+        }
+        row.extend([
             table::ns(p.gpu_busy_ns),
             format!("{:.1} %", p.utilization * 100.0),
             p.exits.to_string(),
@@ -254,47 +271,7 @@ pub fn render(r: &ScaleReport) -> String {
                 "NO".to_string()
             },
         ]);
-    }
-    out += &t.render();
-    if let Some(p) = &r.svg {
-        out += &format!("plot: {p}\n");
-    }
-    out
-}
-
-/// The table with KVM guests (no modeled time: the exits are real).
-fn render_kvm(r: &ScaleReport) -> String {
-    let mut out = format!(
-        "gpuvm exp scale --kvm: {} x{} per VM, size {}, shadow {}, {} scheduler, KVM guests on the real clock\nper VM = mean of each VM's measured wall time; aggregate = start gate to the last VM's end; bring-up = start to gate (all VMs)\n\n",
-        r.workload, r.repeat, r.size, r.shadow, r.scheduler,
-    );
-    let mut t = Table::new([
-        "VMs",
-        "bring-up",
-        "per VM",
-        "slowest VM",
-        "aggregate",
-        "GPU busy",
-        "utilization",
-        "MMIO exits",
-        "verified",
-    ]);
-    for p in &r.points {
-        t.row([
-            p.vms.to_string(),
-            table::ns(p.bring_up_ns.unwrap_or(0)),
-            table::ns(p.per_vm_wall_ns),
-            table::ns(p.max_vm_wall_ns),
-            table::ns(p.aggregate_wall_ns),
-            table::ns(p.gpu_busy_ns),
-            format!("{:.1} %", p.utilization * 100.0),
-            p.exits.to_string(),
-            if p.verified {
-                format!("{}/{}", p.runs, p.runs)
-            } else {
-                "NO".to_string()
-            },
-        ]);
+        t.row(row);
     }
     out += &t.render();
     if let Some(p) = &r.svg {
