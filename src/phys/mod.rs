@@ -247,4 +247,13 @@ pub trait PhysicalGpu: Send + Sync {
 
     /// A snapshot of the counters.
     fn stats(&self) -> GpuStats;
+
+    /// GPU time physical channel `chid` has occupied so far, in ns, including the elapsed part
+    /// of an operation it is running now; `None` if the backend cannot tell (a real GF100 has
+    /// no per-channel time counter: the host then samples ENG_STATE, see
+    /// `crate::vgpu::submit`). The simulator knows it exactly (MODEL).
+    fn channel_busy_ns(&self, chid: u32) -> Option<u64> {
+        let _ = chid;
+        None
+    }
 }
