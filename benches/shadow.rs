@@ -30,7 +30,7 @@ use gpuvm::guest_mem::{GuestMem, VramSlice};
 use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::profile::ShadowMode;
 use gpuvm::shadow_pt::{GuestPdb, ShadowCtx, ShadowPt};
-use gpuvm::vram_alloc::RangeAllocator;
+use gpuvm::vram_alloc::HypVram;
 
 /// Bytes of VA mapped in small pages.
 const MAPPED: u64 = if cfg!(debug_assertions) {
@@ -59,7 +59,7 @@ const PDB: GuestPdb = GuestPdb {
 /// One VM with the mapping written in guest memory, and its shadows in `mode`.
 struct Vm {
     gpu: SimGpu,
-    hyp: RangeAllocator,
+    hyp: HypVram,
     sp: ShadowPt,
 }
 
@@ -70,7 +70,7 @@ impl Vm {
                 vram_size: VRAM,
                 ..SimConfig::default()
             }),
-            hyp: RangeAllocator::new(SLICE, VRAM - SLICE),
+            hyp: HypVram::immediate(SLICE, VRAM - SLICE),
             sp: ShadowPt::new(mode),
         };
         vm.with(|_, cx| {

@@ -30,6 +30,7 @@
 //! [`GpuHost::poll`]. VM interrupt lines are driven after the lock is released.
 
 mod init;
+mod reclaim;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -52,7 +53,7 @@ use crate::vgpu::stats::RateLimit;
 use crate::vgpu::submit::InFlight;
 use crate::vgpu::vregs::VRegs;
 use crate::vgpu::{Effect, LineSlot, Vgpu, VmCx, VmMem, VmState};
-use crate::vram_alloc::RangeAllocator;
+use crate::vram_alloc::{HypVram, RangeAllocator};
 
 pub use crate::sched::VmId;
 pub(crate) use init::{phys_tlb_flush, wait_runlist, HostLayout};
@@ -215,6 +216,15 @@ pub struct HostStats {
     pub phys_fifo_errors: u64,
     /// Faults and errors that could not be routed to a VM.
     pub unrouted: u64,
+    /// Hypervisor VRAM freed by the device model but not yet released, because a channel that
+    /// may still use it has not been seen off the GPU (the quarantine), bytes.
+    pub hypervisor_vram_quarantined: u64,
+    /// Hypervisor VRAM released from the quarantine so far, bytes.
+    pub hypervisor_vram_released: u64,
+    /// Destroyed VMs whose VRAM slice, channels and DMA window were withheld from reuse because
+    /// a channel could not be taken off the GPU (should be 0; a GPU that ignores preemption
+    /// and engine reset).
+    pub withheld_partitions: u64,
     /// The physical GPU's counters.
     pub gpu: GpuStats,
     /// GPU time per VM as the scheduler accounts it, and the policy's state.
@@ -235,6 +245,8 @@ pub(crate) struct Counters {
     pub phys_nonstall: u64,
     pub phys_fifo_errors: u64,
     pub unrouted: u64,
+    pub hyp_released: u64,
+    pub withheld_partitions: u64,
 }
 
 /// What is free in the partitionable resources.
@@ -251,7 +263,7 @@ pub(crate) struct Partition {
 
 /// Everything behind the big lock.
 pub(crate) struct HostState {
-    pub hyp: RangeAllocator,
+    pub hyp: HypVram,
     pub layout: HostLayout,
     pub part: Partition,
     pub vms: BTreeMap<VmId, VmState>,
@@ -298,12 +310,7 @@ impl HostShared {
         let mut guard = self.lock();
         let st = &mut *guard;
         let vm = st.vms.get_mut(&id)?;
-        let mut cx = VmCx {
-            phys: &*self.phys,
-            hyp: &mut st.hyp,
-            layout: &st.layout,
-            vm,
-        };
+        let mut cx = VmCx::new(&*self.phys, &mut st.hyp, &st.layout, vm);
         Some(f(&mut cx))
     }
 
@@ -315,12 +322,7 @@ impl HostShared {
             let st = &mut *guard;
             let r = match st.vms.get_mut(&id) {
                 Some(vm) => {
-                    let mut cx = VmCx {
-                        phys: &*self.phys,
-                        hyp: &mut st.hyp,
-                        layout: &st.layout,
-                        vm,
-                    };
+                    let mut cx = VmCx::new(&*self.phys, &mut st.hyp, &st.layout, vm);
                     Some(f(&mut cx))
                 }
                 None => None,
@@ -356,28 +358,39 @@ impl HostShared {
         apply_lines(lines);
     }
 
-    /// Destroys VM `id`: stops and unbinds its channels, removes them from the runlist, drops
-    /// its work, frees its shadows, scrubs its VRAM, unmaps its DMA windows and frees its
-    /// partition.
+    /// Destroys VM `id`: takes its channels off the GPU (an operation still running is aborted
+    /// by an engine reset, so nothing of it lands later), routes what the GPU reported for them
+    /// to the VM, unbinds them, removes them from the runlist, drops its work, frees its
+    /// shadows, scrubs its VRAM, unmaps its DMA windows and frees its partition.
     pub(crate) fn destroy(&self, id: VmId) -> Result<(), HostError> {
         let lines = {
             let mut guard = self.lock();
             let st = &mut *guard;
             let phys = &*self.phys;
+            if !st.vms.contains_key(&id) {
+                return Err(HostError::NoSuchVm(id));
+            }
+            // What the GPU reported so far is routed while the VM still owns its channels.
+            if self.irq.is_asserted() {
+                crate::vgpu::irq::service(st, phys);
+            }
+            let all_off = match st.vms.get_mut(&id) {
+                Some(vm) => {
+                    let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, vm);
+                    let off = crate::channels::unbind_all(&mut cx);
+                    let (sh, mut scx) = cx.shadow();
+                    sh.destroy(&mut scx);
+                    off
+                }
+                None => true,
+            };
+            // Faults and errors the aborted work raised are still this VM's.
+            if self.irq.is_asserted() {
+                crate::vgpu::irq::service(st, phys);
+            }
             let Some(mut vm) = st.vms.remove(&id) else {
                 return Err(HostError::NoSuchVm(id));
             };
-            {
-                let mut cx = VmCx {
-                    phys,
-                    hyp: &mut st.hyp,
-                    layout: &st.layout,
-                    vm: &mut vm,
-                };
-                crate::channels::unbind_all(&mut cx);
-                let (sh, mut scx) = cx.shadow();
-                sh.destroy(&mut scx);
-            }
             let dropped = st.sched.remove_vm(id);
             let before = st.inflight.len();
             st.inflight.retain(|f| f.sub.vm != id);
@@ -389,24 +402,36 @@ impl HostShared {
             st.counters.aborted += (dropped + before - st.inflight.len()) as u64;
             st.nonstall.remove(&id);
             crate::channels::runlist::submit_physical(st, phys);
-            // Scrub before the slice can be handed out again.
-            phys.fill_vram(vm.mem.slice.base, vm.mem.slice.size, 0);
-            for w in vm.dma_windows.drain(..) {
-                if let Err(e) = phys.unmap_dma(w) {
-                    log::warn!("{id}: unmapping DMA window {w}: {e}");
+            // The VM's channels are off the GPU: its shadows leave the quarantine now.
+            reclaim::reclaim(st, phys, &self.irq);
+            if all_off {
+                // Scrub before the slice can be handed out again.
+                phys.fill_vram(vm.mem.slice.base, vm.mem.slice.size, 0);
+                for w in vm.dma_windows.drain(..) {
+                    if let Err(e) = phys.unmap_dma(w) {
+                        log::warn!("{id}: unmapping DMA window {w}: {e}");
+                    }
                 }
-            }
-            st.part
-                .vram
-                .free(vm.mem.slice.base.raw(), vm.mem.slice.size);
-            st.part
-                .chans
-                .free(u64::from(vm.chan_base), u64::from(vm.nchan()));
-            for o in st.part.owner.iter_mut().filter(|o| **o == Some(id)) {
-                *o = None;
-            }
-            if let Some(s) = st.part.slots.get_mut(vm.slot) {
-                *s = None;
+                st.part
+                    .vram
+                    .free(vm.mem.slice.base.raw(), vm.mem.slice.size);
+                st.part
+                    .chans
+                    .free(u64::from(vm.chan_base), u64::from(vm.nchan()));
+                for o in st.part.owner.iter_mut().filter(|o| **o == Some(id)) {
+                    *o = None;
+                }
+                if let Some(s) = st.part.slots.get_mut(vm.slot) {
+                    *s = None;
+                }
+            } else {
+                // Work of the VM may still be running: its slice, channels and DMA window
+                // are never handed to another VM (leaked rather than shared).
+                st.counters.withheld_partitions += 1;
+                log::error!(
+                    "{id}: a channel could not be taken off the GPU; its VRAM slice, channels \
+                     and DMA window are withheld from reuse"
+                );
             }
             st.part.bar1.free(vm.bar1_arena.0, vm.bar1_arena.1);
             st.part.bar3.free(vm.bar3_arena.0, vm.bar3_arena.1);
@@ -491,6 +516,7 @@ impl HostState {
         {
             crate::vgpu::submit::progress(self, phys, cfg.max_inflight, cfg.watchdog_ns);
         }
+        reclaim::reclaim(self, phys, irq);
     }
 
     /// The time of scheduling and accounting: the GPU's clock if the host was given it, else
@@ -576,7 +602,7 @@ impl GpuHost {
                 cfg.shadow_vram_per_vm
             )));
         }
-        let mut hyp = RangeAllocator::new(0, hyp_size);
+        let mut hyp = HypVram::quarantined(0, hyp_size);
         let layout = init::bring_up(&*phys, &mut hyp)?;
         let irq = Arc::new(IrqFlag::new());
         phys.set_irq_line(irq.clone());
@@ -759,6 +785,7 @@ impl GpuHost {
             stats: Default::default(),
             log: RateLimit::default(),
             effects: Vec::new(),
+            retired_insts: Vec::new(),
         };
         let now = st.now(&*self.shared.phys);
         st.sched.add_vm(id, profile.weight, now);
@@ -843,6 +870,9 @@ impl GpuHost {
             phys_nonstall: c.phys_nonstall,
             phys_fifo_errors: c.phys_fifo_errors,
             unrouted: c.unrouted,
+            hypervisor_vram_quarantined: st.hyp.retired_bytes(),
+            hypervisor_vram_released: c.hyp_released,
+            withheld_partitions: c.withheld_partitions,
             gpu: self.shared.phys.stats(),
             sched: st.sched_stats(&*self.shared.phys),
         }

@@ -1,5 +1,20 @@
 //! A first-fit allocator of address ranges, used for VRAM slices and for the hypervisor's own
-//! VRAM (shadow page tables, shadow instance blocks, the physical runlist).
+//! VRAM (shadow page tables, shadow instance blocks, the physical runlist), and [`HypVram`],
+//! the hypervisor VRAM allocator whose frees go through a quarantine.
+//!
+//! **Why a quarantine.** The GPU may still be using hypervisor VRAM after the device model has
+//! let go of it: a channel in the middle of a GPFIFO entry uses the page directory it loaded at
+//! the start of the entry, and an engine operation (a copy, a kernel) keeps reading and writing
+//! through the address space it was launched in until it ends. A shadow page directory, table or
+//! instance block that is freed and handed out again at once can therefore be written through by
+//! the old channel while it already serves another VM (docs/isolation.md, "in-flight work").
+//! [`HypVram`] never hands out freed memory immediately: each free is *retired* with the set of
+//! physical channels that may still reach it (the owner's channels, see
+//! [`HypVram::set_owner`]); the host removes each channel from the set once it has seen the
+//! channel off the GPU (preempted, no operation in flight: `crate::host::reclaim`), and only then
+//! is the range scrubbed and returned to the allocator. Quarantined bytes stay charged to their
+//! owner ([`HypVram::held_by_owner`]), so a VM cannot grow past its shadow reservation by
+//! retiring memory faster than the GPU lets it go.
 
 use std::collections::BTreeMap;
 
@@ -86,6 +101,21 @@ impl RangeAllocator {
         self.used
     }
 
+    /// True if `[addr, addr + size)` is entirely allocated (overlaps no free range).
+    pub fn is_allocated(&self, addr: u64, size: u64) -> bool {
+        let Some(end) = addr.checked_add(size) else {
+            return false;
+        };
+        if size == 0 || addr < self.base || end > self.base + self.size {
+            return false;
+        }
+        let prev = self.free.range(..=addr).next_back();
+        if prev.is_some_and(|(&s, &l)| s + l > addr) {
+            return false;
+        }
+        !self.free.range(addr..end).any(|_| true)
+    }
+
     /// Bytes in the allocator.
     pub fn size(&self) -> u64 {
         self.size
@@ -97,10 +127,193 @@ impl RangeAllocator {
     }
 }
 
+/// A range of hypervisor VRAM waiting for the GPU to let go of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retired {
+    /// Start of the range.
+    pub addr: u64,
+    /// Its size.
+    pub size: u64,
+    /// The owner tag it was charged to when freed (a VM id), if any.
+    pub owner: Option<u32>,
+    /// Physical channels that may still use it; the range is released when this is empty.
+    pub chans: Vec<u32>,
+}
+
+/// The hypervisor VRAM allocator: a [`RangeAllocator`] whose frees are quarantined until the GPU
+/// can no longer reach the memory (see the module documentation). [`HypVram::immediate`] frees
+/// at once, for users with no GPU behind them (unit tests of the shadow tables, benchmarks).
+#[derive(Debug, Clone)]
+pub struct HypVram {
+    alloc: RangeAllocator,
+    deferred: bool,
+    /// Who frees now: (owner tag, its physical channels).
+    owner: Option<(u32, std::ops::Range<u32>)>,
+    retired: Vec<Retired>,
+    retired_bytes: u64,
+}
+
+impl HypVram {
+    /// An allocator over `[base, base + size)` whose frees are quarantined.
+    pub fn quarantined(base: u64, size: u64) -> HypVram {
+        HypVram {
+            alloc: RangeAllocator::new(base, size),
+            deferred: true,
+            owner: None,
+            retired: Vec::new(),
+            retired_bytes: 0,
+        }
+    }
+
+    /// An allocator over `[base, base + size)` whose frees take effect at once.
+    pub fn immediate(base: u64, size: u64) -> HypVram {
+        HypVram {
+            deferred: false,
+            ..HypVram::quarantined(base, size)
+        }
+    }
+
+    /// Sets who the following frees are charged to and which physical channels may still use
+    /// what they free (`None`: the host itself, every channel).
+    pub fn set_owner(&mut self, owner: Option<(u32, std::ops::Range<u32>)>) {
+        self.owner = owner;
+    }
+
+    /// Allocates `size` bytes aligned to `align`.
+    pub fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
+        self.alloc.alloc(size, align)
+    }
+
+    /// Frees `[addr, addr + size)`: at once, or into the quarantine. Returns false (and changes
+    /// nothing) for a range that is not allocated or already retired.
+    pub fn free(&mut self, addr: u64, size: u64) -> bool {
+        if !self.deferred {
+            return self.alloc.free(addr, size);
+        }
+        let Some(end) = addr.checked_add(size) else {
+            return false;
+        };
+        let overlaps = self
+            .retired
+            .iter()
+            .any(|r| r.addr < end && addr < r.addr + r.size);
+        if size == 0 || overlaps || !self.alloc.is_allocated(addr, size) {
+            return false;
+        }
+        let (owner, chans) = match &self.owner {
+            Some((o, range)) => (Some(*o), range.clone().collect()),
+            None => (None, (0..gf100::pfifo::CHANNELS).collect()),
+        };
+        self.retired.push(Retired {
+            addr,
+            size,
+            owner,
+            chans,
+        });
+        self.retired_bytes += size;
+        true
+    }
+
+    /// The ranges in quarantine.
+    pub fn retired(&self) -> &[Retired] {
+        &self.retired
+    }
+
+    /// Physical channel `chid` was seen off the GPU: it no longer uses anything retired before
+    /// now. Ranges no channel can reach any more are returned to the allocator and listed in the
+    /// result (the caller scrubs them before anything else can allocate: it holds `&mut self`).
+    pub fn channel_off(&mut self, chid: u32) -> Vec<(u64, u64)> {
+        for r in &mut self.retired {
+            r.chans.retain(|&c| c != chid);
+        }
+        self.release_unreachable()
+    }
+
+    /// Returns the ranges no channel can reach to the allocator; lists them.
+    pub fn release_unreachable(&mut self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < self.retired.len() {
+            if self.retired[i].chans.is_empty() {
+                let r = self.retired.swap_remove(i);
+                self.retired_bytes -= r.size;
+                if self.alloc.free(r.addr, r.size) {
+                    out.push((r.addr, r.size));
+                }
+            } else {
+                i += 1;
+            }
+        }
+        out
+    }
+
+    /// Bytes in quarantine charged to `owner`.
+    pub fn held_by(&self, owner: u32) -> u64 {
+        self.retired
+            .iter()
+            .filter(|r| r.owner == Some(owner))
+            .map(|r| r.size)
+            .sum()
+    }
+
+    /// Bytes in quarantine charged to the current owner ([`HypVram::set_owner`]).
+    pub fn held_by_owner(&self) -> u64 {
+        self.owner.as_ref().map_or(0, |(o, _)| self.held_by(*o))
+    }
+
+    /// Bytes in quarantine.
+    pub fn retired_bytes(&self) -> u64 {
+        self.retired_bytes
+    }
+
+    /// Bytes allocated, quarantined ones included (they are not free yet).
+    pub fn used(&self) -> u64 {
+        self.alloc.used()
+    }
+
+    /// Bytes in the allocator.
+    pub fn size(&self) -> u64 {
+        self.alloc.size()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn quarantined_frees_wait_for_every_channel() {
+        let mut h = HypVram::quarantined(0, 0x10000);
+        h.set_owner(Some((7, 4..6)));
+        let a = h.alloc(0x1000, 0x1000).unwrap();
+        assert!(h.free(a, 0x1000));
+        assert!(!h.free(a, 0x1000), "a retired range cannot be retired twice");
+        assert_eq!(h.held_by(7), 0x1000);
+        assert_eq!(h.held_by_owner(), 0x1000);
+        assert_ne!(h.alloc(0x1000, 0x1000), Some(a), "not handed out while retired");
+        assert!(h.channel_off(4).is_empty(), "channel 5 may still use it");
+        assert_eq!(h.channel_off(5), vec![(a, 0x1000)]);
+        assert_eq!(h.held_by(7), 0);
+        assert_eq!(h.retired_bytes(), 0);
+        assert_eq!(h.used(), 0x1000, "only the other allocation is left");
+    }
+
+    #[test]
+    fn host_frees_wait_for_all_channels_and_immediate_frees_do_not_wait() {
+        let mut h = HypVram::quarantined(0, 0x10000);
+        let a = h.alloc(0x1000, 0x1000).unwrap();
+        assert!(h.free(a, 0x1000));
+        for c in 0..gf100::pfifo::CHANNELS - 1 {
+            assert!(h.channel_off(c).is_empty());
+        }
+        assert_eq!(h.channel_off(gf100::pfifo::CHANNELS - 1).len(), 1);
+        let mut i = HypVram::immediate(0, 0x10000);
+        let b = i.alloc(0x1000, 0x1000).unwrap();
+        assert!(i.free(b, 0x1000));
+        assert_eq!(i.used(), 0);
+        assert!(!i.free(b, 0x1000));
+    }
 
     #[test]
     fn allocates_aligned_and_coalesces_on_free() {

@@ -22,7 +22,7 @@ use gpuvm::guest_mem::{GuestMem, GuestRam, VramSlice};
 use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::profile::ShadowMode;
 use gpuvm::shadow_pt::{GuestPdb, ShadowCtx, ShadowPt, ShadowTranslation};
-use gpuvm::vram_alloc::RangeAllocator;
+use gpuvm::vram_alloc::HypVram;
 use proptest::prelude::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
@@ -360,7 +360,7 @@ impl Model {
 struct Vm {
     gpu: SimGpu,
     ram: GuestRam,
-    hyp: RangeAllocator,
+    hyp: HypVram,
     sp: ShadowPt,
     batch: Vec<Op>,
 }
@@ -380,7 +380,7 @@ impl Vm {
                 mem: GuestMemoryMmap::<()>::from_ranges(&ranges).unwrap(),
                 iova_base: Iova(IOVA),
             },
-            hyp: RangeAllocator::new(HYP.0, HYP.1),
+            hyp: HypVram::immediate(HYP.0, HYP.1),
             sp: ShadowPt::new(mode),
             batch: Vec::new(),
         }

@@ -13,7 +13,7 @@ use gpuvm::guest_mem::{GuestMem, GuestRam, VramSlice};
 use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::profile::ShadowMode;
 use gpuvm::shadow_pt::{GuestPdb, ShadowCtx, ShadowPt, ShadowTranslation};
-use gpuvm::vram_alloc::RangeAllocator;
+use gpuvm::vram_alloc::HypVram;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::Input;
@@ -264,7 +264,7 @@ pub fn run(data: &[u8]) {
     let mut results: Vec<(ShadowMode, Vec<Option<ShadowTranslation>>)> = Vec::new();
     for mode in ShadowMode::ALL {
         let env = Env::new();
-        let mut hyp = RangeAllocator::new(HYP_BASE, HYP_SIZE);
+        let mut hyp = HypVram::immediate(HYP_BASE, HYP_SIZE);
         let mut sp = ShadowPt::new(mode);
         sp.set_shadow_limit(4 << 20);
         let mut t2 = Vec::new();

@@ -9,8 +9,19 @@
 //! empty page directory, so the channel only faults), the VM limit is clamped to 2^40 - 1, and
 //! everything past the limit (engine context pointers) is zeroed. The physical channel is bound
 //! to the copy. The guest page is write-tracked: any later guest write to it (PRAMIN, BAR1,
-//! BAR3) refreshes the copy, as GPUvm's "barrier" table does. Unbinding detaches the shadow page
-//! directory and frees the copy.
+//! BAR3) refreshes the copy, as GPUvm's "barrier" table does. Unbinding first gets the channel
+//! off the GPU ([`preempt::stop`]: disable, preempt, reset the engine if it still runs the
+//! channel's operation), then detaches the shadow page directory and frees the copy.
+//!
+//! **Work in flight.** Everything freed here (shadow instance blocks, shadow page directories
+//! and tables) goes through the hypervisor VRAM quarantine (`crate::vram_alloc::HypVram`): it is
+//! handed out again only once the VM's channels have been seen off the GPU. A re-pointed page
+//! directory (the guest writes a new PDB into a bound channel's instance block) is rewritten
+//! into the shadow instance block *before* the old shadow is let go, so a channel that loads
+//! its context after that sees the new one, and one still running on the old shadow keeps a
+//! live (quarantined, never reused) copy of it until it leaves the GPU. The addresses of retired
+//! shadow instance blocks are remembered until released, so a fault the GPU reports for the old
+//! context is delivered to the VM that ran it (`crate::vgpu::irq`).
 //!
 //! STATE writes are forwarded (RUNNABLE and the engine field only; RUNNABLE is dropped while the
 //! channel is killed by the watchdog, until the guest unbinds it); STATE reads show the
@@ -19,6 +30,7 @@
 //! the submission path in [`cmdscan`].
 
 pub mod cmdscan;
+pub(crate) mod preempt;
 pub(crate) mod runlist;
 pub(crate) mod userd;
 
@@ -46,6 +58,17 @@ pub(crate) struct BoundChan {
     pub scan: ScanState,
     /// The part of the guest's block the shadow was built from (RAMFC, PDB, limit).
     pub guest: Vec<u8>,
+}
+
+/// A shadow instance block that was freed while the GPU may still report faults for it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RetiredInst {
+    /// Its address in hypervisor VRAM.
+    pub shadow: HostVram,
+    /// The guest channel it served.
+    pub guest_chid: u32,
+    /// The guest's CHAN word at the time.
+    pub guest_word: u32,
 }
 
 /// Bytes of a guest instance block the shadow depends on: RAMFC, the PDB and the limit.
@@ -148,11 +171,16 @@ fn chan_write(cx: &mut VmCx, g: u32, value: u32) {
         unbind(cx, g);
         return;
     }
+    // A rebind keeps the channel's enable (the hardware's STATE word is not part of the CHAN
+    // word); unbinding on the way stops it, so it is restored after the new bind.
+    let mut keep_state = 0;
     if let Some(b) = &cx.vm.chans[gi].bound {
         if b.inst == (inst, target) {
             refresh(cx, g);
             return;
         }
+        keep_state = cx.phys.read_reg(pfifo::chan_state(cx.vm.phys_chid(g)))
+            & (pfifo::STATE_RUNNABLE | pfifo::STATE_ENGINE_MASK);
         unbind(cx, g);
     }
     let mut block = vec![0u8; inst::SIZE as usize];
@@ -197,6 +225,9 @@ fn chan_write(cx: &mut VmCx, g: u32, value: u32) {
         pfifo::chan_table(p),
         pfifo::chan_encode(shadow_inst.raw(), Target::Vram),
     );
+    if keep_state != 0 {
+        cx.phys.write_reg(pfifo::chan_state(p), keep_state);
+    }
     cx.vm
         .inst_pages
         .entry(page_key(target, inst))
@@ -270,10 +301,6 @@ fn write_shadow(cx: &mut VmCx, g: u32, block: &[u8]) {
             None
         }
     };
-    if let Some(old) = old_pdb {
-        let (sh, mut scx) = cx.shadow();
-        sh.detach(&mut scx, old);
-    }
     let pd = attached.map_or(cx.layout.null_pd, |(_, pd)| pd);
     if let Some((_, pd)) = attached {
         // The address of a shadow directory may have belonged to a freed shadow (of this or
@@ -307,6 +334,12 @@ fn write_shadow(cx: &mut VmCx, g: u32, block: &[u8]) {
         b.ib_base = ib_base;
         b.ib_order = ib_order;
         cx.phys.write_vram(b.shadow_inst, &sh);
+    }
+    // Only now that no context load can find the old page directory is it let go; a channel
+    // still running on it keeps it (quarantined) until it is off the GPU.
+    if let Some(old) = old_pdb {
+        let (sh, mut scx) = cx.shadow();
+        sh.detach(&mut scx, old);
     }
 }
 
@@ -347,21 +380,38 @@ pub(crate) fn refresh_all(cx: &mut VmCx) {
     }
 }
 
-/// Unbinds guest channel `g` (if bound): the physical channel is unbound, the shadow detached
-/// and the shadow instance block scrubbed and freed.
+/// Unbinds guest channel `g` (if bound): the physical channel is stopped and taken off the GPU
+/// ([`preempt::stop`]; an operation still running is aborted), unbound, the shadow detached and
+/// the shadow instance block scrubbed and retired (quarantined until released).
 pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
     cx.vm.chans[g as usize].killed = false;
     let Some(b) = cx.vm.chans[g as usize].bound.take() else {
         return;
     };
     let p = cx.vm.phys_chid(g);
+    let stopped = preempt::stop(cx.phys, p);
+    if !stopped.reset.is_empty() {
+        cx.vm.stats.inflight_aborts += 1;
+        log::info!(
+            "{}: channel {g} unbound with an operation in flight; engines {:?} reset",
+            cx.vm.id,
+            stopped.reset
+        );
+    }
     cx.phys.write_reg(pfifo::chan_table(p), 0);
     if let Some(pdb) = b.pdb {
         let (sh, mut scx) = cx.shadow();
         sh.detach(&mut scx, pdb);
     }
     cx.phys.fill_vram(b.shadow_inst, inst::SIZE, 0);
-    cx.hyp.free(b.shadow_inst.raw(), inst::SIZE);
+    if cx.hyp.free(b.shadow_inst.raw(), inst::SIZE) {
+        let guest_word = cx.vm.chans[g as usize].chan_word;
+        cx.vm.retired_insts.push(RetiredInst {
+            shadow: b.shadow_inst,
+            guest_chid: g,
+            guest_word,
+        });
+    }
     let key = page_key(b.inst.1, b.inst.0);
     if let Some(list) = cx.vm.inst_pages.get_mut(&key) {
         list.retain(|&c| c != g);
@@ -377,16 +427,20 @@ pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
     cx.vm.effects.push(Effect::ChannelGone(g));
 }
 
-/// Stops and unbinds every channel of the VM (teardown).
-pub(crate) fn unbind_all(cx: &mut VmCx) {
+/// Stops and unbinds every channel of the VM (teardown). Returns false if a channel could not
+/// be taken off the GPU (its partition must then not be reused).
+pub(crate) fn unbind_all(cx: &mut VmCx) -> bool {
+    let mut all_off = true;
     for g in 0..cx.vm.nchan() {
         let p = cx.vm.phys_chid(g);
-        cx.phys.write_reg(pfifo::chan_state(p), 0);
+        // Bound or not, nothing of the channel may stay on the GPU.
+        all_off &= preempt::stop(cx.phys, p).off;
         unbind(cx, g);
         cx.phys.fill_vram(cx.layout.userd_page(p), ud::SIZE, 0);
     }
     cx.vm.runlist.clear();
     cx.vm.effects.clear();
+    all_off
 }
 
 /// A guest write of `len` bytes at `addr` in `target` landed: refresh the shadow instance blocks

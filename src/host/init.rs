@@ -21,7 +21,7 @@ use gf100::{inst, pbus, pffb, pfifo, pmc, userd, Target};
 use crate::addr::HostVram;
 use crate::host::HostError;
 use crate::phys::PhysicalGpu;
-use crate::vram_alloc::RangeAllocator;
+use crate::vram_alloc::HypVram;
 
 /// Bytes of one runlist buffer (128 entries of 8 bytes fit in one page).
 const RUNLIST_BYTES: u64 = gf100::PAGE_SIZE;
@@ -62,7 +62,7 @@ impl HostLayout {
 
 fn alloc(
     phys: &dyn PhysicalGpu,
-    hyp: &mut RangeAllocator,
+    hyp: &mut HypVram,
     size: u64,
     what: &'static str,
 ) -> Result<HostVram, HostError> {
@@ -113,7 +113,7 @@ pub(crate) fn wait_runlist(phys: &dyn PhysicalGpu) {
 /// Brings the physical GPU up and lays out the host's structures.
 pub(crate) fn bring_up(
     phys: &dyn PhysicalGpu,
-    hyp: &mut RangeAllocator,
+    hyp: &mut HypVram,
 ) -> Result<HostLayout, HostError> {
     let boot0 = phys.read_reg(pmc::BOOT_0);
     if !pmc::boot0_is_fermi(boot0) {
@@ -235,7 +235,7 @@ mod tests {
             vram_size: 512 << 20,
             ..SimConfig::default()
         });
-        let mut hyp = RangeAllocator::new(0, 64 << 20);
+        let mut hyp = HypVram::immediate(0, 64 << 20);
         let l = bring_up(&gpu, &mut hyp).unwrap();
         // A write through the physical BAR1 lands in the USERD page of that channel.
         gpu.write_aperture(

@@ -143,7 +143,8 @@ impl Books {
         let fits = self
             .stats
             .shadow_bytes
-            .checked_add(bytes)
+            .checked_add(cx.hyp.held_by_owner())
+            .and_then(|b| b.checked_add(bytes))
             .is_some_and(|total| total <= self.limit);
         let addr = if fits {
             cx.hyp.alloc(bytes, SHADOW_ALIGN)

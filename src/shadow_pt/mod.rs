@@ -53,7 +53,7 @@ use gf100::{mmu, Target};
 use crate::addr::HostVram;
 use crate::guest_mem::GuestMem;
 use crate::profile::ShadowMode;
-use crate::vram_alloc::RangeAllocator;
+use crate::vram_alloc::HypVram;
 
 use build::{Books, Space};
 use track::{Mem, TableKind};
@@ -78,7 +78,7 @@ pub struct ShadowCtx<'a> {
     /// The VM's memory and the physical GPU.
     pub mem: GuestMem<'a>,
     /// Hypervisor-owned VRAM for shadow tables.
-    pub hyp: &'a mut RangeAllocator,
+    pub hyp: &'a mut HypVram,
 }
 
 /// Where the physical GPU ends up for a VA, according to the shadow tables.

@@ -32,7 +32,7 @@ const N: Target = Target::SysNonCoherent;
 struct Rig {
     gpu: SimGpu,
     ram: GuestRam,
-    hyp: RangeAllocator,
+    hyp: HypVram,
     with_ram: bool,
 }
 
@@ -51,7 +51,7 @@ impl Rig {
                 mem: GuestMemoryMmap::<()>::from_ranges(&ranges).unwrap(),
                 iova_base: Iova(IOVA),
             },
-            hyp: RangeAllocator::new(HYP_BASE, HYP_SIZE),
+            hyp: HypVram::immediate(HYP_BASE, HYP_SIZE),
             with_ram: true,
         }
     }

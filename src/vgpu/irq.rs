@@ -76,18 +76,26 @@ pub(crate) fn service(st: &mut HostState, phys: &dyn PhysicalGpu) {
     st.nonstall = st.inflight.iter().map(|f| f.sub.vm).collect();
 }
 
-/// The VM and guest channel whose shadow instance block is `inst_word` (addr >> 12 | target).
-fn owner_of_instance(st: &HostState, inst_word: u32) -> Option<(VmId, u32)> {
+/// The VM, guest channel and guest CHAN word of the context whose shadow instance block is
+/// `inst_word` (addr >> 12 | target): a bound channel, or one unbound while the GPU could still
+/// report faults for it (its block is retired, and not reused until released: `channels`).
+fn owner_of_instance(st: &HostState, inst_word: u32) -> Option<(VmId, u32, u32)> {
     let (addr, target) = pfifo::chan_decode(inst_word | pfifo::CHAN_VALID)?;
     if target != Target::Vram {
         return None;
     }
     st.vms.values().find_map(|vm| {
-        vm.chans.iter().enumerate().find_map(|(g, c)| {
+        let bound = vm.chans.iter().enumerate().find_map(|(g, c)| {
             c.bound
                 .as_ref()
                 .filter(|b| b.shadow_inst.raw() == addr)
-                .map(|_| (vm.id, g as u32))
+                .map(|_| (vm.id, g as u32, c.chan_word))
+        });
+        bound.or_else(|| {
+            vm.retired_insts
+                .iter()
+                .find(|r| r.shadow.raw() == addr)
+                .map(|r| (vm.id, r.guest_chid, r.guest_word))
         })
     })
 }
@@ -106,12 +114,11 @@ fn faults(st: &mut HostState, phys: &dyn PhysicalGpu) {
         st.counters.phys_faults += 1;
         let va = u64::from(hi) << 32 | u64::from(lo);
         match owner_of_instance(st, inst) {
-            Some((id, g)) => {
+            Some((id, g, word)) => {
                 let Some(vm) = st.vms.get_mut(&id) else {
                     continue;
                 };
-                let guest_inst =
-                    vm.chans[g as usize].chan_word & !(pfifo::CHAN_VALID | pfifo::CHAN_POLL_ENABLE);
+                let guest_inst = word & !(pfifo::CHAN_VALID | pfifo::CHAN_POLL_ENABLE);
                 let f = VFault {
                     unit,
                     inst: guest_inst,

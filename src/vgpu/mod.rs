@@ -48,7 +48,7 @@ use crate::phys::{Bar, DmaError, PhysicalGpu};
 use crate::profile::VgpuProfile;
 use crate::sched::VmId;
 use crate::shadow_pt::{ShadowCtx, ShadowPt};
-use crate::vram_alloc::RangeAllocator;
+use crate::vram_alloc::HypVram;
 
 pub use direct_map::{DirectMap, DirectRun};
 pub use stats::{VgpuStats, ViolationKind};
@@ -199,6 +199,9 @@ pub(crate) struct VmState {
     pub stats: VgpuStats,
     pub log: RateLimit,
     pub effects: Vec<Effect>,
+    /// Shadow instance blocks freed but still in the hypervisor VRAM quarantine: faults the GPU
+    /// reports for them are this VM's (`crate::vgpu::irq`).
+    pub retired_insts: Vec<crate::channels::RetiredInst>,
 }
 
 impl VmState {
@@ -225,12 +228,29 @@ impl VmState {
 /// One VM's state plus what its handlers need from the host, for the duration of one access.
 pub(crate) struct VmCx<'a> {
     pub phys: &'a dyn PhysicalGpu,
-    pub hyp: &'a mut RangeAllocator,
+    pub hyp: &'a mut HypVram,
     pub layout: &'a HostLayout,
     pub vm: &'a mut VmState,
 }
 
-impl VmCx<'_> {
+impl<'a> VmCx<'a> {
+    /// The context of one access of `vm`: what it frees of the hypervisor VRAM is charged to
+    /// it and quarantined until its channels have left the GPU (`crate::vram_alloc::HypVram`).
+    pub(crate) fn new(
+        phys: &'a dyn PhysicalGpu,
+        hyp: &'a mut HypVram,
+        layout: &'a HostLayout,
+        vm: &'a mut VmState,
+    ) -> VmCx<'a> {
+        hyp.set_owner(Some((vm.id.0, vm.chan_base..vm.chan_base + vm.nchan())));
+        VmCx {
+            phys,
+            hyp,
+            layout,
+            vm,
+        }
+    }
+
     /// The VM's memory view (every guest address goes through it).
     pub(crate) fn gmem(&self) -> GuestMem<'_> {
         GuestMem {

@@ -187,6 +187,9 @@ pub struct VgpuStats {
     /// Submissions that ended otherwise (channel stopped by an error, unbound, or parked on a
     /// semaphore acquire).
     pub aborted: u64,
+    /// Engine operations of this VM's channels aborted (engine reset) because the channel was
+    /// unbound or the VM destroyed while they ran: nothing of them lands afterwards.
+    pub inflight_aborts: u64,
     /// Channels of this VM the host's watchdog killed: a submission was still running
     /// `HostConfig::watchdog_ns` after dispatch (a hung engine).
     pub watchdog_kills: u64,

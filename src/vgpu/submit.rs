@@ -36,7 +36,7 @@
 //! cleared and kept clear until unbound; SCHED_ERROR CTXSW_TIMEOUT to the guest), drops its
 //! work, charges the VM and goes on with the others.
 
-use gf100::{host, pfifo, pmc, ptimer, userd, Target};
+use gf100::{pfifo, ptimer, userd, Target};
 use vm_memory::{Bytes, GuestAddress};
 
 use crate::addr::HostVram;
@@ -221,7 +221,7 @@ fn watch_engines(
                 None => {
                     // A destroyed VM's operation: nobody to tell, but the engine is reset.
                     phys.write_reg(pfifo::chan_state(p), 0);
-                    let reset = reset_engines_of(phys, p);
+                    let reset = crate::channels::preempt::reset_engines_of(phys, p);
                     st.counters.watchdog_kills += 1;
                     log::warn!("watchdog: engines {reset:?} hung by unowned channel {p}; reset");
                     // The submissions in flight waited behind it: their watchdog starts again.
@@ -248,7 +248,7 @@ fn kill(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: u32, start: u64
     phys.write_reg(pfifo::chan_state(p), 0);
     // 2. Reset the engine that runs it (nouveau `gf100_fifo_intr_sched_ctxsw` + engine recovery:
     //    PMC ENABLE bit off and on). Only the engine whose ENG_STATE names this channel.
-    let reset = reset_engines_of(phys, p);
+    let reset = crate::channels::preempt::reset_engines_of(phys, p);
     // 3. The guest sees what nouveau would: a CTXSW timeout and its channel no longer runnable.
     let elapsed = now.saturating_sub(start);
     if let Some(vm) = st.vms.get_mut(&id) {
@@ -270,29 +270,6 @@ fn kill(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: u32, start: u64
     for o in &mut st.inflight {
         o.start_ns = o.start_ns.max(now);
     }
-}
-
-/// Resets (PMC ENABLE bit off and on) every engine whose ENG_STATE shows it busy with physical
-/// channel `p`, which aborts the operation; returns the engines.
-fn reset_engines_of(phys: &dyn PhysicalGpu, p: u32) -> Vec<u32> {
-    let mut reset = Vec::new();
-    for e in 0..pfifo::ENGINES {
-        let s = phys.read_reg(pfifo::eng_state(e));
-        if s & pfifo::ENG_STATE_BUSY == 0 || s & pfifo::ENG_STATE_CHID_MASK != p {
-            continue;
-        }
-        let bit = match e {
-            host::ENGINE_PGRAPH => pmc::ENABLE_PGRAPH,
-            host::ENGINE_PCOPY0 => pmc::ENABLE_PCOPY0,
-            host::ENGINE_PCOPY1 => pmc::ENABLE_PCOPY1,
-            _ => continue,
-        };
-        let enable = phys.read_reg(pmc::ENABLE);
-        phys.write_reg(pmc::ENABLE, enable & !bit);
-        phys.write_reg(pmc::ENABLE, enable | bit);
-        reset.push(e);
-    }
-    reset
 }
 
 /// How a submission in flight stands.
@@ -376,12 +353,7 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
         return;
     };
     let in_runlist = vm.runlist.contains(&s.guest_chid);
-    let mut cx = VmCx {
-        phys,
-        hyp: &mut st.hyp,
-        layout: &st.layout,
-        vm,
-    };
+    let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, vm);
     let mut pds = Vec::new();
     if let Some(pdb) = pdb {
         pds = {
