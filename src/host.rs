@@ -49,6 +49,7 @@ use crate::profile::{ProfileError, VgpuProfile};
 use crate::sched::{Accounting, FifoScheduler, SchedStats, Scheduler};
 use crate::shadow_pt::ShadowPt;
 use crate::vgpu::aperture::GuestBars;
+use crate::vgpu::runtime::ChannelClock;
 use crate::vgpu::stats::RateLimit;
 use crate::vgpu::submit::InFlight;
 use crate::vgpu::vregs::VRegs;
@@ -271,6 +272,8 @@ pub(crate) struct HostState {
     pub inflight: Vec<InFlight>,
     /// GPU time per VM (`crate::sched::account`).
     pub acct: Accounting,
+    /// GPU time each physical channel ran, as charged (`crate::vgpu::runtime`).
+    pub runtime: ChannelClock,
     /// The end of the scheduler's deliberate wait, if one is running.
     pub sched_timer: Option<u64>,
     /// The watchdog's view of the engines: a physical channel seen busy on an engine without
@@ -340,7 +343,8 @@ impl HostShared {
     /// See [`GpuHost::next_event_ns`].
     pub(crate) fn next_event_ns(&self) -> Option<u64> {
         let st = self.lock();
-        let watchdog = crate::vgpu::submit::watchdog_deadline(&st, self.cfg.watchdog_ns);
+        let watchdog =
+            crate::vgpu::submit::watchdog_deadline(&st, &*self.phys, self.cfg.watchdog_ns);
         [self.phys.next_event_ns(), st.sched_timer, watchdog]
             .into_iter()
             .flatten()
@@ -388,6 +392,10 @@ impl HostShared {
             if self.irq.is_asserted() {
                 crate::vgpu::irq::service(st, phys);
             }
+            // What its channels ran is the VM's; the next owner of the channels starts from
+            // zero.
+            let now = st.now(phys);
+            st.charge_ran(phys, id, now);
             let Some(mut vm) = st.vms.remove(&id) else {
                 return Err(HostError::NoSuchVm(id));
             };
@@ -466,7 +474,7 @@ impl HostState {
                 Effect::Doorbell(g) => crate::vgpu::submit::doorbell(self, phys, id, g),
                 Effect::ChannelGone(g) => {
                     let now = self.now(phys);
-                    self.drop_channel_work(id, g, now);
+                    self.drop_channel_work(phys, id, g, now);
                 }
             }
         }
@@ -478,7 +486,13 @@ impl HostState {
     /// Drops the queued and in-flight submissions of VM `id`'s guest channel `g` (unbound or
     /// killed): the GPU time they took until `now` is still the VM's, and they count as
     /// aborted. Returns how many were dropped.
-    pub(crate) fn drop_channel_work(&mut self, id: VmId, g: u32, now: u64) -> usize {
+    pub(crate) fn drop_channel_work(
+        &mut self,
+        phys: &dyn PhysicalGpu,
+        id: VmId,
+        g: u32,
+        now: u64,
+    ) -> usize {
         let dropped = self.sched.remove_channel(id, g);
         let before = self.inflight.len();
         let ended: Vec<_> = self
@@ -491,7 +505,8 @@ impl HostState {
             .retain(|f| !(f.sub.vm == id && f.sub.guest_chid == g));
         if !ended.is_empty() {
             let more = self.inflight.iter().any(|f| f.sub.vm == id);
-            let mut gpu_ns = self.acct.retired(id, now, more);
+            let wall = self.acct.retired(id, now, more);
+            let mut gpu_ns = self.charge_ran(phys, id, now).unwrap_or(wall);
             for s in &ended {
                 self.sched.complete(s, now, std::mem::take(&mut gpu_ns));
             }
@@ -502,6 +517,15 @@ impl HostState {
             vm.stats.aborted += gone as u64;
         }
         gone
+    }
+
+    /// Measured mode: charges VM `id` the GPU time its channels ran since its last charge and
+    /// returns it (`None` where the backend cannot measure: the caller charges the interval).
+    pub(crate) fn charge_ran(&mut self, phys: &dyn PhysicalGpu, id: VmId, now: u64) -> Option<u64> {
+        let vm = self.vms.get(&id)?;
+        let chans = vm.chan_base..vm.chan_base + vm.nchan();
+        let ns = self.runtime.take(phys, chans)?;
+        Some(self.acct.charge_measured(id, ns, now))
     }
 
     /// Services physical interrupts, completions and dispatch.
@@ -607,6 +631,7 @@ impl GpuHost {
         let irq = Arc::new(IrqFlag::new());
         phys.set_irq_line(irq.clone());
         let slots = (gf100::mmu::VA_LIMIT / cfg.iova_window - 1) as usize;
+        let runtime = ChannelClock::new(&*phys);
         let state = HostState {
             hyp_baseline: hyp.used(),
             hyp,
@@ -622,7 +647,12 @@ impl GpuHost {
             vms: BTreeMap::new(),
             sched: Box::new(FifoScheduler::new()),
             inflight: Vec::new(),
-            acct: Accounting::default(),
+            acct: {
+                let mut acct = Accounting::default();
+                acct.set_measured(runtime.measured());
+                acct
+            },
+            runtime,
             sched_timer: None,
             engine_watch: None,
             clock: None,
@@ -788,6 +818,9 @@ impl GpuHost {
             retired_insts: Vec::new(),
         };
         let now = st.now(&*self.shared.phys);
+        // The VM is charged only what its channels run from now on.
+        st.runtime
+            .take(&*self.shared.phys, chan_base..chan_base + profile.channels);
         st.sched.add_vm(id, profile.weight, now);
         st.acct.add_vm(id, profile.weight, now);
         st.vms.insert(id, vm);

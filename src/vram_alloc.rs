@@ -288,10 +288,17 @@ mod tests {
         h.set_owner(Some((7, 4..6)));
         let a = h.alloc(0x1000, 0x1000).unwrap();
         assert!(h.free(a, 0x1000));
-        assert!(!h.free(a, 0x1000), "a retired range cannot be retired twice");
+        assert!(
+            !h.free(a, 0x1000),
+            "a retired range cannot be retired twice"
+        );
         assert_eq!(h.held_by(7), 0x1000);
         assert_eq!(h.held_by_owner(), 0x1000);
-        assert_ne!(h.alloc(0x1000, 0x1000), Some(a), "not handed out while retired");
+        assert_ne!(
+            h.alloc(0x1000, 0x1000),
+            Some(a),
+            "not handed out while retired"
+        );
         assert!(h.channel_off(4).is_empty(), "channel 5 may still use it");
         assert_eq!(h.channel_off(5), vec![(a, 0x1000)]);
         assert_eq!(h.held_by(7), 0);

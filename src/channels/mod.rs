@@ -88,6 +88,9 @@ pub(crate) struct VChan {
     /// ignored until the guest unbinds the channel (and binds it again), as after nouveau's
     /// recovery of a hung channel.
     pub killed: bool,
+    /// A submission was held back because the channel was not runnable or not on the
+    /// runlist when the scheduler picked it; it is queued again when that changes.
+    pub held: bool,
 }
 
 /// Guest channel id of a CHAN_TABLE / STATE offset.
@@ -133,6 +136,11 @@ pub(crate) fn table_write(cx: &mut VmCx, g: u32, state: bool, value: u32) {
             mask &= !pfifo::STATE_RUNNABLE;
         }
         cx.phys.write_reg(pfifo::chan_state(p), value & mask);
+        // A submission held because the channel was disabled goes to the scheduler now.
+        let ch = &mut cx.vm.chans[g as usize];
+        if value & mask & pfifo::STATE_RUNNABLE != 0 && std::mem::take(&mut ch.held) {
+            cx.vm.effects.push(Effect::Doorbell(g));
+        }
     } else {
         chan_write(cx, g, value);
     }
@@ -385,6 +393,7 @@ pub(crate) fn refresh_all(cx: &mut VmCx) {
 /// the shadow instance block scrubbed and retired (quarantined until released).
 pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
     cx.vm.chans[g as usize].killed = false;
+    cx.vm.chans[g as usize].held = false;
     let Some(b) = cx.vm.chans[g as usize].bound.take() else {
         return;
     };

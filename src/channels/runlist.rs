@@ -71,6 +71,14 @@ pub(crate) fn guest_submit(cx: &mut VmCx, value: u32) {
     if foreign + inactive > 0 {
         cx.vm.regs.sched_error(pfifo::SCHED_ERR_INACTIVE_CHANNEL);
     }
+    // Submissions held because the channel was not listed go to the scheduler now.
+    for &g in &list {
+        if let Some(c) = cx.vm.chans.get_mut(g as usize) {
+            if std::mem::take(&mut c.held) {
+                cx.vm.effects.push(Effect::Doorbell(g));
+            }
+        }
+    }
     cx.vm.runlist = list;
     cx.vm.effects.push(Effect::RunlistChanged);
     cx.vm.regs.runlist_intr |= pfifo::INTR_RUNLIST_EVENT;

@@ -111,10 +111,7 @@ pub(crate) fn wait_runlist(phys: &dyn PhysicalGpu) {
 }
 
 /// Brings the physical GPU up and lays out the host's structures.
-pub(crate) fn bring_up(
-    phys: &dyn PhysicalGpu,
-    hyp: &mut HypVram,
-) -> Result<HostLayout, HostError> {
+pub(crate) fn bring_up(phys: &dyn PhysicalGpu, hyp: &mut HypVram) -> Result<HostLayout, HostError> {
     let boot0 = phys.read_reg(pmc::BOOT_0);
     if !pmc::boot0_is_fermi(boot0) {
         return Err(HostError::NotFermi { boot0 });

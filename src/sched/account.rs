@@ -15,6 +15,16 @@
 //! - each charge is what the scheduler is told as the GPU time of the completed submission
 //!   (Gdev charges "first launch start to last completion" of a context the same way).
 //!
+//! **Measured mode** ([`Accounting::set_measured`]): where the GPU backend knows how long each
+//! physical channel has actually run (`PhysicalGpu::channel_busy_ns`, the simulator), the host
+//! charges each VM exactly the GPU time its own channels were busy
+//! ([`Accounting::charge_measured`]) instead of the dispatch-to-retire intervals above. The
+//! intervals are only right while every piece of work on the GPU went through the scheduler; a
+//! channel enabled after its submission, or resuming from a semaphore acquire, runs outside it,
+//! and a VM whose submission waited behind such work would be charged for it (the isolation
+//! review's finding 7). A real GF100 has no per-channel time counter, so the VFIO backend
+//! keeps the interval rule.
+//!
 //! On top of the totals it keeps the recent intervals, to give each VM's share of the GPU over
 //! a sliding window, and the GPU's utilisation.
 
@@ -43,6 +53,8 @@ pub struct Accounting {
     busy_ns: u64,
     /// Charged intervals ending within the window: (vm, start, end).
     recent: VecDeque<(VmId, u64, u64)>,
+    /// Charges come from measured per-channel GPU time, not from intervals.
+    measured: bool,
 }
 
 impl Accounting {
@@ -58,7 +70,27 @@ impl Accounting {
             start_ns: None,
             busy_ns: 0,
             recent: VecDeque::new(),
+            measured: false,
         }
+    }
+
+    /// Charges measured GPU time ([`Accounting::charge_measured`]) instead of intervals.
+    pub fn set_measured(&mut self, on: bool) {
+        self.measured = on;
+        self.on_gpu = None;
+    }
+
+    /// True in measured mode.
+    pub fn is_measured(&self) -> bool {
+        self.measured
+    }
+
+    /// Measured mode: `vm`'s channels were busy for `ns` of GPU time since the last charge,
+    /// ending at `now`. Returns `ns`.
+    pub fn charge_measured(&mut self, vm: VmId, ns: u64, now: u64) -> u64 {
+        self.start_ns.get_or_insert(now);
+        self.charge(vm, now.saturating_sub(ns), now);
+        ns
     }
 
     /// The sliding window.
@@ -84,6 +116,10 @@ impl Accounting {
     /// A submission of `vm` was dispatched at `now` (and counted in flight).
     pub fn dispatched(&mut self, vm: VmId, now: u64) {
         self.start_ns.get_or_insert(now);
+        if self.measured {
+            self.vms.entry(vm).or_default().dispatched += 1;
+            return;
+        }
         match self.on_gpu {
             None => self.on_gpu = Some((vm, now)),
             Some((v, _)) if v == vm => {}
@@ -100,6 +136,12 @@ impl Accounting {
     /// A submission of `vm` left the GPU at `now` (completed or ended); `more` if the VM still
     /// has submissions in flight. Returns the GPU time charged for it.
     pub fn retired(&mut self, vm: VmId, now: u64, more: bool) -> u64 {
+        if self.measured {
+            if let Some(a) = self.vms.get_mut(&vm) {
+                a.retired += 1;
+            }
+            return 0;
+        }
         let gpu_ns = match self.on_gpu {
             Some((v, mark)) if v == vm => {
                 let ns = now.saturating_sub(mark);

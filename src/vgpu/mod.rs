@@ -24,6 +24,7 @@ mod bar0;
 pub mod direct_map;
 pub(crate) mod irq;
 mod pv;
+pub(crate) mod runtime;
 pub mod stats;
 pub(crate) mod submit;
 pub mod tap;

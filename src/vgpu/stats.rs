@@ -187,6 +187,9 @@ pub struct VgpuStats {
     /// Submissions that ended otherwise (channel stopped by an error, unbound, or parked on a
     /// semaphore acquire).
     pub aborted: u64,
+    /// Submissions held back because their channel was not runnable or not on the runlist
+    /// when the scheduler picked them (queued again when the guest enables or lists it).
+    pub held_submissions: u64,
     /// Engine operations of this VM's channels aborted (engine reset) because the channel was
     /// unbound or the VM destroyed while they ran: nothing of them lands afterwards.
     pub inflight_aborts: u64,

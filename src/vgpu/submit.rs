@@ -52,8 +52,21 @@ use crate::vgpu::VmCx;
 pub(crate) struct InFlight {
     pub sub: Submission,
     /// GPU time of dispatch (restarted when the watchdog killed a submission ahead of it): the
-    /// watchdog's reference.
+    /// watchdog's reference where the backend cannot measure per-channel time.
     pub start_ns: u64,
+    /// What the channel had run when the submission was dispatched (measured mode): the
+    /// watchdog's reference — a submission is hung when its channel has *run* `watchdog_ns`
+    /// since, however long it waited behind others.
+    pub ran_at: Option<u64>,
+}
+
+impl InFlight {
+    /// GPU time the submission's channel has run since dispatch (measured mode).
+    fn ran(&self, st: &HostState, phys: &dyn PhysicalGpu) -> Option<u64> {
+        let at = self.ran_at?;
+        let now = st.runtime.ran(phys, self.sub.phys_chid)?;
+        Some(now.saturating_sub(at))
+    }
 }
 
 /// The GPU's time (PTIMER, read high-low-high as nouveau does).
@@ -136,9 +149,31 @@ const WATCHDOG_GRANULE_NS: u64 = 32;
 
 /// When the watchdog next fires: `watchdog_ns` after the dispatch of the oldest submission in
 /// flight (rounded up to PTIMER's 32 ns); `None` when off or nothing is in flight.
-pub(crate) fn watchdog_deadline(st: &HostState, watchdog_ns: u64) -> Option<u64> {
+pub(crate) fn watchdog_deadline(
+    st: &HostState,
+    phys: &dyn PhysicalGpu,
+    watchdog_ns: u64,
+) -> Option<u64> {
     if watchdog_ns == 0 {
         return None;
+    }
+    if st.runtime.measured() {
+        // The earliest time a channel could have run `watchdog_ns` (each runs at most as fast
+        // as the clock): the host looks again then, and kills only what really ran that long.
+        let now = st.now(phys);
+        let ran = st
+            .inflight
+            .iter()
+            .filter_map(|f| f.ran(st, phys))
+            .chain(
+                st.engine_watch
+                    .and_then(|(p, mark)| st.runtime.ran(phys, p).map(|r| r.saturating_sub(mark))),
+            )
+            .max()?;
+        return Some(
+            now.saturating_add(watchdog_ns.saturating_sub(ran))
+                .next_multiple_of(WATCHDOG_GRANULE_NS),
+        );
     }
     st.inflight
         .iter()
@@ -163,6 +198,10 @@ fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u
     // do not fire, the engine side of the watchdog deals with the culprit (and restarts them).
     // The engines are scanned once per call (this runs on every exit while work is in flight),
     // and again only if a kill changed what they run.
+    if st.runtime.measured() {
+        watchdog_measured(st, phys, now, watchdog_ns);
+        return;
+    }
     let mut unaccounted = unaccounted_busy_channel(st, phys);
     if unaccounted.is_none() {
         let mut killed = false;
@@ -182,6 +221,48 @@ fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u
         }
     }
     watch_engines(st, phys, now, watchdog_ns, unaccounted);
+}
+
+/// The watchdog where per-channel GPU time is measured: a submission whose channel has run
+/// `watchdog_ns` since its dispatch is hung, and so is a channel that ran that long on an
+/// engine with nothing in flight (work started outside the scheduler). Waiting behind others
+/// costs nothing, so no deadline needs restarting.
+fn watchdog_measured(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u64) {
+    let hung: Vec<InFlight> = st
+        .inflight
+        .iter()
+        .copied()
+        .filter(|f| f.ran(st, phys).is_some_and(|r| r >= watchdog_ns))
+        .collect();
+    for f in hung {
+        kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
+    }
+    let Some(p) = unaccounted_busy_channel(st, phys) else {
+        st.engine_watch = None;
+        return;
+    };
+    let Some(ran) = st.runtime.ran(phys, p) else {
+        return;
+    };
+    match st.engine_watch {
+        Some((q, mark)) if q == p => {
+            if ran.saturating_sub(mark) < watchdog_ns {
+                return;
+            }
+            st.engine_watch = None;
+            let owner = st.part.owner.get(p as usize).copied().flatten();
+            match owner.and_then(|id| st.vms.get(&id).map(|vm| (id, p - vm.chan_base))) {
+                Some((id, g)) => kill(st, phys, id, g, now, now),
+                None => {
+                    phys.write_reg(pfifo::chan_state(p), 0);
+                    let reset = crate::channels::preempt::reset_engines_of(phys, p);
+                    st.counters.watchdog_kills += 1;
+                    log::warn!("watchdog: engines {reset:?} hung by unowned channel {p}; reset");
+                }
+            }
+        }
+        _ => st.engine_watch = Some((p, ran)),
+    }
 }
 
 /// The physical channel an engine is busy with while no submission of it is in flight (work the
@@ -265,7 +346,7 @@ fn kill(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: u32, start: u64
     }
     st.counters.watchdog_kills += 1;
     // 4. Its work goes; the time it took is the VM's.
-    st.drop_channel_work(id, g, now);
+    st.drop_channel_work(phys, id, g, now);
     // 5. The others waited behind it: their watchdog starts again.
     for o in &mut st.inflight {
         o.start_ns = o.start_ns.max(now);
@@ -312,7 +393,8 @@ fn check_completions(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
         };
         st.inflight.remove(i);
         let more = st.inflight.iter().any(|o| o.sub.vm == f.sub.vm);
-        let gpu_ns = st.acct.retired(f.sub.vm, now, more);
+        let wall = st.acct.retired(f.sub.vm, now, more);
+        let gpu_ns = st.charge_ran(phys, f.sub.vm, now).unwrap_or(wall);
         st.sched.complete(&f.sub, now, gpu_ns);
         let vm = st.vms.get_mut(&f.sub.vm);
         if done {
@@ -352,7 +434,17 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
         st.counters.aborted += 1;
         return;
     };
+    // A channel that is not runnable or not on the runlist gets no physical GP_PUT: the GPU
+    // would run the work whenever the guest enables the channel, outside the scheduler's
+    // accounting and the watchdog's view. The submission is held and queued again when the
+    // guest enables the channel or lists it (`channels`).
     let in_runlist = vm.runlist.contains(&s.guest_chid);
+    let runnable = phys.read_reg(pfifo::chan_state(s.phys_chid)) & pfifo::STATE_RUNNABLE != 0;
+    if !(in_runlist && runnable) {
+        vm.chans[g].held = true;
+        vm.stats.held_submissions += 1;
+        return;
+    }
     let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, vm);
     let mut pds = Vec::new();
     if let Some(pdb) = pdb {
@@ -387,10 +479,12 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
     );
     st.counters.dispatched += 1;
     let runnable = phys.read_reg(pfifo::chan_state(p)) & pfifo::STATE_RUNNABLE != 0;
-    if in_runlist && runnable {
+    if runnable {
+        let ran_at = st.runtime.ran(phys, p);
         st.inflight.push(InFlight {
             sub: s,
             start_ns: now,
+            ran_at,
         });
         st.acct.dispatched(s.vm, now);
         st.nonstall.insert(s.vm);
