@@ -56,6 +56,9 @@ pub const ERR_BAD_INDEX: u32 = 3;
 pub const ERR_BAD_BATCH: u32 = 4;
 /// The interface is not offered by this vGPU.
 pub const ERR_NOT_AVAILABLE: u32 = 5;
+/// The host's work budget for one batch ran out after STATUS ops (each applied): submit the
+/// rest again. Not an error of the guest's; it bounds the time one exit holds the host.
+pub const ERR_BUSY: u32 = 6;
 
 /// One op of a batch, as laid out in guest RAM: `op` (u32), `target` (u32, the
 /// [`crate::Target`] bits of the table), `table` (u64, guest address of the page directory or

@@ -42,6 +42,8 @@
 
 mod build;
 mod pv;
+
+pub use pv::WALK_BUDGET;
 mod track;
 mod translate;
 mod walk;

@@ -18,6 +18,12 @@
 //! - Any other op code: `ERR_BAD_OP`; a batch longer than `MAX_BATCH`: `ERR_BAD_BATCH`.
 //!
 //! Ops apply in order and the batch stops at the first rejected one.
+//!
+//! **Budget.** A PDE op re-walks the tables it newly names, so a batch of 2048 PDE ops switching
+//! between two full tables held the host lock — every other VM's exits — for about 210 ms (the
+//! isolation review's finding 9). A batch stops with `ERR_BUSY` once its ops have walked
+//! [`WALK_BUDGET`] guest entries (at least one op is always applied, so a guest that resubmits
+//! the rest always progresses); the guest driver resubmits from STATUS.
 
 use gf100::mmu;
 use gf100::pv::{self, Op};
@@ -27,6 +33,10 @@ use super::track::{Mem, TableKind};
 use super::walk::PtKind;
 use super::{PvOutcome, ShadowCtx, ShadowPt};
 use crate::profile::ShadowMode;
+
+/// Guest table entries one batch may walk before it stops with `ERR_BUSY`: sixteen full
+/// small-page tables (host policy, not hardware; docs/isolation.md gives the hold times).
+pub const WALK_BUDGET: u64 = 16 * 16384;
 
 /// Applies `ops` to `pt` (see the module documentation).
 pub(super) fn apply(pt: &mut ShadowPt, cx: &mut ShadowCtx, ops: &[Op]) -> PvOutcome {
@@ -40,12 +50,18 @@ pub(super) fn apply(pt: &mut ShadowPt, cx: &mut ShadowCtx, ops: &[Op]) -> PvOutc
         out.error = pv::ERR_BAD_BATCH;
         return out;
     }
-    for op in ops {
+    let walked_before = pt.books.stats.ptes_shadowed;
+    for (i, op) in ops.iter().enumerate() {
         if let Err(e) = apply_one(pt, cx, op, &mut out) {
             out.error = e;
             break;
         }
         out.applied += 1;
+        let walked = pt.books.stats.ptes_shadowed - walked_before;
+        if walked >= WALK_BUDGET && i + 1 < ops.len() {
+            out.error = pv::ERR_BUSY;
+            break;
+        }
     }
     out
 }

@@ -970,3 +970,57 @@ fn thousands_of_pdes_sharing_one_table_stay_linear() {
     assert_eq!(cx.hyp.used(), 0);
     assert_eq!(sp.stats().tracked_pages, 0);
 }
+
+/// The isolation review's finding 9: PDE ops that switch a directory entry between two full
+/// tables re-walk a whole table each; a batch stops at the walk budget with ERR_BUSY (after at
+/// least one op), and resubmitting the rest finishes it with the same result as one batch.
+#[test]
+fn pv_batches_stop_at_the_walk_budget_and_resume() {
+    let mut rig = Rig::new();
+    let mut cx = rig.cx();
+    let space = pdb(PD, V);
+    let mut sp = ShadowPt::new(ShadowMode::Pv);
+    sp.attach(&mut cx, space).unwrap();
+    let op = |table: u64| Op {
+        op: pv::OP_WRITE_PDE,
+        target: V.bits(),
+        table: PD,
+        index: 7,
+        value: pde(Some((table, V)), None, PtSize::Full),
+    };
+    // 2048 ops alternating between two full small-page tables.
+    let ops: Vec<Op> = (0..pv::MAX_BATCH as usize)
+        .map(|i| op(if i % 2 == 0 { SPT } else { SPT2 }))
+        .collect();
+    let per_op = mmu::SPT_ENTRIES;
+    let mut done = 0usize;
+    let mut rounds = 0;
+    while done < ops.len() {
+        let before = sp.stats().ptes_shadowed;
+        let out = sp.pv_apply(&mut cx, &ops[done..]);
+        let walked = sp.stats().ptes_shadowed - before;
+        assert!(out.applied >= 1, "every round makes progress");
+        done += out.applied as usize;
+        rounds += 1;
+        if done < ops.len() {
+            assert_eq!(out.error, pv::ERR_BUSY);
+            assert!(
+                walked >= WALK_BUDGET,
+                "stopped only at the budget ({walked})"
+            );
+            assert!(
+                walked < WALK_BUDGET + per_op,
+                "the budget bounds each round to one op past it ({walked})"
+            );
+        } else {
+            assert_eq!(out.error, pv::ERR_NONE);
+        }
+    }
+    assert!(rounds > 1, "a 2048-op batch of table switches is split");
+    // The last op pointed PDE 7 at SPT2: the shadow follows it.
+    put(&cx, V, SPT2 + 3 * 8, pte(0x6000, V));
+    sp.guest_wrote(&mut cx, V, SPT2 + 3 * 8, 8);
+    assert_eq!(sp.translate(&cx, space, sva(7, 3)), tr(V, BASE + 0x6000));
+    sp.destroy(&mut cx);
+    assert_eq!(cx.hyp.used(), 0);
+}

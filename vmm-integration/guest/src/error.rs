@@ -170,6 +170,7 @@ pub fn pv_error_name(error: u32) -> &'static str {
         ERR_BAD_INDEX => "ERR_BAD_INDEX",
         ERR_BAD_BATCH => "ERR_BAD_BATCH",
         ERR_NOT_AVAILABLE => "ERR_NOT_AVAILABLE",
+        ERR_BUSY => "ERR_BUSY",
         _ => "unknown error",
     }
 }

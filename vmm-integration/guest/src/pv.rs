@@ -210,14 +210,24 @@ impl<H: Hal> Gpu<H> {
         if count == 0 {
             return Ok(());
         }
-        self.wr32(iface::BATCH_LO, addr as u32);
-        self.wr32(iface::BATCH_HI, (addr >> 32) as u32);
-        self.wr32(iface::BATCH_COUNT, count);
-        self.wr32(iface::SUBMIT, SUBMIT_GO);
-        let status = self.rd32(iface::STATUS);
-        let error = self.rd32(iface::ERROR);
-        self.pv_stats.batches += 1;
         self.pv_stats.ops += u64::from(count);
+        // The device may stop a long batch at its work budget (ERR_BUSY) after applying some
+        // ops: submit the rest again, as long as each round makes progress.
+        let mut done = 0;
+        let (status, error) = loop {
+            let at = addr + u64::from(done) * iface::OP_SIZE;
+            self.wr32(iface::BATCH_LO, at as u32);
+            self.wr32(iface::BATCH_HI, (at >> 32) as u32);
+            self.wr32(iface::BATCH_COUNT, count - done);
+            self.wr32(iface::SUBMIT, SUBMIT_GO);
+            let status = self.rd32(iface::STATUS).min(count - done);
+            let error = self.rd32(iface::ERROR);
+            self.pv_stats.batches += 1;
+            done += status;
+            if error != iface::ERR_BUSY || status == 0 || done >= count {
+                break (done, error);
+            }
+        };
         if status == count && error == iface::ERR_NONE {
             return Ok(());
         }
