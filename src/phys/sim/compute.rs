@@ -204,6 +204,35 @@ mod tests {
     }
 
     #[test]
+    fn launch_scan_predicts_the_traffic_the_pieces_cause() {
+        let (mut c, vs) = setup();
+        for k in [
+            Kernel::Mmul {
+                a: 0x1000,
+                b: 0x2000,
+                c: 0x3000,
+                n: 16,
+            },
+            Kernel::Madd {
+                a: 0x1_0000,
+                b: 0x2_0000,
+                c: 0x3_0000,
+                n: 20_000,
+            },
+            Kernel::Memset {
+                dst: 0x4_0000,
+                bytes: 0x2_1000,
+                value: 1,
+            },
+        ] {
+            let mut op = EngineOp::kernel(&c, &k, vs, 0, 0);
+            c.mem.take_traffic();
+            assert!(run_to_end(&mut c, &mut op).is_ok());
+            assert_eq!(op.scanned_traffic(), c.mem.take_traffic(), "{k:?}");
+        }
+    }
+
+    #[test]
     fn loop_writes_the_closed_form_result() {
         let (mut c, vs) = setup();
         let t = run(

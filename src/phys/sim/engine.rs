@@ -427,10 +427,10 @@ impl EngineOp {
         self.duration
     }
 
-    /// Pieces done so far and in total.
+    /// The traffic the launch-time scan predicted.
     #[cfg(test)]
-    pub(crate) fn progress_of(&self) -> (u64, u64) {
-        (self.next, self.pieces)
+    pub(crate) fn scanned_traffic(&self) -> Traffic {
+        self.traffic
     }
 
     /// MMU fault unit, client and hub flag of this engine.
