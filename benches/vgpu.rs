@@ -93,6 +93,7 @@ fn setup() -> Setup {
         vram_size: 512 << 20,
         clock: clock.clone(),
         cost: CostModel::instant(),
+        ..SimConfig::default()
     }));
     let host = GpuHost::new(
         gpu,

@@ -665,7 +665,7 @@ fn work_completes_only_when_the_clock_reaches_its_end() {
     p.extend(release4(DATA_VA + 8, 1));
     let start = r.clock.now_ns();
     r.submit(&mut c, &p);
-    // The fetch first, then the kernel: its result is written at its start...
+    // The fetch first, then the kernel: its one result word lands at its end...
     let fetch_end = r.gpu.next_event_ns().expect("the fetch is in flight");
     assert_eq!(
         fetch_end,
@@ -675,14 +675,15 @@ fn work_completes_only_when_the_clock_reaches_its_end() {
     let end = r.gpu.next_event_ns().expect("the kernel is in flight");
     let cost = CostModel::default().loop_kernel(iterations);
     assert_eq!(end, fetch_end + cost);
-    assert_eq!(r.r32(out), cc::loop_result(1, iterations));
-    // ...but the release after it waits for the kernel to end, and GP_GET with it.
+    // ...and the release after it waits for the kernel to end, and GP_GET with it.
     r.clock.advance_to(end - 1);
     r.gpu.poll();
+    assert_eq!(r.r32(out), 0);
     assert_eq!(r.r32(out + 8), 0);
     assert_eq!(r.gp_get(&c), 0);
     r.clock.advance_to(end);
     r.gpu.poll();
+    assert_eq!(r.r32(out), cc::loop_result(1, iterations));
     assert_eq!(r.r32(out + 8), 1);
     assert_eq!(r.gp_get(&c), 1);
     assert_eq!(r.gpu.next_event_ns(), None);
@@ -1396,5 +1397,395 @@ proptest! {
             r.gpu.write_reg(pfifo::chan_state(0), pfifo::STATE_START);
         }
         prop_assert_eq!(r.r32(out), 1, "the other channel is unaffected");
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Work in flight: effects over the duration, resets, preempts, rebinding, per-call bound
+// ------------------------------------------------------------------------------------------------
+
+const MIB: u64 = 1 << 20;
+
+/// A channel (chid `chid`) with a 4 MiB source at DATA_VA filled with a pattern, a 4 MiB
+/// destination at DATA_VA + 16 MiB and a semaphore page at DATA_VA + 32 MiB. Returns (channel,
+/// source, destination, semaphore) physical addresses.
+fn copy_setup(r: &mut Rig, chid: u32) -> (Chan, Vec<u8>, u64, u64, u64) {
+    let mut c = r.channel(chid);
+    r.runlist(&[chid]);
+    let src = r.buffer(&mut c, DATA_VA, 4 * MIB);
+    let dst = r.buffer(&mut c, DATA_VA + 16 * MIB, 4 * MIB);
+    let sem = r.buffer(&mut c, DATA_VA + 32 * MIB, 0x1000);
+    let data: Vec<u8> = (0..4 * MIB as u32).map(|i| (i % 251 + 1) as u8).collect();
+    r.gpu.write_vram(HostVram(src), &data);
+    (c, data, dst, sem, src)
+}
+
+/// Bind copy, semaphore at DATA_VA + 32 MiB with payload 0x77, a 4 MiB one-line copy.
+fn long_copy() -> Vec<u32> {
+    let mut p = bind_copy();
+    p.extend(mthd(
+        SUBC_COPY,
+        ce::SET_SEMAPHORE_A,
+        &[0, (DATA_VA + 32 * MIB) as u32, 0x77],
+    ));
+    p.extend(copy(
+        DATA_VA,
+        DATA_VA + 16 * MIB,
+        0,
+        0,
+        4 * MIB as u32,
+        1,
+        ce::LAUNCH_SEMAPHORE_ONE_WORD,
+    ));
+    p
+}
+
+/// Submits `p` and lets the fetch end: returns (copy start, copy end).
+fn launch(r: &mut Rig, c: &mut Chan, p: &[u32]) -> (u64, u64) {
+    r.submit(c, p);
+    let fetch_end = r.gpu.next_event_ns().expect("the fetch is in flight");
+    r.clock.advance_to(fetch_end);
+    r.gpu.poll();
+    let end = r.gpu.next_event_ns().expect("the operation is in flight");
+    (fetch_end, end)
+}
+
+/// How many 64 KiB pieces of the destination equal the source (and that they are a prefix).
+fn pieces_landed(r: &Rig, dst: u64, data: &[u8]) -> usize {
+    let mut out = vec![0u8; data.len()];
+    r.gpu.read_vram(HostVram(dst), &mut out);
+    let chunks: Vec<bool> = out
+        .chunks(64 * 1024)
+        .zip(data.chunks(64 * 1024))
+        .map(|(o, d)| {
+            assert!(
+                o == d || o.iter().all(|&b| b == 0),
+                "a piece is whole or absent"
+            );
+            o == d
+        })
+        .collect();
+    let n = chunks.iter().take_while(|&&x| x).count();
+    assert!(chunks[n..].iter().all(|&x| !x), "pieces land in order");
+    n
+}
+
+#[test]
+fn copy_writes_land_progressively_over_the_duration() {
+    let mut r = Rig::new();
+    let (mut c, data, dst, sem, _) = copy_setup(&mut r, 3);
+    let submitted = r.clock.now_ns();
+    let (start, end) = launch(&mut r, &mut c, &long_copy());
+    // Modeled duration unchanged: 8 MiB of VRAM traffic plus the launch.
+    let traffic = 8 * MIB as u128 * 1_000_000_000;
+    let bw = CostModel::default().vram_bytes_per_s as u128;
+    assert_eq!(
+        end - start,
+        CostModel::default().copy_launch_ns + traffic.div_ceil(bw) as u64
+    );
+    assert_eq!(pieces_landed(&r, dst, &data), 0, "nothing at launch");
+    r.clock.advance_to(start + (end - start) / 2);
+    r.gpu.poll();
+    let half = pieces_landed(&r, dst, &data);
+    assert!(half > 0 && half < 64, "half-way: {half} of 64 pieces");
+    assert_eq!(r.r32(sem), 0, "no completion semaphore before the end");
+    assert_eq!(r.gp_get(&c), 0);
+    // The channel's busy time grows while the copy runs.
+    let busy_mid = r.gpu.channel_busy_ns(3).expect("a channel");
+    assert_eq!(busy_mid, r.clock.now_ns() - submitted);
+    r.clock.advance_to(end - 1);
+    r.gpu.poll();
+    assert!(pieces_landed(&r, dst, &data) > half);
+    assert_eq!(r.r32(sem), 0);
+    r.clock.advance_to(end);
+    r.gpu.poll();
+    assert_eq!(pieces_landed(&r, dst, &data), 64);
+    assert_eq!(r.r32(sem), 0x77);
+    assert_eq!(r.gp_get(&c), 1);
+    assert_eq!(r.gpu.channel_busy_ns(3), Some(end - submitted));
+    assert_eq!(r.gpu.stats().busy_ns, end - submitted);
+}
+
+#[test]
+fn at_launch_mode_writes_everything_at_the_start_with_the_same_duration() {
+    let clock = Arc::new(SimClock::new());
+    let mut r = Rig::new();
+    r.gpu = SimGpu::new(SimConfig {
+        clock: clock.clone(),
+        engine_writes: EngineWrites::AtLaunch,
+        ..SimConfig::default()
+    });
+    r.clock = clock;
+    r.next = 0x10_0000;
+    r.init();
+    let (mut c, data, dst, sem, _) = copy_setup(&mut r, 3);
+    let (start, end) = launch(&mut r, &mut c, &long_copy());
+    assert_eq!(pieces_landed(&r, dst, &data), 64);
+    assert_eq!(r.r32(sem), 0);
+    let mut o = Rig::new();
+    let (mut oc, _, _, _, _) = copy_setup(&mut o, 3);
+    let (ostart, oend) = launch(&mut o, &mut oc, &long_copy());
+    assert_eq!(end - start, oend - ostart, "same modeled duration");
+    r.clock.advance_to(end);
+    r.gpu.poll();
+    assert_eq!(r.r32(sem), 0x77);
+}
+
+#[test]
+fn engine_reset_mid_copy_leaves_the_rest_unwritten() {
+    let mut r = Rig::new();
+    let (mut c, data, dst, sem, _) = copy_setup(&mut r, 3);
+    let (start, end) = launch(&mut r, &mut c, &long_copy());
+    r.clock.advance_to(start + (end - start) / 2);
+    r.gpu.poll();
+    let half = pieces_landed(&r, dst, &data);
+    assert!(half > 0 && half < 64);
+    r.gpu
+        .write_reg(pmc::ENABLE, pmc::ENABLE_ALL & !pmc::ENABLE_PCOPY0);
+    r.gpu.write_reg(pmc::ENABLE, pmc::ENABLE_ALL);
+    r.clock.advance_to(end + 1_000_000);
+    r.settle();
+    assert_eq!(pieces_landed(&r, dst, &data), half, "the rest never lands");
+    assert_eq!(r.r32(sem), 0, "no completion semaphore");
+    assert_eq!(r.gpu.stats().engine_aborts, 1);
+    assert!(!r.runnable(&c));
+}
+
+/// A channel ready for an `n`x`n` mmul of a (i + k) by b (3k + j) at DATA_VA.. .
+fn mmul_setup(r: &mut Rig, chid: u32, n: u64) -> (Chan, Vec<u32>, u64) {
+    let mut c = r.channel(chid);
+    r.runlist(&[chid]);
+    let bytes = n * n * 4;
+    let a = r.buffer(&mut c, DATA_VA, bytes);
+    let b = r.buffer(&mut c, DATA_VA + 8 * MIB, bytes);
+    let out = r.buffer(&mut c, DATA_VA + 16 * MIB, bytes);
+    let av: Vec<u32> = (0..n * n).map(|x| (x / n + x % n) as u32).collect();
+    let bv: Vec<u32> = (0..n * n).map(|x| (3 * (x / n) + x % n) as u32).collect();
+    put_words(r, a, &av);
+    put_words(r, b, &bv);
+    let mut p = bind_compute();
+    p.extend(launch_kernel(&Kernel::Mmul {
+        a: DATA_VA,
+        b: DATA_VA + 8 * MIB,
+        c: DATA_VA + 16 * MIB,
+        n: n as u32,
+    }));
+    (c, p, out)
+}
+
+fn mmul_ref(n: u64, i: u64, j: u64) -> u32 {
+    (0..n).fold(0u32, |acc, k| {
+        acc.wrapping_add(((i + k) as u32).wrapping_mul((3 * k + j) as u32))
+    })
+}
+
+#[test]
+fn engine_reset_mid_kernel_leaves_the_remaining_rows_unwritten() {
+    let n = 256u64;
+    let mut r = Rig::new();
+    let (mut c, p, out) = mmul_setup(&mut r, 2, n);
+    // More than one call's budget: the next event is when one budget's worth of rows is due.
+    let (_, first) = launch(&mut r, &mut c, &p);
+    r.clock.advance_to(first);
+    r.gpu.poll();
+    r.gpu
+        .write_reg(pmc::ENABLE, pmc::ENABLE_ALL & !pmc::ENABLE_PGRAPH);
+    r.gpu.write_reg(pmc::ENABLE, pmc::ENABLE_ALL);
+    r.clock.advance(1_000_000_000);
+    r.settle();
+    let rows: Vec<bool> = (0..n)
+        .map(|i| get_words(&r, out + i * n * 4 + 4 * 5, 1)[0] == mmul_ref(n, i, 5))
+        .collect();
+    let done = rows.iter().take_while(|&&x| x).count();
+    assert!(done > 0 && (done as u64) < n, "{done} of {n} rows");
+    assert!(rows[done..].iter().all(|&x| !x));
+    assert_eq!(get_words(&r, out + (n - 1) * n * 4, 1), vec![0]);
+    assert_eq!(r.gpu.stats().engine_aborts, 1);
+    assert_eq!(r.gpu.stats().engine_ops, 0);
+}
+
+#[test]
+fn preempt_during_an_engine_operation_is_pending_until_its_end() {
+    let mut r = Rig::new();
+    let (mut c, data, dst, sem, _) = copy_setup(&mut r, 3);
+    let (start, end) = launch(&mut r, &mut c, &long_copy());
+    r.clock.advance_to(start + (end - start) / 2);
+    r.gpu.write_reg(pfifo::KICK, 3);
+    assert_eq!(r.reg(pfifo::KICK), 3 | pfifo::KICK_PENDING);
+    let half = pieces_landed(&r, dst, &data);
+    assert!(half > 0 && half < 64);
+    // Idempotent; another channel's preempt (not resident, nothing in flight) is immediate.
+    r.gpu.write_reg(pfifo::KICK, 3);
+    assert_eq!(r.reg(pfifo::KICK), 3 | pfifo::KICK_PENDING);
+    r.gpu.write_reg(pfifo::KICK, 9);
+    assert_eq!(r.reg(pfifo::KICK), 9);
+    r.gpu.write_reg(pfifo::KICK, 3);
+    r.clock.advance_to(end - 1);
+    assert_eq!(r.reg(pfifo::KICK), 3 | pfifo::KICK_PENDING);
+    r.clock.advance_to(end);
+    assert_eq!(r.reg(pfifo::KICK), 3);
+    assert_eq!(pieces_landed(&r, dst, &data), 64);
+    assert_eq!(r.r32(sem), 0x77);
+    r.settle();
+    assert_eq!(
+        r.gp_get(&c),
+        1,
+        "the channel resumes and finishes its entry"
+    );
+}
+
+#[test]
+fn preempted_channel_reloads_its_instance_block_before_continuing() {
+    let mut r = Rig::new();
+    let (mut c, data, dst, _, src) = copy_setup(&mut r, 4);
+    // A second page directory for the same channel: same ring and pushbuffer, but the second
+    // copy's destination (DATA_VA + 24 MiB) goes to other memory.
+    let d_old = r.buffer(&mut c, DATA_VA + 24 * MIB, 0x1000);
+    let d_new = r.alloc(0x1000, 0x1000);
+    let vm2 = r.vm();
+    let mut vm2 = r.map_range(&vm2, IB_VA, c.ib_pa, IB_ENTRIES as u64 * 8, Target::Vram);
+    vm2 = r.map_range(&vm2, PB_VA, c.pb_pa, PB_SIZE, Target::Vram);
+    vm2 = r.map_range(&vm2, DATA_VA, src, 0x1000, Target::Vram);
+    vm2 = r.map_range(&vm2, DATA_VA + 24 * MIB, d_new, 0x1000, Target::Vram);
+    let mut p = long_copy();
+    p.extend(copy(DATA_VA, DATA_VA + 24 * MIB, 0, 0, 256, 1, 0));
+    let (start, end) = launch(&mut r, &mut c, &p);
+    // The host stops the channel while the first copy runs; it stops after that copy, in the
+    // middle of its entry, with nothing in flight.
+    r.clock.advance_to(start + (end - start) / 2);
+    r.gpu.write_reg(pfifo::chan_state(4), 0);
+    r.clock.advance_to(end);
+    r.gpu.poll();
+    assert_eq!(pieces_landed(&r, dst, &data), 64);
+    assert_eq!(r.gpu.next_event_ns(), None);
+    assert_eq!(r.gp_get(&c), 0, "mid-entry");
+    assert_eq!(r.r32(d_old), 0);
+    // The preempt completes at once; the host then points the instance block at the new PD.
+    r.gpu.write_reg(pfifo::KICK, 4);
+    assert_eq!(r.reg(pfifo::KICK), 4);
+    r.w64(
+        c.inst + inst::PDB_LO,
+        inst::pdb_encode(vm2.pd, Target::Vram),
+    );
+    r.gpu.write_reg(pfifo::chan_state(4), pfifo::STATE_START);
+    r.settle();
+    assert_eq!(r.gp_get(&c), 1);
+    assert_eq!(r.r32(d_new), u32::from_le_bytes([1, 2, 3, 4]));
+    assert_eq!(
+        r.r32(d_old),
+        0,
+        "the rest of the entry used the reloaded PD"
+    );
+}
+
+#[test]
+fn fault_at_the_end_of_a_copy_names_the_instance_that_launched_it() {
+    let mut r = Rig::new();
+    let (mut c, data, dst, _, _) = copy_setup(&mut r, 3);
+    let old_word = r.reg(pfifo::chan_table(3)) & 0x3fff_ffff;
+    // The completion semaphore goes to an unmapped page.
+    let mut p = bind_copy();
+    let bad = DATA_VA + 40 * MIB;
+    r.spt(&mut c.vm, bad);
+    p.extend(mthd(SUBC_COPY, ce::SET_SEMAPHORE_A, &[0, bad as u32, 1]));
+    p.extend(copy(
+        DATA_VA,
+        DATA_VA + 16 * MIB,
+        0,
+        0,
+        4 * MIB as u32,
+        1,
+        ce::LAUNCH_SEMAPHORE_ONE_WORD,
+    ));
+    let (start, end) = launch(&mut r, &mut c, &p);
+    r.clock.advance_to(start + (end - start) / 2);
+    // Rebind chid 3 to another instance block (an idle channel) while the copy runs.
+    let inst2 = r.inst_block(&c.vm, mmu::VA_LIMIT - 1);
+    let userd2 = r.alloc(0x1000, 0x1000);
+    r.w64(
+        inst2 + inst::RAMFC_USERD_LO,
+        inst::userd_encode(userd2, Target::Vram),
+    );
+    r.w32(
+        inst2 + inst::RAMFC_IB_CONFIG,
+        inst::ib_config_encode(IB_VA, IB_ENTRIES),
+    );
+    r.gpu.write_reg(
+        pfifo::chan_table(3),
+        pfifo::chan_encode(inst2, Target::Vram),
+    );
+    let new_word = r.reg(pfifo::chan_table(3)) & 0x3fff_ffff;
+    assert_ne!(old_word, new_word);
+    assert_eq!(r.gpu.stats().mmu_faults, 0);
+    r.clock.advance_to(end);
+    r.gpu.poll();
+    assert_eq!(pieces_landed(&r, dst, &data), 64, "ran to its end");
+    let unit = fault::UNIT_PCOPY0;
+    assert_eq!(r.gpu.stats().mmu_faults, 1);
+    assert_eq!(r.reg(pfifo::vm_fault(unit, 0)), old_word);
+    assert_eq!(r.reg(pfifo::vm_fault(unit, 4)), bad as u32);
+    assert!(
+        r.runnable(&c),
+        "the new binding is not stopped by the old context's fault"
+    );
+}
+
+#[test]
+fn engine_work_per_call_is_bounded() {
+    let n = 1024u64;
+    let mut r = Rig::new();
+    let (mut c, p, out) = mmul_setup(&mut r, 1, n);
+    let (start, _) = launch(&mut r, &mut c, &p);
+    // A poller that follows next_event_ns never has more than one budget due at once.
+    let before = r.gpu.engine_work();
+    let (mut t, mut events) = (start, 0);
+    while let Some(e) = r.gpu.next_event_ns() {
+        assert!(e >= t, "events move forward");
+        t = e;
+        events += 1;
+        r.clock.advance_to(e);
+        r.gpu.poll();
+    }
+    assert!(events > 16, "{events} events");
+    assert_eq!(r.gpu.engine_work().deferred_calls, before.deferred_calls);
+    assert_eq!(
+        r.gpu.stats().busy_ns,
+        t - (start - CostModel::default().gpfifo_entry(p.len() as u32))
+    );
+    assert_eq!(
+        get_words(&r, out + (n - 1) * n * 4 + 4 * 7, 1),
+        vec![mmul_ref(n, n - 1, 7)]
+    );
+    put_words(&r, out, &vec![0; (n * n) as usize]);
+
+    // The same kernel with the clock jumped past its end: many calls, each within the budget.
+    launch(&mut r, &mut c, &p);
+    r.clock.advance(1_000_000_000);
+    let mut calls = 0u64;
+    let mut last = r.gpu.engine_work().pieces;
+    let mut progressed = 0;
+    while r.gpu.next_event_ns().is_some() {
+        assert!(
+            r.gpu.next_event_ns() <= Some(r.clock.now_ns()),
+            "work is due now"
+        );
+        r.gpu.poll();
+        calls += 1;
+        let w = r.gpu.engine_work();
+        if w.pieces > last {
+            progressed += 1;
+        }
+        last = w.pieces;
+        assert!(calls < 10_000);
+    }
+    let w = r.gpu.engine_work();
+    assert!(w.max_call_units <= WORK_BUDGET);
+    assert!(w.deferred_calls > before.deferred_calls);
+    assert!(progressed >= 16, "{progressed} calls did rows");
+    for (i, j) in [(0, 0), (511, 3), (1023, 1023)] {
+        assert_eq!(
+            get_words(&r, out + (i * n + j) * 4, 1),
+            vec![mmul_ref(n, i, j)]
+        );
     }
 }

@@ -308,6 +308,7 @@ pub fn run(data: &[u8]) -> RunSummary {
         vram_size: VRAM,
         clock: clock.clone(),
         cost: CostModel::instant(),
+        ..SimConfig::default()
     }));
     let host = GpuHost::new(
         gpu.clone(),

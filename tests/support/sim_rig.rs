@@ -150,6 +150,7 @@ impl Rig {
             vram_size,
             clock: clock.clone(),
             cost,
+            ..SimConfig::default()
         });
         let mut rig = Rig {
             gpu,

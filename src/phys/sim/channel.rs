@@ -4,8 +4,9 @@
 //! assembled, subchannel bindings, semaphore and engine method registers).
 //!
 //! The context is (re)loaded from the instance block every time the channel starts a GPFIFO
-//! entry, so a device model that rewrites an instance block (PDB, USERD, IB base) before kicking
-//! the channel is seen, as GPUvm's shadow channels require.
+//! entry, and before it continues an entry after a preempt (KICK) dropped it, so a device model
+//! that rewrites an instance block (PDB, USERD, IB base) before kicking the channel is seen, as
+//! GPUvm's shadow channels require.
 
 use gf100::method::Mode;
 use gf100::{inst, pfifo, Target};
@@ -52,11 +53,14 @@ pub(crate) struct ChannelCtx {
     pub ib_base: u64,
     /// GPFIFO ring size in entries (`1 << order`, RAMFC 0x4c bits 16-31, at most 2^32).
     pub ib_entries: u64,
+    /// The instance word (CHAN word, low 30 bits) the context was loaded from: what VM_FAULT
+    /// reports for work this context runs, even after the channel is rebound.
+    pub inst_word: u32,
 }
 
 impl ChannelCtx {
-    /// Reads the context of the instance block at `inst`.
-    pub(crate) fn load(mem: &mut Memory, inst: u64, target: Target) -> ChannelCtx {
+    /// Reads the context of the instance block at `inst`, bound by instance word `inst_word`.
+    pub(crate) fn load(mem: &mut Memory, inst: u64, target: Target, inst_word: u32) -> ChannelCtx {
         let vspace = Vspace::load(mem, inst, target);
         let userd = mem
             .read_u64(target, inst + inst::RAMFC_USERD_LO)
@@ -73,6 +77,7 @@ impl ChannelCtx {
             userd,
             ib_base: ((ib_cfg & 0xff) as u64) << 32 | ib_lo as u64,
             ib_entries: 1u64 << order,
+            inst_word,
         }
     }
 }
@@ -183,23 +188,25 @@ pub(crate) struct Channel {
     pub acquire: Option<Acquire>,
     /// Modeled GPU time this channel has occupied, in ns.
     pub busy_ns: u64,
+    /// A preempt (KICK) of this channel waits for its engine operation to end.
+    pub preempt_pending: bool,
+    /// Binding generation: incremented whenever the channel is bound to another instance (or
+    /// unbound), so work launched by an earlier binding does not act on the new one.
+    pub epoch: u64,
 }
 
 impl Channel {
-    /// Forgets all PBDMA state (a fresh bind); keeps the table words, runlist membership and
-    /// the busy-time account.
+    /// Forgets all PBDMA state (a fresh bind, a new binding generation); keeps the table words,
+    /// runlist membership, the busy-time account and a pending preempt (it completes when the
+    /// operation in flight ends).
     pub(crate) fn reset_pbdma(&mut self) {
-        let (chan_word, state_word, busy_ns, in_runlist) = (
-            self.chan_word,
-            self.state_word,
-            self.busy_ns,
-            self.in_runlist,
-        );
         *self = Channel {
-            chan_word,
-            state_word: state_word & !pfifo::STATE_ACQUIRE_PENDING,
-            busy_ns,
-            in_runlist,
+            chan_word: self.chan_word,
+            state_word: self.state_word & !pfifo::STATE_ACQUIRE_PENDING,
+            busy_ns: self.busy_ns,
+            in_runlist: self.in_runlist,
+            preempt_pending: self.preempt_pending,
+            epoch: self.epoch + 1,
             ..Channel::default()
         };
     }
@@ -271,7 +278,8 @@ mod tests {
             inst::RAMFC_IB_CONFIG,
             inst::ib_config_encode(0x12_0000_2000, 512),
         );
-        let c = ChannelCtx::load(&mut m, inst, Target::Vram);
+        let c = ChannelCtx::load(&mut m, inst, Target::Vram, 7);
+        assert_eq!(c.inst_word, 7);
         assert_eq!(
             c.vspace,
             Vspace {
@@ -283,7 +291,7 @@ mod tests {
         assert_eq!((c.ib_base, c.ib_entries), (0x12_0000_2000, 512));
         w(&mut m, inst::RAMFC_IB_CONFIG, 0xffff_0000);
         assert_eq!(
-            ChannelCtx::load(&mut m, inst, Target::Vram).ib_entries,
+            ChannelCtx::load(&mut m, inst, Target::Vram, 0).ib_entries,
             1 << 32
         );
     }

@@ -3,20 +3,16 @@
 //! written through the channel's GPU virtual addresses.
 //!
 //! Arguments are decoded and validated with `gf100::compute::Kernel::decode`; a rejected launch
-//! is a PBDMA ILLEGAL_MTHD error (the caller's job). Element-wise kernels stream their operands
-//! in 64 KiB pieces; the matrix kernels read both operands (at most 4 MiB each at the 1024x1024
-//! limit) and write the result row by row. A fault stops the kernel where it happened (MMU fault
-//! unit PGRAPH, GPC client CTXCTL); results written before it stay written. `fmmul` sums k in
+//! is a PBDMA ILLEGAL_MTHD error (the caller's job). A launched kernel runs as an
+//! [`super::engine::EngineOp`] over its modeled duration: element-wise kernels stream their
+//! operands in 64 KiB pieces; the matrix kernels compute one row per piece (the first reads all of
+//! `b`, at most 4 MiB at the 1024x1024 limit, and keeps it); `loop` writes its one word at the end.
+//! A fault stops the kernel where it happened (MMU fault unit PGRAPH, GPC client CTXCTL), when its
+//! piece is reached; results written before it stay written. `fmmul` sums k in
 //! increasing order with separate f32 multiply and add, so results are bit-exact and
 //! reproducible on the guest side.
 
 use gf100::compute::{self as cc, Kernel};
-
-use super::mmu::{VaFault, Vspace};
-use super::Core;
-
-/// Elements per streamed piece of the element-wise kernels.
-const PIECE: usize = 16 * 1024;
 
 /// Compute method registers of one channel.
 #[derive(Debug, Clone, Copy, Default)]
@@ -48,149 +44,27 @@ impl ComputeRegs {
     }
 }
 
-/// Runs `k` in `vs`; returns its modeled duration.
-pub(crate) fn run(core: &mut Core, vs: &Vspace, k: &Kernel) -> Result<u64, VaFault> {
-    core.mem.take_traffic();
-    let (f32_ops, u32_ops): (u128, u128) = match *k {
-        Kernel::Memset { dst, bytes, value } => {
-            memset(core, vs, dst, bytes, value)?;
-            (0, 0)
-        }
-        Kernel::Madd { a, b, c, n } => {
-            elementwise(core, vs, [a, b, c], n, |x, y| x.wrapping_add(y))?;
-            (0, n as u128)
-        }
-        Kernel::Fmadd { a, b, c, n } => {
-            elementwise(core, vs, [a, b, c], n, |x, y| {
-                (f32::from_bits(x) + f32::from_bits(y)).to_bits()
-            })?;
-            (n as u128, 0)
-        }
-        Kernel::Mmul { a, b, c, n } => {
-            matmul(
-                core,
-                vs,
-                [a, b, c],
-                n,
-                0u32,
-                |acc, x, y| acc.wrapping_add(x.wrapping_mul(y)),
-                |v| v,
-            )?;
-            (0, 2 * (n as u128).pow(3))
-        }
-        Kernel::Fmmul { a, b, c, n } => {
-            matmul(
-                core,
-                vs,
-                [a, b, c],
-                n,
-                0f32,
-                |acc, x, y| acc + f32::from_bits(x) * f32::from_bits(y),
-                f32::to_bits,
-            )?;
-            (2 * (n as u128).pow(3), 0)
-        }
-        Kernel::Loop {
-            dst,
-            iterations,
-            seed,
-        } => {
-            core.write_va(vs, dst, &cc::loop_result(seed, iterations).to_le_bytes())?;
-            core.mem.take_traffic();
-            return Ok(core.cost.loop_kernel(iterations));
-        }
-    };
-    let traffic = core.mem.take_traffic();
-    Ok(core.cost.kernel(traffic, f32_ops, u32_ops))
-}
-
-fn memset(core: &mut Core, vs: &Vspace, dst: u64, bytes: u32, value: u32) -> Result<(), VaFault> {
-    let piece: Vec<u8> = value
-        .to_le_bytes()
-        .iter()
-        .copied()
-        .cycle()
-        .take((PIECE * 4).min(bytes as usize))
-        .collect();
-    let mut done = 0u64;
-    while done < bytes as u64 {
-        let n = (bytes as u64 - done).min(piece.len() as u64) as usize;
-        core.write_va(vs, dst.wrapping_add(done), &piece[..n])?;
-        done += n as u64;
-    }
-    Ok(())
-}
-
-fn elementwise(
-    core: &mut Core,
-    vs: &Vspace,
-    [a, b, c]: [u64; 3],
-    n: u32,
-    f: impl Fn(u32, u32) -> u32,
-) -> Result<(), VaFault> {
-    let len = PIECE.min(n as usize);
-    let (mut xa, mut xb, mut out) = (vec![0u8; len * 4], vec![0u8; len * 4], vec![0u8; len * 4]);
-    let mut i = 0u64;
-    while i < n as u64 {
-        let m = (n as u64 - i).min(len as u64) as usize;
-        let off = i * 4;
-        core.read_va(vs, a.wrapping_add(off), &mut xa[..m * 4])?;
-        core.read_va(vs, b.wrapping_add(off), &mut xb[..m * 4])?;
-        for ((o, x), y) in out
-            .chunks_exact_mut(4)
-            .zip(xa.chunks_exact(4))
-            .zip(xb.chunks_exact(4))
-            .take(m)
-        {
-            o.copy_from_slice(&f(word(x), word(y)).to_le_bytes());
-        }
-        core.write_va(vs, c.wrapping_add(off), &out[..m * 4])?;
-        i += m as u64;
-    }
-    Ok(())
-}
-
-/// `c = a x b` for `n`x`n` row-major matrices of u32 words: `acc = step(acc, a[i][k], b[k][j])`
-/// for k in increasing order from `zero`, stored with `store`.
-fn matmul<T: Copy>(
-    core: &mut Core,
-    vs: &Vspace,
-    [a, b, c]: [u64; 3],
-    n: u32,
-    zero: T,
-    step: impl Fn(T, u32, u32) -> T,
-    store: impl Fn(T) -> u32,
-) -> Result<(), VaFault> {
-    let n = n as usize;
-    let ma = read_words(core, vs, a, n * n)?;
-    let mb = read_words(core, vs, b, n * n)?;
-    let mut row = vec![0u8; n * 4];
-    for i in 0..n {
-        for (j, out) in row.chunks_exact_mut(4).enumerate() {
-            let acc = (0..n).fold(zero, |acc, k| step(acc, ma[i * n + k], mb[k * n + j]));
-            out.copy_from_slice(&store(acc).to_le_bytes());
-        }
-        core.write_va(vs, c.wrapping_add((i * n * 4) as u64), &row)?;
-    }
-    Ok(())
-}
-
-fn read_words(core: &mut Core, vs: &Vspace, va: u64, count: usize) -> Result<Vec<u32>, VaFault> {
-    let mut bytes = vec![0u8; count * 4];
-    core.read_va(vs, va, &mut bytes)?;
-    Ok(bytes.chunks_exact(4).map(word).collect())
-}
-
-fn word(b: &[u8]) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(b);
-    u32::from_le_bytes(w)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::phys::sim::cost::CostModel;
+    use crate::phys::sim::engine::{run_to_end, EngineOp};
+    use crate::phys::sim::mmu::{VaFault, Vspace};
+    use crate::phys::sim::Core;
+
+    /// Runs `k` in `vs` to its end: its duration, or its fault.
+    fn run(core: &mut Core, vs: &Vspace, k: &Kernel) -> Result<u64, VaFault> {
+        let mut op = EngineOp::kernel(core, k, *vs, 0, 0);
+        run_to_end(core, &mut op)
+    }
+
+    fn read_words(c: &mut Core, vs: &Vspace, va: u64, n: usize) -> Result<Vec<u32>, VaFault> {
+        let mut b = vec![0u8; n * 4];
+        c.read_va(vs, va, &mut b)?;
+        Ok(b.chunks_exact(4)
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+            .collect())
+    }
     use gf100::mmu::{Pde, PtRef, PtSize, Pte};
     use gf100::Target;
 
@@ -327,6 +201,35 @@ mod tests {
         );
         assert_eq!(f.map_err(|f| f.va), Err(0x10_0000));
         assert_eq!(get(&mut c, &vs, 0xf_f000, 1024), vec![7; 1024]);
+    }
+
+    #[test]
+    fn launch_scan_predicts_the_traffic_the_pieces_cause() {
+        let (mut c, vs) = setup();
+        for k in [
+            Kernel::Mmul {
+                a: 0x1000,
+                b: 0x2000,
+                c: 0x3000,
+                n: 16,
+            },
+            Kernel::Madd {
+                a: 0x1_0000,
+                b: 0x2_0000,
+                c: 0x3_0000,
+                n: 20_000,
+            },
+            Kernel::Memset {
+                dst: 0x4_0000,
+                bytes: 0x2_1000,
+                value: 1,
+            },
+        ] {
+            let mut op = EngineOp::kernel(&c, &k, vs, 0, 0);
+            c.mem.take_traffic();
+            assert!(run_to_end(&mut c, &mut op).is_ok());
+            assert_eq!(op.scanned_traffic(), c.mem.take_traffic(), "{k:?}");
+        }
     }
 
     #[test]

@@ -7,21 +7,17 @@
 //! / pipelined / non-pipelined (the same here), SEMAPHORE_TYPE none / one-word / four-word,
 //! INTERRUPT_TYPE none / non-blocking. Rejected with PBDMA ILLEGAL_MTHD (nothing is copied):
 //! block-linear layouts, REMAP, the blocking interrupt, reserved field values, and copies larger
-//! than [`MAX_COPY_BYTES`]. Data moves page by page through the channel's MMU; a fault stops the
-//! copy where it happened (MMU fault unit PCOPY0, client PCOPY0).
+//! than [`MAX_COPY_BYTES`]. Data moves in 64 KiB pieces of a line over the copy's modeled duration, page by page through
+//! the MMU of the context that launched it (`engine`); a fault stops the copy where it happened
+//! (MMU fault unit PCOPY0, client PCOPY0), reported when that piece is reached.
 
 use gf100::copy as c;
 
-use super::mem::Traffic;
-use super::mmu::{VaFault, Vspace};
-use super::Core;
+use super::engine::Job;
 
 /// Largest number of bytes one LAUNCH_DMA may move (MODEL limit: bounds the simulator's work
 /// per method; nouveau splits large copies into lines of at most 128 KiB anyway).
 pub(crate) const MAX_COPY_BYTES: u64 = 1 << 30;
-
-/// Bytes staged per step of a copy.
-const STAGE: usize = 64 * 1024;
 
 /// Copy-engine method registers of one channel.
 #[derive(Debug, Clone, Copy, Default)]
@@ -62,8 +58,6 @@ pub(crate) struct CopyDone {
 pub(crate) enum CopyError {
     /// Unsupported or reserved LAUNCH_DMA settings, or too large: PBDMA ILLEGAL_MTHD.
     Illegal,
-    /// The copy faulted.
-    Fault(VaFault),
 }
 
 /// A method the copy class does not know.
@@ -71,7 +65,7 @@ pub(crate) enum CopyError {
 pub(crate) struct UnknownMethod;
 
 impl CopyRegs {
-    /// Stores a method; returns `Ok(true)` for LAUNCH_DMA (the caller then calls [`launch`]).
+    /// Stores a method; returns `Ok(true)` for LAUNCH_DMA (the caller then calls [`plan`]).
     pub(crate) fn method(&mut self, mthd: u32, data: u32) -> Result<bool, UnknownMethod> {
         let hi = |v: u64| (v & 0xffff_ffff) | ((data & 0xff) as u64) << 32;
         let lo = |v: u64| (v & !0xffff_ffff) | data as u64;
@@ -116,25 +110,21 @@ impl CopyRegs {
     }
 }
 
-/// Executes LAUNCH_DMA in `vs`: moves the data now and returns (duration, completion actions).
-pub(crate) fn launch(
-    core: &mut Core,
-    vs: &Vspace,
-    regs: &CopyRegs,
-    launch: u32,
-) -> Result<(u64, CopyDone), CopyError> {
+/// Decodes LAUNCH_DMA: the copy to run over its duration and its completion actions. Nothing is
+/// read or written here; an illegal launch moves nothing.
+pub(crate) fn plan(regs: &CopyRegs, launch: u32) -> Result<(Job, CopyDone), CopyError> {
     let done = regs.completion(launch)?;
     let transfer = c::launch_transfer_type(launch);
     if transfer == 3 || launch & c::LAUNCH_REMAP != 0 {
         return Err(CopyError::Illegal);
     }
-    core.mem.take_traffic();
+    let mut lines = 0;
     if transfer != 0 {
         let pitch = c::LAUNCH_SRC_PITCH | c::LAUNCH_DST_PITCH;
         if launch & pitch != pitch {
             return Err(CopyError::Illegal);
         }
-        let lines = if launch & c::LAUNCH_MULTI_LINE != 0 {
+        lines = if launch & c::LAUNCH_MULTI_LINE != 0 {
             regs.line_count as u64
         } else {
             1
@@ -142,26 +132,19 @@ pub(crate) fn launch(
         if regs.line_length as u64 * lines > MAX_COPY_BYTES {
             return Err(CopyError::Illegal);
         }
-        copy_lines(core, vs, regs, lines).map_err(CopyError::Fault)?;
     }
-    let traffic: Traffic = core.mem.take_traffic();
-    Ok((core.cost.copy(traffic), done))
-}
-
-fn copy_lines(core: &mut Core, vs: &Vspace, regs: &CopyRegs, lines: u64) -> Result<(), VaFault> {
-    let mut stage = vec![0u8; STAGE.min(regs.line_length as usize)];
-    for line in 0..lines {
-        let src = regs.offset_in.wrapping_add(line * regs.pitch_in as u64);
-        let dst = regs.offset_out.wrapping_add(line * regs.pitch_out as u64);
-        let mut done = 0u64;
-        while done < regs.line_length as u64 {
-            let n = (regs.line_length as u64 - done).min(STAGE as u64) as usize;
-            core.read_va(vs, src.wrapping_add(done), &mut stage[..n])?;
-            core.write_va(vs, dst.wrapping_add(done), &stage[..n])?;
-            done += n as u64;
-        }
+    if regs.line_length == 0 {
+        lines = 0;
     }
-    Ok(())
+    let job = Job::Copy {
+        src: regs.offset_in,
+        dst: regs.offset_out,
+        pitch_in: regs.pitch_in as u64,
+        pitch_out: regs.pitch_out as u64,
+        len: regs.line_length as u64,
+        lines,
+    };
+    Ok((job, done))
 }
 
 #[cfg(test)]

@@ -104,7 +104,9 @@ impl Memory {
         ok
     }
 
-    /// Returns and resets the data traffic tally.
+    /// Returns and resets the data traffic tally (what an engine operation's launch-time scan
+    /// predicts; compared in tests).
+    #[cfg(test)]
     pub(crate) fn take_traffic(&mut self) -> Traffic {
         std::mem::take(&mut self.traffic)
     }

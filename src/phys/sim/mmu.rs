@@ -149,6 +149,22 @@ impl Core {
         Ok((entry.page + (va & (mmu::SMALL_PAGE_SIZE - 1)), entry.target))
     }
 
+    /// The memory target `va` translates to in `vs`, without filling the TLB or counting
+    /// anything (an engine operation's launch-time scan, `engine`); `None` if it would fault.
+    pub(crate) fn peek_target(&mut self, vs: &Vspace, va: u64) -> Option<Target> {
+        if va > vs.limit || va >= mmu::VA_LIMIT {
+            return None;
+        }
+        let pd = vs.pd?;
+        if let Some(e) = self.tlb.entries.get(&Tlb::key(pd, va)) {
+            return Some(e.target);
+        }
+        let errors = self.mem.errors;
+        let e = self.walk(pd, va).ok();
+        self.mem.errors = errors;
+        e.map(|e| e.target)
+    }
+
     /// Walks the page tables for `va`; returns the 4 KiB page's translation or a fault reason.
     fn walk(&mut self, pd: (u64, Target), va: u64) -> Result<TlbEntry, u32> {
         let raw = self

@@ -23,6 +23,7 @@ mod compute;
 mod copy;
 mod cost;
 mod dma;
+mod engine;
 mod intr;
 mod mem;
 mod mmu;
@@ -41,6 +42,7 @@ use crate::irq::IrqLine;
 use crate::phys::{Bar, DmaError, GpuStats, PhysicalGpu};
 
 pub use cost::CostModel;
+pub use engine::{EngineWorkStats, EngineWrites, WORK_BUDGET};
 
 use bar::Bars;
 use intr::Interrupts;
@@ -59,6 +61,9 @@ pub struct SimConfig {
     pub clock: Arc<dyn Clock>,
     /// Durations of the GPU's operations (default: [`CostModel::quadro_6000`]).
     pub cost: CostModel,
+    /// When engine operations read and write memory (default: progressively over their
+    /// modeled duration, [`EngineWrites::OverDuration`]).
+    pub engine_writes: EngineWrites,
 }
 
 impl Default for SimConfig {
@@ -67,6 +72,7 @@ impl Default for SimConfig {
             vram_size: 6 << 30,
             clock: Arc::new(SimClock::new()),
             cost: CostModel::default(),
+            engine_writes: EngineWrites::default(),
         }
     }
 }
@@ -166,7 +172,7 @@ impl State {
                 RegWrite::Unknown => {
                     self.core.intr.write(offset, value)
                         || self.bars.write_reg(&mut self.core, offset, value)
-                        || self.fifo.write_reg(&mut self.core, offset, value)
+                        || self.fifo.write_reg(&mut self.core, offset, value, now)
                 }
             }
         };
@@ -206,11 +212,13 @@ impl SimGpu {
     /// A GPU in its reset state.
     pub fn new(config: SimConfig) -> SimGpu {
         let vram_size = (config.vram_size & !((1 << 20) - 1)).max(1 << 20);
+        let mut fifo = Fifo::default();
+        fifo.mode = config.engine_writes;
         let state = State {
             core: Core::new(vram_size, config.cost),
             regs: Regs::new(vram_size),
             bars: Bars::default(),
-            fifo: Fifo::default(),
+            fifo,
             line: false,
             line_seq: 0,
         };
@@ -228,9 +236,15 @@ impl SimGpu {
     }
 
     /// Modeled GPU time channel `chid` has occupied so far (command fetch and engine work), in
-    /// ns; `None` for `chid >= 128`.
+    /// ns, including the elapsed part of its work in flight; `None` for `chid >= 128`.
     pub fn channel_busy_ns(&self, chid: u32) -> Option<u64> {
-        self.with_state(|s, _| s.fifo.channel_busy_ns(chid as usize))
+        self.with_state(|s, now| s.fifo.channel_busy_ns(chid as usize, now))
+    }
+
+    /// Counters of the engine work done in pieces (how much per call), for tests of the
+    /// per-call bound ([`WORK_BUDGET`]); they say nothing about modeled time.
+    pub fn engine_work(&self) -> EngineWorkStats {
+        self.with_state(|s, _| s.fifo.budget.stats)
     }
 
     /// Bytes of host memory the VRAM currently occupies (VRAM is allocated lazily in 64 KiB
@@ -252,6 +266,7 @@ impl SimGpu {
         let (r, change) = {
             let mut guard = self.lock();
             let s = &mut *guard;
+            s.fifo.budget.new_call();
             s.fifo.advance(&mut s.core, now);
             let r = f(s, now);
             s.fifo.advance(&mut s.core, now);
@@ -388,7 +403,11 @@ impl PhysicalGpu for SimGpu {
     }
 
     fn next_event_ns(&self) -> Option<u64> {
-        self.with_state(|s, _| s.fifo.next_event())
+        self.with_state(|s, now| s.fifo.next_event(now))
+    }
+
+    fn channel_busy_ns(&self, chid: u32) -> Option<u64> {
+        SimGpu::channel_busy_ns(self, chid)
     }
 
     fn stats(&self) -> GpuStats {

@@ -17,39 +17,33 @@ use gf100::method::{Header, Mode};
 use gf100::{host, pfifo, userd, Target};
 
 use super::channel::{Acquire, Channel, ChannelCtx, EngineClass, MethodRun, Segment};
-use super::compute;
-use super::copy::{self, CopyDone, CopyError};
+use super::copy::{self, CopyError};
+use super::engine::EngineOp;
 use super::intr::{FaultReport, PbdmaError};
 use super::mmu::{page_piece, VaFault, Vspace};
 use super::regs::TlbFlush;
 use super::Core;
 
 /// Work that keeps the GPU busy past the current time, and what to do when it ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Work {
     /// Fetching a GPFIFO entry and its pushbuffer.
     Fetch,
-    /// A compute kernel.
-    Kernel,
-    /// A copy; `done` runs at its end in `vspace`.
-    Copy {
-        /// Semaphore / interrupt on completion.
-        done: CopyDone,
-        /// The channel's VM at launch.
-        vspace: Vspace,
-    },
+    /// A copy or a compute kernel, running in the context it captured at launch.
+    Engine(Box<EngineOp>),
 }
 
 /// Why a channel's turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Outcome {
-    /// The channel occupies the GPU for `duration` ns; it continues afterwards.
-    Busy {
+    /// The channel occupies the GPU for `duration` ns fetching an entry; it continues
+    /// afterwards.
+    Fetch {
         /// Modeled duration.
         duration: u64,
-        /// What kind of work.
-        work: Work,
     },
+    /// The channel launched an engine operation; it continues once the operation has ended.
+    Launch(Box<EngineOp>),
     /// A GPFIFO entry was completed (a switch point).
     EntryDone,
     /// GP_GET reached GP_PUT.
@@ -86,6 +80,14 @@ impl Exec<'_> {
         if self.ch.seg.is_none() {
             return self.start_entry();
         }
+        if self.ch.ctx.is_none() {
+            // Resuming an entry after a preempt saved it: reload the context first.
+            let Some((inst, target)) = self.ch.inst else {
+                return Outcome::Idle;
+            };
+            let word = self.ch.inst_word();
+            self.ch.ctx = Some(ChannelCtx::load(&mut self.core.mem, inst, target, word));
+        }
         loop {
             let seg_done = self.ch.seg.as_ref().is_none_or(Segment::done);
             if seg_done {
@@ -107,7 +109,7 @@ impl Exec<'_> {
         let Some((inst, target)) = self.ch.inst else {
             return Outcome::Idle;
         };
-        let ctx = ChannelCtx::load(&mut self.core.mem, inst, target);
+        let ctx = ChannelCtx::load(&mut self.core.mem, inst, target, self.ch.inst_word());
         self.ch.ctx = Some(ctx);
         // GP_PUT beyond the ring, or a USERD that cannot be read (invalid target, no memory).
         let gp_put = ctx
@@ -135,9 +137,8 @@ impl Exec<'_> {
             buf: Vec::new(),
             pos: 0,
         });
-        Outcome::Busy {
+        Outcome::Fetch {
             duration: self.core.cost.gpfifo_entry(entry.length_dwords),
-            work: Work::Fetch,
         }
     }
 
@@ -155,6 +156,11 @@ impl Exec<'_> {
                 .mem
                 .write_u32(t, u + userd::GP_GET, self.ch.gp_get);
         }
+    }
+
+    /// The instance word of the loaded context (the channel's CHAN word if none is loaded).
+    fn inst_word(&self) -> u32 {
+        self.ch.ctx.map_or(self.ch.inst_word(), |c| c.inst_word)
     }
 
     fn vspace(&self) -> Vspace {
@@ -343,19 +349,17 @@ impl Exec<'_> {
         match self.ch.copy.method(m.method, m.data) {
             Err(_) => Some(self.illegal(m)),
             Ok(false) => None,
-            Ok(true) => {
-                let vs = self.vspace();
-                match copy::launch(self.core, &vs, &self.ch.copy, m.data) {
-                    Ok((duration, done)) => Some(Outcome::Busy {
-                        duration,
-                        work: Work::Copy { done, vspace: vs },
-                    }),
-                    Err(CopyError::Illegal) => Some(self.illegal(m)),
-                    Err(CopyError::Fault(f)) => {
-                        Some(self.fault(f, fault::UNIT_PCOPY0, fault::HUB_CLIENT_PCOPY0, true))
-                    }
-                }
-            }
+            Ok(true) => match copy::plan(&self.ch.copy, m.data) {
+                Ok((job, done)) => Some(Outcome::Launch(Box::new(EngineOp::new(
+                    host::ENGINE_PCOPY0,
+                    job,
+                    self.vspace(),
+                    self.inst_word(),
+                    self.ch.epoch,
+                    Some(done),
+                )))),
+                Err(CopyError::Illegal) => Some(self.illegal(m)),
+            },
         }
     }
 
@@ -367,19 +371,13 @@ impl Exec<'_> {
                 let Ok(kernel) = self.ch.compute.kernel() else {
                     return Some(self.illegal(m));
                 };
-                let vs = self.vspace();
-                match compute::run(self.core, &vs, &kernel) {
-                    Ok(duration) => Some(Outcome::Busy {
-                        duration,
-                        work: Work::Kernel,
-                    }),
-                    Err(f) => Some(self.fault(
-                        f,
-                        fault::UNIT_PGRAPH,
-                        gf100::fault::GPC_CLIENT_CTXCTL,
-                        false,
-                    )),
-                }
+                Some(Outcome::Launch(Box::new(EngineOp::kernel(
+                    self.core,
+                    &kernel,
+                    self.vspace(),
+                    self.inst_word(),
+                    self.ch.epoch,
+                ))))
             }
         }
     }
@@ -408,7 +406,7 @@ impl Exec<'_> {
 
     /// Reports an MMU fault of this channel and stops it.
     fn fault(&mut self, f: VaFault, unit: u32, client: u32, hub: bool) -> Outcome {
-        report_channel_fault(self.core, self.ch.inst_word(), f, unit, client, hub);
+        report_channel_fault(self.core, self.inst_word(), f, unit, client, hub);
         self.ch.stop();
         Outcome::Stopped
     }

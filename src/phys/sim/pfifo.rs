@@ -7,6 +7,13 @@
 //! names a new USERD) keeps this O(1) per write. KICK and setting STATE RUNNABLE also make PFIFO
 //! look at the channel's GP_PUT, which is always read from USERD memory.
 //!
+//! **KICK is preempt** (as on GF100: nouveau writes the chid and polls bit 20). Besides making
+//! PFIFO look at GP_PUT, it unloads the channel: a channel with an engine operation in flight
+//! reads back `chid | KICK_PENDING` until the operation has ended (through the context it
+//! captured) or an engine reset aborted it; otherwise the PBDMA state is saved at once (a GPFIFO
+//! fetch in flight is cancelled, the loaded context dropped) and the channel reloads its context
+//! from the instance block before it executes anything further.
+//!
 //! **Timeline.** All work runs on one GPU timeline (real Fermi overlaps its copy engines with
 //! PGRAPH; serializing them is a deliberate simplification so "GPU time" is well defined for the
 //! scheduling experiments). PFIFO picks runnable channels with pending work from the runlist in
@@ -21,6 +28,7 @@ use gf100::{fault, host, pfifo};
 
 use super::bar::Written;
 use super::channel::{self, Channel};
+use super::engine::{Budget, EngineWrites, Step};
 use super::mem::Memory;
 use super::pbdma::{self, Exec, Outcome, Work};
 use super::Core;
@@ -33,10 +41,11 @@ const ENGINES: usize = pfifo::ENGINES as usize;
 const MAX_TURNS: usize = 1 << 16;
 
 /// Timed work occupying the GPU.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct InFlight {
     chid: usize,
     start: u64,
+    /// End time; `u64::MAX` while an engine operation's duration is not yet known (scanning).
     end: u64,
     work: Work,
 }
@@ -62,6 +71,10 @@ pub(crate) struct Fifo {
     dirty: bool,
     n_blocked: usize,
     more_work: bool,
+    /// How engine operations' memory accesses are spread over time.
+    pub(crate) mode: EngineWrites,
+    /// This call's allowance of engine work.
+    pub(crate) budget: Budget,
 }
 
 impl Default for Fifo {
@@ -87,17 +100,18 @@ impl Default for Fifo {
             dirty: false,
             n_blocked: 0,
             more_work: false,
+            mode: EngineWrites::default(),
+            budget: Budget::default(),
         }
     }
 }
 
 /// The PFIFO engine (ENGINE_INTR / ENG_STATE index) doing `work`; `None` for command fetch
 /// (PFIFO's own PBDMA).
-fn engine_of(work: Work) -> Option<u32> {
+fn engine_of(work: &Work) -> Option<u32> {
     match work {
         Work::Fetch => None,
-        Work::Kernel => Some(host::ENGINE_PGRAPH),
-        Work::Copy { .. } => Some(host::ENGINE_PCOPY0),
+        Work::Engine(op) => Some(op.engine),
     }
 }
 
@@ -135,7 +149,10 @@ impl Fifo {
             pfifo::RUNLIST_SUBMIT => self.runlist_len,
             pfifo::RUNLIST_RD_BASE => self.runlist_rd_base,
             pfifo::RUNLIST_RD_LEN => self.runlist_len & !pfifo::RUNLIST_PENDING,
-            pfifo::KICK => self.kick,
+            pfifo::KICK => {
+                let pending = self.channels[self.kick as usize].preempt_pending;
+                self.kick | if pending { pfifo::KICK_PENDING } else { 0 }
+            }
             o if (pfifo::ENG_STATE..pfifo::eng_state(pfifo::ENGINES)).contains(&o)
                 && o % 4 == 0 =>
             {
@@ -150,8 +167,8 @@ impl Fifo {
         })
     }
 
-    /// Writes a PFIFO control register; false if `offset` is not one.
-    pub(crate) fn write_reg(&mut self, core: &mut Core, offset: u32, value: u32) -> bool {
+    /// Writes a PFIFO control register at GPU time `now`; false if `offset` is not one.
+    pub(crate) fn write_reg(&mut self, core: &mut Core, offset: u32, value: u32, now: u64) -> bool {
         match offset {
             pfifo::CTRL => self.ctrl = value & 1,
             pfifo::SUBFIFO_ENABLE => self.subfifo_enable = value & ((1 << pfifo::PBDMAS) - 1),
@@ -159,10 +176,10 @@ impl Fifo {
             pfifo::RUNLIST_BASE => self.runlist_base = value,
             pfifo::RUNLIST_SUBMIT => self.submit_runlist(core, value),
             pfifo::RUNLIST_RD_BASE | pfifo::RUNLIST_RD_LEN => {}
-            pfifo::KICK => self.kick(core, value),
+            pfifo::KICK => self.kick(core, value, now),
             o if (pfifo::ENG_STATE..pfifo::eng_state(pfifo::ENGINES)).contains(&o) => {}
             o => match (chan_index(o), eng_mask_index(o)) {
-                (Some((chid, 0)), _) => self.write_chan(core, chid, value),
+                (Some((chid, 0)), _) => self.write_chan(core, chid, value, now),
                 (Some((chid, _)), _) => self.write_state(chid, value),
                 (None, Some(e)) => self.eng_subfifo_mask[e] = value,
                 (None, None) => return false,
@@ -171,8 +188,9 @@ impl Fifo {
         true
     }
 
-    /// Binds or unbinds channel `chid` (CHAN word).
-    fn write_chan(&mut self, core: &mut Core, chid: usize, value: u32) {
+    /// Binds or unbinds channel `chid` (CHAN word). An engine operation of the old binding keeps
+    /// running to its end through the context it captured; a GPFIFO fetch in flight is dropped.
+    fn write_chan(&mut self, core: &mut Core, chid: usize, value: u32, now: u64) {
         let new_inst = if value & pfifo::CHAN_VALID == 0 {
             None
         } else if let Some(inst) = pfifo::chan_decode(value) {
@@ -188,14 +206,15 @@ impl Fifo {
             core.report_chan_table_error(pfifo::CHAN_ERR_INVALID_TARGET);
             None
         };
-        let ch = &mut self.channels[chid];
-        ch.chan_word = value;
-        if ch.inst != new_inst {
-            ch.reset_pbdma();
+        if self.channels[chid].inst != new_inst {
+            self.cancel_fetch(core, chid, now);
+            self.channels[chid].reset_pbdma();
             if self.current == Some(chid) {
                 self.current = None;
             }
         }
+        let ch = &mut self.channels[chid];
+        ch.chan_word = value;
         ch.inst = new_inst;
         ch.pending = new_inst.is_some();
         self.rebuild_doorbells(&mut core.mem);
@@ -214,9 +233,13 @@ impl Fifo {
         }
     }
 
-    /// KICK: PFIFO re-reads the channel's instance block and GP_PUT. Reads back the chid with the
-    /// pending bit clear (the kick completes at once).
-    fn kick(&mut self, core: &mut Core, value: u32) {
+    /// KICK at GPU time `now`: PFIFO looks at the channel's GP_PUT again, and preempts the
+    /// channel. With an engine operation of the channel in flight the preempt stays pending
+    /// (KICK reads `chid | KICK_PENDING`) until the operation ends; otherwise it completes at
+    /// once: a fetch in flight is cancelled, the loaded context is dropped (reloaded from the
+    /// instance block before the channel executes anything further) and the channel is no
+    /// longer resident. A blocked channel keeps the context its acquire is re-checked in.
+    fn kick(&mut self, core: &mut Core, value: u32, now: u64) {
         let chid = (value & 0x7f) as usize;
         self.kick = chid as u32;
         if self.channels[chid].inst.is_some() {
@@ -224,6 +247,57 @@ impl Fifo {
             self.dirty = true;
         }
         self.rebuild_doorbells(&mut core.mem);
+        let engine_busy = self
+            .inflight
+            .as_ref()
+            .is_some_and(|f| f.chid == chid && engine_of(&f.work).is_some());
+        if engine_busy {
+            self.channels[chid].preempt_pending = true;
+            return;
+        }
+        self.cancel_fetch(core, chid, now);
+        self.save_pbdma(chid);
+    }
+
+    /// Cancels a GPFIFO fetch of channel `chid` in flight at `now`: the time so far counts as
+    /// busy, and the entry is fetched again from the same GP_GET when the channel resumes.
+    fn cancel_fetch(&mut self, core: &mut Core, chid: usize, now: u64) {
+        if !self
+            .inflight
+            .as_ref()
+            .is_some_and(|f| f.chid == chid && matches!(f.work, Work::Fetch))
+        {
+            return;
+        }
+        let Some(f) = self.inflight.take() else {
+            return;
+        };
+        let at = now.clamp(f.start, f.end);
+        self.charge(core, chid, at - f.start);
+        self.gpu_time = self.gpu_time.max(at);
+        self.channels[chid].seg = None;
+        self.dirty = true;
+    }
+
+    /// Completes a preempt of `chid`: the PBDMA state is saved (the channel keeps its position)
+    /// and its context dropped, so it is reloaded before the channel continues.
+    fn save_pbdma(&mut self, chid: usize) {
+        let ch = &mut self.channels[chid];
+        ch.preempt_pending = false;
+        if ch.acquire.is_none() {
+            ch.ctx = None;
+        }
+        if self.current == Some(chid) {
+            self.current = None;
+        }
+        self.dirty = true;
+    }
+
+    /// Adds `ns` of occupied GPU time to the totals and to channel `chid`.
+    fn charge(&mut self, core: &mut Core, chid: usize, ns: u64) {
+        core.stats.busy_ns = core.stats.busy_ns.saturating_add(ns);
+        let ch = &mut self.channels[chid];
+        ch.busy_ns = ch.busy_ns.saturating_add(ns);
     }
 
     /// Submits the runlist at RUNLIST_BASE with `value & 0xfff` entries.
@@ -303,11 +377,32 @@ impl Fifo {
         }
         self.more_work = false;
         for _ in 0..MAX_TURNS {
-            if let Some(f) = self.inflight {
+            if let Some(f) = self.inflight.as_mut() {
+                if let Work::Engine(op) = &mut f.work {
+                    match op.progress(core, f.start, now, self.mode, &mut self.budget) {
+                        Step::Deferred => {
+                            self.more_work = true;
+                            return;
+                        }
+                        Step::Waiting => {
+                            f.end = f.start.saturating_add(op.duration().unwrap_or(0));
+                            return;
+                        }
+                        Step::Fault { at, fault } => {
+                            self.engine_fault(core, at, fault);
+                            continue;
+                        }
+                        Step::Complete => {
+                            f.end = f.start.saturating_add(op.duration().unwrap_or(0));
+                        }
+                    }
+                }
                 if f.end > now {
                     return;
                 }
-                self.inflight = None;
+                let Some(f) = self.inflight.take() else {
+                    return;
+                };
                 self.gpu_time = f.end;
                 self.finish(core, f);
             }
@@ -322,20 +417,56 @@ impl Fifo {
         self.more_work = true;
     }
 
-    /// When the GPU next changes state on its own.
-    pub(crate) fn next_event(&self) -> Option<u64> {
-        match self.inflight {
-            Some(f) => Some(f.end),
-            None => self.more_work.then_some(self.gpu_time),
+    /// When the GPU next changes state on its own, seen at clock time `now`: `now` itself while
+    /// work is due that a call's budget deferred; for an engine operation in flight, the time by
+    /// which one budget's worth of its pieces is due (its end if the rest fits).
+    pub(crate) fn next_event(&mut self, now: u64) -> Option<u64> {
+        if self.more_work {
+            return Some(now.max(self.gpu_time));
         }
+        let mode = self.mode;
+        let f = self.inflight.as_mut()?;
+        Some(match &mut f.work {
+            Work::Engine(op) => op.horizon(f.start, mode).min(f.end),
+            Work::Fetch => f.end,
+        })
     }
 
     /// ENG_STATE\[e\]: BUSY and the channel while engine `e` runs an operation, else 0.
     fn eng_state(&self, e: u32) -> u32 {
-        match self.inflight {
-            Some(f) if engine_of(f.work) == Some(e) => pfifo::ENG_STATE_BUSY | f.chid as u32,
+        match &self.inflight {
+            Some(f) if engine_of(&f.work) == Some(e) => pfifo::ENG_STATE_BUSY | f.chid as u32,
             _ => 0,
         }
+    }
+
+    /// The engine operation in flight faulted in the piece due at `at`: it ends there (the time
+    /// so far counts as busy), the fault names the context that launched it, and the channel
+    /// stops if it is still that binding.
+    fn engine_fault(&mut self, core: &mut Core, at: u64, fault: super::mmu::VaFault) {
+        let Some(f) = self.inflight.take() else {
+            return;
+        };
+        let Work::Engine(op) = f.work else {
+            return;
+        };
+        self.charge(core, f.chid, at.saturating_sub(f.start));
+        self.gpu_time = self.gpu_time.max(at);
+        let (unit, client, hub) = op.fault_source();
+        pbdma::report_channel_fault(core, op.inst_word, fault, unit, client, hub);
+        if self.channels[f.chid].epoch == op.epoch {
+            self.channels[f.chid].stop();
+        }
+        self.end_of_op(f.chid);
+    }
+
+    /// An engine operation of `chid` ended (completed, faulted or aborted): a pending preempt
+    /// of the channel completes.
+    fn end_of_op(&mut self, chid: usize) {
+        if self.channels[chid].preempt_pending {
+            self.save_pbdma(chid);
+        }
+        self.dirty = true;
     }
 
     /// PMC ENABLE bits in `cleared` went from 1 to 0 at `now`: an engine held in reset aborts
@@ -344,36 +475,45 @@ impl Fifo {
     /// boundary it was in (the rest of the segment is dropped); memory effects already done
     /// stay. Returns true if an operation was aborted.
     pub(crate) fn reset_engines(&mut self, core: &mut Core, cleared: u32, now: u64) -> bool {
-        let Some(f) = self.inflight else {
-            return false;
-        };
-        let hit = engine_of(f.work)
-            .and_then(pmc_enable_bit)
-            .is_some_and(|bit| cleared & bit != 0);
+        let hit = self.inflight.as_ref().is_some_and(|f| {
+            engine_of(&f.work)
+                .and_then(pmc_enable_bit)
+                .is_some_and(|bit| cleared & bit != 0)
+        });
         if !hit {
             return false;
         }
+        let Some(f) = self.inflight.take() else {
+            return false;
+        };
         let at = now.clamp(f.start, f.end);
-        let duration = at - f.start;
-        core.stats.busy_ns = core.stats.busy_ns.saturating_add(duration);
+        self.charge(core, f.chid, at - f.start);
         core.stats.engine_aborts += 1;
-        self.inflight = None;
         self.gpu_time = self.gpu_time.max(at);
-        let ch = &mut self.channels[f.chid];
-        ch.busy_ns = ch.busy_ns.saturating_add(duration);
-        ch.seg = None;
-        ch.run = None;
-        ch.stop();
-        if self.current == Some(f.chid) {
-            self.current = None;
+        let same_binding =
+            matches!(&f.work, Work::Engine(op) if op.epoch == self.channels[f.chid].epoch);
+        if same_binding {
+            let ch = &mut self.channels[f.chid];
+            ch.seg = None;
+            ch.run = None;
+            ch.stop();
+            if self.current == Some(f.chid) {
+                self.current = None;
+            }
         }
-        self.dirty = true;
+        self.end_of_op(f.chid);
         true
     }
 
-    /// Modeled GPU time channel `chid` has occupied.
-    pub(crate) fn channel_busy_ns(&self, chid: usize) -> Option<u64> {
-        self.channels.get(chid).map(|c| c.busy_ns)
+    /// Modeled GPU time channel `chid` has occupied, plus the part of its work in flight
+    /// elapsed at clock time `now`.
+    pub(crate) fn channel_busy_ns(&self, chid: usize, now: u64) -> Option<u64> {
+        let ch = self.channels.get(chid)?;
+        let running = match &self.inflight {
+            Some(f) if f.chid == chid => now.min(f.end).saturating_sub(f.start),
+            _ => 0,
+        };
+        Some(ch.busy_ns.saturating_add(running))
     }
 
     /// The next channel to run: the one in the middle of an entry, else round-robin over the
@@ -412,12 +552,20 @@ impl Fifo {
         }
         .run();
         match outcome {
-            Outcome::Busy { duration, work } => {
+            Outcome::Fetch { duration } => {
                 self.inflight = Some(InFlight {
                     chid,
                     start: now,
                     end: now.saturating_add(duration),
-                    work,
+                    work: Work::Fetch,
+                });
+            }
+            Outcome::Launch(op) => {
+                self.inflight = Some(InFlight {
+                    chid,
+                    start: now,
+                    end: u64::MAX,
+                    work: Work::Engine(op),
                 });
             }
             Outcome::Idle => {
@@ -439,38 +587,34 @@ impl Fifo {
         }
     }
 
-    /// Accounts finished timed work and performs its completion actions.
+    /// Accounts finished timed work and performs its completion actions, in the context the
+    /// operation captured at launch (a fault names that context's instance block; the channel
+    /// is stopped only if it is still the same binding).
     fn finish(&mut self, core: &mut Core, f: InFlight) {
-        let duration = f.end - f.start;
-        core.stats.busy_ns = core.stats.busy_ns.saturating_add(duration);
-        let ch = &mut self.channels[f.chid];
-        ch.busy_ns = ch.busy_ns.saturating_add(duration);
+        self.charge(core, f.chid, f.end - f.start);
         self.dirty = true;
-        let Work::Copy { done, vspace } = f.work else {
-            if f.work == Work::Kernel {
-                core.stats.engine_ops += 1;
-            }
+        let Work::Engine(op) = f.work else {
             return;
         };
         core.stats.engine_ops += 1;
-        if let Some(s) = done.sem {
-            if let Err(e) = pbdma::release(core, &vspace, s.va, s.payload, s.four_word, f.end) {
-                let ch = &mut self.channels[f.chid];
-                pbdma::report_channel_fault(
-                    core,
-                    ch.inst_word(),
-                    e,
-                    fault::UNIT_PCOPY0,
-                    fault::HUB_CLIENT_PCOPY0,
-                    true,
-                );
-                ch.stop();
-                return;
+        if let Some(done) = op.done {
+            let mut ok = true;
+            if let Some(s) = done.sem {
+                let vs = op.vspace;
+                if let Err(e) = pbdma::release(core, &vs, s.va, s.payload, s.four_word, f.end) {
+                    let (unit, client, hub) = op.fault_source();
+                    pbdma::report_channel_fault(core, op.inst_word, e, unit, client, hub);
+                    if self.channels[f.chid].epoch == op.epoch {
+                        self.channels[f.chid].stop();
+                    }
+                    ok = false;
+                }
+            }
+            if ok && done.non_stall {
+                core.intr.non_stall(op.engine);
             }
         }
-        if done.non_stall {
-            core.intr.non_stall(host::ENGINE_PCOPY0);
-        }
+        self.end_of_op(f.chid);
     }
 
     /// Re-checks every blocked acquire; satisfied ones resume, faulting ones stop.
@@ -493,7 +637,7 @@ impl Fifo {
                 Err(e) => {
                     pbdma::report_channel_fault(
                         core,
-                        ch.inst_word(),
+                        ch.ctx.map_or(ch.inst_word(), |c| c.inst_word),
                         e,
                         fault::UNIT_PFIFO,
                         fault::HUB_CLIENT_PFIFO,
@@ -528,18 +672,25 @@ mod tests {
         assert!(f.write_reg(
             &mut c,
             pfifo::chan_table(3),
-            pfifo::chan_encode(0x1000, Target::Vram)
+            pfifo::chan_encode(0x1000, Target::Vram),
+            0
         ));
         assert_eq!(
             c.intr.read(pfifo::CHAN_TABLE_ERROR),
             Some(pfifo::CHAN_ERR_NO_POLL)
         );
         assert!(f.channels[3].inst.is_none());
-        f.write_reg(&mut c, pfifo::USERD_POLL_BASE, pfifo::userd_poll_encode(0));
+        f.write_reg(
+            &mut c,
+            pfifo::USERD_POLL_BASE,
+            pfifo::userd_poll_encode(0),
+            0,
+        );
         f.write_reg(
             &mut c,
             pfifo::chan_table(3),
             pfifo::CHAN_VALID | 1 << 28 | 1,
+            0,
         );
         assert_eq!(
             c.intr.read(pfifo::CHAN_TABLE_ERROR),
@@ -549,6 +700,7 @@ mod tests {
             &mut c,
             pfifo::chan_table(3),
             pfifo::chan_encode(0x1000, Target::Vram),
+            0,
         );
         assert_eq!(f.channels[3].inst, Some((0x1000, Target::Vram)));
         assert_eq!(
@@ -561,11 +713,17 @@ mod tests {
     #[test]
     fn runlist_rejects_unknown_and_unbound_channels() {
         let (mut c, mut f) = (core(), Fifo::default());
-        f.write_reg(&mut c, pfifo::USERD_POLL_BASE, pfifo::userd_poll_encode(0));
+        f.write_reg(
+            &mut c,
+            pfifo::USERD_POLL_BASE,
+            pfifo::userd_poll_encode(0),
+            0,
+        );
         f.write_reg(
             &mut c,
             pfifo::chan_table(1),
             pfifo::chan_encode(0x1000, Target::Vram),
+            0,
         );
         for (i, chid) in [1u32, 200, 2, 1].iter().enumerate() {
             assert!(c.mem.write_u32(Target::Vram, 0x8000 + i as u64 * 8, *chid));
@@ -574,11 +732,13 @@ mod tests {
             &mut c,
             pfifo::RUNLIST_BASE,
             pfifo::runlist_base_encode(0x8000, Target::Vram),
+            0,
         );
         f.write_reg(
             &mut c,
             pfifo::RUNLIST_SUBMIT,
             pfifo::RUNLIST_SUBMIT_UNK20 | 4,
+            0,
         );
         assert_eq!(f.runlist, vec![1]);
         assert_eq!(c.stats.sched_errors, 2);
@@ -602,11 +762,17 @@ mod tests {
             0x1000 + inst::RAMFC_USERD_LO,
             &inst::userd_encode(0x9000, Target::Vram).to_le_bytes()
         ));
-        f.write_reg(&mut c, pfifo::USERD_POLL_BASE, pfifo::userd_poll_encode(0));
+        f.write_reg(
+            &mut c,
+            pfifo::USERD_POLL_BASE,
+            pfifo::userd_poll_encode(0),
+            0,
+        );
         f.write_reg(
             &mut c,
             pfifo::chan_table(5),
             pfifo::chan_encode(0x1000, Target::Vram),
+            0,
         );
         f.channels[5].pending = false;
         f.snoop(Written {
