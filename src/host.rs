@@ -49,7 +49,7 @@ use crate::profile::{ProfileError, VgpuProfile};
 use crate::sched::{Accounting, FifoScheduler, SchedStats, Scheduler};
 use crate::shadow_pt::ShadowPt;
 use crate::vgpu::aperture::GuestBars;
-use crate::vgpu::runtime::ChannelClock;
+use crate::vgpu::runtime::{ChannelClock, Cursor};
 use crate::vgpu::stats::RateLimit;
 use crate::vgpu::submit::InFlight;
 use crate::vgpu::vregs::VRegs;
@@ -524,8 +524,28 @@ impl HostState {
     pub(crate) fn charge_ran(&mut self, phys: &dyn PhysicalGpu, id: VmId, now: u64) -> Option<u64> {
         let vm = self.vms.get(&id)?;
         let chans = vm.chan_base..vm.chan_base + vm.nchan();
-        let ns = self.runtime.take(phys, chans)?;
-        Some(self.acct.charge_measured(id, ns, now))
+        let acct = self.runtime.take(phys, chans.clone(), Cursor::Acct)?;
+        self.acct.charge_measured(id, acct, now);
+        self.runtime.take(phys, chans, Cursor::Sched)
+    }
+
+    /// Measured mode: brings every VM's accounted GPU time up to date (what its channels ran,
+    /// also outside any submission), without touching what the scheduler will be told.
+    fn charge_all_ran(&mut self, phys: &dyn PhysicalGpu) {
+        if !self.runtime.measured() {
+            return;
+        }
+        let now = self.now(phys);
+        let vms: Vec<(VmId, std::ops::Range<u32>)> = self
+            .vms
+            .values()
+            .map(|vm| (vm.id, vm.chan_base..vm.chan_base + vm.nchan()))
+            .collect();
+        for (id, chans) in vms {
+            if let Some(ns) = self.runtime.take(phys, chans, Cursor::Acct) {
+                self.acct.charge_measured(id, ns, now);
+            }
+        }
     }
 
     /// Services physical interrupts, completions and dispatch.
@@ -710,7 +730,8 @@ impl GpuHost {
 
     /// GPU time per VM, shares over the sliding window, utilisation, and the policy's state.
     pub fn sched_stats(&self) -> SchedStats {
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
+        st.charge_all_ran(&*self.shared.phys);
         st.sched_stats(&*self.shared.phys)
     }
 
@@ -819,8 +840,13 @@ impl GpuHost {
         };
         let now = st.now(&*self.shared.phys);
         // The VM is charged only what its channels run from now on.
-        st.runtime
-            .take(&*self.shared.phys, chan_base..chan_base + profile.channels);
+        for c in [Cursor::Acct, Cursor::Sched] {
+            st.runtime.take(
+                &*self.shared.phys,
+                chan_base..chan_base + profile.channels,
+                c,
+            );
+        }
         st.sched.add_vm(id, profile.weight, now);
         st.acct.add_vm(id, profile.weight, now);
         st.vms.insert(id, vm);
@@ -878,7 +904,8 @@ impl GpuHost {
 
     /// Host-wide counters and free resources.
     pub fn stats(&self) -> HostStats {
-        let st = self.shared.lock();
+        let mut st = self.shared.lock();
+        st.charge_all_ran(&*self.shared.phys);
         let c = st.counters;
         HostStats {
             vms: st.vms.len(),

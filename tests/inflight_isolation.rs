@@ -29,10 +29,10 @@ const MODES: [ShadowMode; 4] = [
     ShadowMode::Pv,
 ];
 
-/// Bytes of the attacker's copy (VRAM to VRAM: about 0.5 ms of modeled copy-engine time).
-const COPY_BYTES: u64 = 32 << 20;
-/// Iterations of the attacker's loop kernel (modeled tens of milliseconds).
-const LOOP_ITERATIONS: u64 = 1 << 24;
+/// Bytes of the attacker's copy (VRAM to VRAM: about 0.1 ms of modeled copy-engine time).
+const COPY_BYTES: u64 = 8 << 20;
+/// Modeled PGRAPH time of the attacker's loop kernel.
+const KERNEL_NS: u64 = 100_000_000;
 
 fn world() -> World {
     rig_world(HostConfig {
@@ -81,7 +81,7 @@ fn launch(vm: &mut Vm, op: Op) -> (Channel, Fence, Buffer) {
         }
         Op::Kernel => pb.kernel(&Kernel::Loop {
             dst: dst.va(),
-            iterations: LOOP_ITERATIONS,
+            iterations: loop_iterations_for(KERNEL_NS),
             seed: 9,
         }),
     }
@@ -142,7 +142,10 @@ fn destroy_with_work_in_flight_leaves_no_residue() {
             w.host.destroy_vgpu(&attacker.vgpu).unwrap();
             drop(attacker);
             let hs = w.host.stats();
-            assert_eq!(hs.gpu.engine_aborts, 1, "{mode} {op:?}: the operation was aborted");
+            assert_eq!(
+                hs.gpu.engine_aborts, 1,
+                "{mode} {op:?}: the operation was aborted"
+            );
             assert_eq!(hs.withheld_partitions, 0);
             assert_eq!(w.gpu.read_reg(pfifo::eng_state(op.engine())), 0);
             // Long past the operation's end: nothing of it lands anywhere.
@@ -155,7 +158,11 @@ fn destroy_with_work_in_flight_leaves_no_residue() {
             );
             assert_eq!(w.fingerprint(&victim), fp, "{mode} {op:?}: victim changed");
             let mut next = vm(&w, "next", mode);
-            assert_eq!(next.vgpu.vram_slice(), slice, "the newcomer inherits the slice");
+            assert_eq!(
+                next.vgpu.vram_slice(),
+                slice,
+                "the newcomer inherits the slice"
+            );
             assert_eq!(next.vgpu.phys_channels(), chans, "and the channels");
             run_suite(&mut next);
             run_suite(&mut victim);
@@ -204,16 +211,19 @@ fn unbind_with_work_in_flight_never_reaches_the_next_channel() {
             assert_eq!(victim.vgpu.stats().faults_delivered, 0);
             let hs = w.host.stats();
             assert_eq!(hs.unrouted, 0);
-            assert_eq!(hs.hypervisor_vram_quarantined, 0, "released once off the GPU");
+            assert_eq!(
+                hs.hypervisor_vram_quarantined, 0,
+                "released once off the GPU"
+            );
         }
     }
 }
 
 /// Finding 2: during a long kernel the attacker points its instance block at another page
-/// directory. The old shadow stays alive (quarantined) while the kernel runs on it; the rest
-/// of the entry (the fence release) runs through the new one, which maps nothing, so the
-/// attacker — and only the attacker — gets the fault; the victim, which allocates shadows
-/// meanwhile, is untouched.
+/// directory. The old shadow stays alive (quarantined, never handed out) while the kernel —
+/// and the rest of its GPFIFO entry, the fence release — runs on it; the victim, which
+/// allocates shadows meanwhile, is untouched, and the old shadow is released once the channel
+/// has left the GPU.
 #[test]
 fn repointing_a_running_channel_keeps_its_old_shadow_until_it_leaves() {
     for mode in MODES {
@@ -231,7 +241,11 @@ fn repointing_a_running_channel_keeps_its_old_shadow_until_it_leaves() {
         let empty_pd = attacker.vgpu.vram_slice().size - (64 << 10);
         let pdb = inst::pdb_encode(empty_pd, Target::Vram);
         let at = iaddr + inst::PDB_LO;
-        bar0_write(&mut attacker, pbus::PMEM, pbus::pmem_encode(at, Target::Vram));
+        bar0_write(
+            &mut attacker,
+            pbus::PMEM,
+            pbus::pmem_encode(at, Target::Vram),
+        );
         let win = pbus::PRAMIN_BASE + (at & 0xffff) as u32;
         bar0_write(&mut attacker, win + 4, (pdb >> 32) as u32);
         bar0_write(&mut attacker, win, pdb as u32);
@@ -249,13 +263,17 @@ fn repointing_a_running_channel_keeps_its_old_shadow_until_it_leaves() {
             .drv
             .buffer_new(vch.vm_mut(), 1 << 20, MemLocation::Vram, true)
             .expect("victim buffer");
+        // (The victim's channel was bound — its shadow instance block allocated — while the
+        // kernel still ran: its driver's first wait is what moves the clock past the kernel.)
         w.settle();
         let fp = w.fingerprint(&victim);
         pass(&w, 400_000_000);
         assert_eq!(w.fingerprint(&victim), fp, "{mode}: victim written");
-        assert!(
-            attacker.vgpu.stats().faults_delivered >= 1,
-            "{mode}: the fence release through the empty directory faulted for the attacker"
+        let a = attacker.vgpu.stats();
+        assert_eq!(
+            (a.completions, a.faults_delivered),
+            (2, 0),
+            "{mode}: the rest of the entry (the fence) ran on the kept shadow, in the attacker's own memory"
         );
         run_suite(&mut victim);
         let vs = victim.vgpu.stats();
@@ -287,7 +305,11 @@ fn work_outside_the_scheduler_is_charged_and_timed_as_its_own() {
     pass(&w, 1_000_000);
     assert_eq!(attacker.vgpu.stats().held_submissions, 1);
     assert_eq!(w.host.stats().inflight, 0);
-    bar0_write(&mut attacker, pfifo::chan_state(held.chid()), pfifo::STATE_RUNNABLE);
+    bar0_write(
+        &mut attacker,
+        pfifo::chan_state(held.chid()),
+        pfifo::STATE_RUNNABLE,
+    );
     attacker.drv.fence_wait(&mut held, f).unwrap();
 
     // The attacker parks on an acquire, then runs a kernel of ~80 % of the watchdog limit.
@@ -310,7 +332,11 @@ fn work_outside_the_scheduler_is_charged_and_timed_as_its_own() {
     });
     let af = attacker.drv.submit(&mut ch, &pb).unwrap();
     pass(&w, 1_000_000);
-    assert_eq!(w.host.stats().inflight, 0, "the parked submission left the GPU");
+    assert_eq!(
+        w.host.stats().inflight,
+        0,
+        "the parked submission left the GPU"
+    );
     // The victim submits; the attacker releases its semaphore at once.
     let mut vch = victim.drv.channel_new().unwrap();
     let vbuf = victim
@@ -332,7 +358,11 @@ fn work_outside_the_scheduler_is_charged_and_timed_as_its_own() {
     attacker.drv.fence_wait(&mut ch, af).unwrap();
     pass(&w, 2 * WATCHDOG_NS);
     assert_eq!(victim.vgpu.stats().watchdog_kills, 0);
-    assert_eq!(attacker.vgpu.stats().watchdog_kills, 0, "80 ms is under the limit");
+    assert_eq!(
+        attacker.vgpu.stats().watchdog_kills,
+        0,
+        "80 ms is under the limit"
+    );
     assert_eq!(victim.drv.buffer_rd32(&vbuf, 0).unwrap(), 5);
     let s = w.host.sched_stats();
     let busy = |vm: &Vm| {
@@ -343,7 +373,7 @@ fn work_outside_the_scheduler_is_charged_and_timed_as_its_own() {
             .unwrap()
     };
     assert!(
-        busy(&attacker) >= 80_000_000,
+        busy(&attacker) >= 75_000_000,
         "the attacker is charged its kernel: {s:?}"
     );
     assert!(

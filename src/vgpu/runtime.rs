@@ -14,21 +14,31 @@ use std::ops::Range;
 
 use crate::phys::PhysicalGpu;
 
+/// Who a charge is for: the accounting (totals and shares, brought up to date whenever they
+/// are read) or the scheduler (told at each completion). Each has its own cursor, so reading
+/// the totals never takes time away from what the scheduler is told next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cursor {
+    Acct = 0,
+    Sched = 1,
+}
+
 /// The per-channel GPU time the host has charged so far.
 #[derive(Debug, Clone)]
 pub(crate) struct ChannelClock {
-    /// Counter value of each physical channel up to which its owner has been charged; `None`
-    /// when the backend has no per-channel counters.
-    seen: Option<Vec<u64>>,
+    /// Counter value of each physical channel up to which its owner has been charged, per
+    /// [`Cursor`]; `None` when the backend has no per-channel counters.
+    seen: Option<[Vec<u64>; 2]>,
 }
 
 impl ChannelClock {
     /// Starts from what `phys`'s channels ran so far.
     pub(crate) fn new(phys: &dyn PhysicalGpu) -> ChannelClock {
         let seen = phys.channel_busy_ns(0).map(|_| {
-            (0..gf100::pfifo::CHANNELS)
+            let v: Vec<u64> = (0..gf100::pfifo::CHANNELS)
                 .map(|p| phys.channel_busy_ns(p).unwrap_or(0))
-                .collect()
+                .collect();
+            [v.clone(), v]
         });
         ChannelClock { seen }
     }
@@ -45,8 +55,13 @@ impl ChannelClock {
     }
 
     /// GPU time channels `chans` ran since the last call for them, now charged.
-    pub(crate) fn take(&mut self, phys: &dyn PhysicalGpu, chans: Range<u32>) -> Option<u64> {
-        let seen = self.seen.as_mut()?;
+    pub(crate) fn take(
+        &mut self,
+        phys: &dyn PhysicalGpu,
+        chans: Range<u32>,
+        cursor: Cursor,
+    ) -> Option<u64> {
+        let seen = &mut self.seen.as_mut()?[cursor as usize];
         let mut ns = 0u64;
         for p in chans {
             let Some(slot) = seen.get_mut(p as usize) else {
