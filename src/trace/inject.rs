@@ -923,12 +923,16 @@ fn baseline(traces: &[Arc<Trace>]) -> Result<Baseline, String> {
     Ok(Baseline { mem, mask, stats })
 }
 
+/// What the host did about a VM's misbehaviour. An operation aborted because its channel was
+/// unbound (or the VM destroyed) while it ran counts: the teardown's engine reset cleared a
+/// hang before the watchdog's deadline came.
 fn detections(s: &VgpuStats) -> u64 {
     s.violations.total
         + s.faults_delivered
         + s.bar_faults
         + s.pbdma_errors_delivered
         + s.watchdog_kills
+        + s.inflight_aborts
 }
 
 /// The outcome of one injection.
