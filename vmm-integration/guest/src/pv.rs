@@ -220,13 +220,16 @@ impl<H: Hal> Gpu<H> {
             self.wr32(iface::BATCH_HI, (at >> 32) as u32);
             self.wr32(iface::BATCH_COUNT, count - done);
             self.wr32(iface::SUBMIT, SUBMIT_GO);
-            let status = self.rd32(iface::STATUS).min(count - done);
+            let status = self.rd32(iface::STATUS);
             let error = self.rd32(iface::ERROR);
             self.pv_stats.batches += 1;
-            done += status;
-            if error != iface::ERR_BUSY || status == 0 || done >= count {
-                break (done, error);
+            // Only a busy answer that applied part of what was left is resubmitted; anything
+            // else (garbage included) is judged as the device's final word.
+            if error == iface::ERR_BUSY && status > 0 && status < count - done {
+                done += status;
+                continue;
             }
+            break (done.saturating_add(status), error);
         };
         if status == count && error == iface::ERR_NONE {
             return Ok(());
