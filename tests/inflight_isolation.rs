@@ -233,22 +233,7 @@ fn repointing_a_running_channel_keeps_its_old_shadow_until_it_leaves() {
         let (ch, _f, _dst) = launch(&mut attacker, Op::Kernel);
         let p = phys_chid(&attacker, &ch);
         until_running(&w, hm::ENGINE_PGRAPH, p);
-        // The guest's instance block (its CHAN word), rewritten through PRAMIN: PDB -> an empty
-        // page directory in its own slice (the last 64 KiB-aligned piece, never used).
-        let word = bar0_read(&mut attacker, pfifo::chan_table(ch.chid()));
-        let (iaddr, target) = pfifo::chan_decode(word | pfifo::CHAN_VALID).unwrap();
-        assert_eq!(target, Target::Vram);
-        let empty_pd = attacker.vgpu.vram_slice().size - (64 << 10);
-        let pdb = inst::pdb_encode(empty_pd, Target::Vram);
-        let at = iaddr + inst::PDB_LO;
-        bar0_write(
-            &mut attacker,
-            pbus::PMEM,
-            pbus::pmem_encode(at, Target::Vram),
-        );
-        let win = pbus::PRAMIN_BASE + (at & 0xffff) as u32;
-        bar0_write(&mut attacker, win + 4, (pdb >> 32) as u32);
-        bar0_write(&mut attacker, win, pdb as u32);
+        repoint_to_an_empty_directory(&mut attacker, &ch);
         assert_eq!(
             w.gpu.read_reg(pfifo::eng_state(hm::ENGINE_PGRAPH)),
             pfifo::ENG_STATE_BUSY | p,
@@ -281,6 +266,83 @@ fn repointing_a_running_channel_keeps_its_old_shadow_until_it_leaves() {
         let hs = w.host.stats();
         assert_eq!(hs.unrouted, 0, "{mode}");
         assert_eq!(hs.hypervisor_vram_quarantined, 0, "{mode}: released");
+    }
+}
+
+/// The guest's instance block of `ch` (named by its CHAN word), rewritten through PRAMIN: the
+/// PDB now names an empty page directory in the VM's own slice (its last 64 KiB, never used).
+fn repoint_to_an_empty_directory(vm: &mut Vm, ch: &Channel) {
+    let word = bar0_read(vm, pfifo::chan_table(ch.chid()));
+    let (iaddr, target) = pfifo::chan_decode(word | pfifo::CHAN_VALID).unwrap();
+    assert_eq!(target, Target::Vram);
+    let empty_pd = vm.vgpu.vram_slice().size - (64 << 10);
+    let pdb = inst::pdb_encode(empty_pd, Target::Vram);
+    let at = iaddr + inst::PDB_LO;
+    bar0_write(vm, pbus::PMEM, pbus::pmem_encode(at, Target::Vram));
+    let win = pbus::PRAMIN_BASE + (at & 0xffff) as u32;
+    bar0_write(vm, win + 4, (pdb >> 32) as u32);
+    bar0_write(vm, win, pdb as u32);
+}
+
+/// A variant found while searching for more of finding 2's kind: a channel parked on a
+/// semaphore acquire holds the context it loaded (its page directory) with no engine busy.
+/// The attacker re-points it, lets the victim take the freed shadow memory, then releases the
+/// semaphore: the acquire is checked again and the rest of the entry (a release to the same VA)
+/// runs. Preempting a parked channel drops its context, so the re-check reads through the new
+/// (empty) directory and faults for the attacker; the victim is untouched. (Without that rule
+/// the re-check walked the released, reused memory as a page directory; in this layout that
+/// walk also faulted — the breach depends on where the victim's tables land — so this test
+/// shows the safe outcome, not that the unfixed model would have been breached.)
+#[test]
+fn repointing_a_channel_parked_on_an_acquire_reaches_only_its_new_directory() {
+    for mode in MODES {
+        let w = world();
+        let mut victim = vm(&w, "victim", mode);
+        let mut attacker = vm(&w, "attacker", mode);
+        let mut ch = attacker.drv.channel_new().unwrap();
+        let sem = attacker
+            .drv
+            .buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, true)
+            .unwrap();
+        let mut pb = PushBuf::new();
+        pb.semaphore_acquire_geq(sem.va(), 1);
+        pb.semaphore_release(sem.va() + 64, 0xdead, false, false);
+        let _f = attacker.drv.submit(&mut ch, &pb).unwrap();
+        pass(&w, 1_000_000);
+        let p = phys_chid(&attacker, &ch);
+        assert_ne!(
+            w.gpu.read_reg(pfifo::chan_state(p)) & pfifo::STATE_ACQUIRE_PENDING,
+            0,
+            "{mode}: parked on the acquire"
+        );
+        repoint_to_an_empty_directory(&mut attacker, &ch);
+        // The victim's first channel and buffer: with the same driver, the same VA as the
+        // attacker's semaphore; a value that would satisfy the attacker's acquire if it were
+        // read through the victim's tables.
+        let mut vch = victim.drv.channel_new().expect("victim channel");
+        let vbuf = victim
+            .drv
+            .buffer_new(vch.vm_mut(), 4096, MemLocation::Vram, true)
+            .expect("victim buffer");
+        assert_eq!(vbuf.va(), sem.va(), "{mode}: same VA in both VMs");
+        victim.drv.buffer_wr32(&vbuf, 0, 7).unwrap();
+        w.settle();
+        let fp = w.fingerprint(&victim);
+        attacker.drv.buffer_wr32(&sem, 0, 1).unwrap();
+        pass(&w, 10_000_000);
+        assert_eq!(w.fingerprint(&victim), fp, "{mode}: victim written");
+        assert!(
+            attacker.vgpu.stats().faults_delivered >= 1,
+            "{mode}: the re-checked acquire faulted in the new, empty directory"
+        );
+        run_suite(&mut victim);
+        assert_eq!(victim.vgpu.stats().faults_delivered, 0, "{mode}");
+        let hs = w.host.stats();
+        assert_eq!(
+            (hs.unrouted, hs.hypervisor_vram_quarantined),
+            (0, 0),
+            "{mode}"
+        );
     }
 }
 

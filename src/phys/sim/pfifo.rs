@@ -279,14 +279,14 @@ impl Fifo {
         self.dirty = true;
     }
 
-    /// Completes a preempt of `chid`: the PBDMA state is saved (the channel keeps its position)
-    /// and its context dropped, so it is reloaded before the channel continues.
+    /// Completes a preempt of `chid`: the PBDMA state is saved (the channel keeps its position,
+    /// and a channel waiting on a semaphore acquire keeps waiting) and its context dropped, so
+    /// it is reloaded before the channel continues — also before a waiting acquire is checked
+    /// again, which then reads the semaphore through the reloaded address space.
     fn save_pbdma(&mut self, chid: usize) {
         let ch = &mut self.channels[chid];
         ch.preempt_pending = false;
-        if ch.acquire.is_none() {
-            ch.ctx = None;
-        }
+        ch.ctx = None;
         if self.current == Some(chid) {
             self.current = None;
         }
@@ -627,6 +627,11 @@ impl Fifo {
                 ch.inst.is_some() && ch.in_runlist && ch.state_word & pfifo::STATE_RUNNABLE != 0;
             if !runnable {
                 continue;
+            }
+            // A preempted channel reloads its context before it reads anything again.
+            if let (None, Some((inst, target))) = (ch.ctx, ch.inst) {
+                let word = ch.inst_word();
+                ch.ctx = Some(channel::ChannelCtx::load(&mut core.mem, inst, target, word));
             }
             match pbdma::acquire_ready(core, ch) {
                 Ok(true) => {
