@@ -29,8 +29,11 @@
 //! makes); physical interrupts and completions are serviced at the end of every VM access and in
 //! [`GpuHost::poll`]. VM interrupt lines are driven after the lock is released.
 
+mod hold;
 mod init;
 mod reclaim;
+
+pub use hold::{LockHolds, HOLD_BUCKETS};
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -222,6 +225,9 @@ pub struct HostStats {
     pub hypervisor_vram_quarantined: u64,
     /// Hypervisor VRAM released from the quarantine so far, bytes.
     pub hypervisor_vram_released: u64,
+    /// How long the host lock has been held (every guest access, poll and management call): the
+    /// longest is the longest one VM can make another's exit wait.
+    pub lock_holds: LockHolds,
     /// Destroyed VMs whose VRAM slice, channels and DMA window were withheld from reuse because
     /// a channel could not be taken off the GPU (should be 0; a GPU that ignores preemption
     /// and engine reset).
@@ -297,14 +303,49 @@ pub(crate) struct HostShared {
     pub cfg: HostConfig,
     pub irq: Arc<IrqFlag>,
     pub state: Mutex<HostState>,
+    /// How long `state` is held (`host/hold.rs`).
+    pub holds: hold::HoldTimes,
+}
+
+/// The host lock, held: records how long when dropped.
+pub(crate) struct Held<'a> {
+    guard: MutexGuard<'a, HostState>,
+    since: std::time::Instant,
+    holds: &'a hold::HoldTimes,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = HostState;
+    fn deref(&self) -> &HostState {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for Held<'_> {
+    fn deref_mut(&mut self) -> &mut HostState {
+        &mut self.guard
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.holds.record(self.since);
+    }
 }
 
 /// (line, change number, level) to apply after the lock is released.
 type LineChange = (Arc<LineSlot>, u64, bool);
 
 impl HostShared {
-    fn lock(&self) -> MutexGuard<'_, HostState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> Held<'_> {
+        let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // One hold, one bounded batch of the GPU backend's own work (the simulator's engines).
+        self.phys.begin_batch();
+        Held {
+            guard,
+            since: std::time::Instant::now(),
+            holds: &self.holds,
+        }
     }
 
     /// Runs `f` on VM `id` (if it exists) under the lock and nothing else: no effects, no
@@ -693,6 +734,7 @@ impl GpuHost {
                 cfg,
                 irq,
                 state: Mutex::new(state),
+                holds: hold::HoldTimes::default(),
             }),
         })
     }
@@ -902,6 +944,11 @@ impl GpuHost {
         &self.shared.cfg
     }
 
+    /// Starts a new maximum of [`HostStats::lock_holds`] (to measure one phase of a run).
+    pub fn reset_lock_hold_max(&self) {
+        self.shared.holds.reset_max();
+    }
+
     /// Host-wide counters and free resources.
     pub fn stats(&self) -> HostStats {
         let mut st = self.shared.lock();
@@ -933,6 +980,7 @@ impl GpuHost {
             hypervisor_vram_quarantined: st.hyp.retired_bytes(),
             hypervisor_vram_released: c.hyp_released,
             withheld_partitions: c.withheld_partitions,
+            lock_holds: self.shared.holds.snapshot(),
             gpu: self.shared.phys.stats(),
             sched: st.sched_stats(&*self.shared.phys),
         }

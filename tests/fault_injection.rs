@@ -102,7 +102,7 @@ fn a_changed_read_is_reported_with_line_register_and_values() {
     );
 }
 
-/// The CI campaign: 18 classes x 112 injections = 2,016, fixed seed, two traces of one
+/// The CI campaign: 20 classes x 112 injections = 2,240, fixed seed, two traces of one
 /// recording (the guilty VM alternates); the hung-engine class, whose injections each run the
 /// GPU to the watchdog's deadline, has its own smaller campaign below.
 #[test]

@@ -4,12 +4,14 @@
 //! `gpuvm` command, the integration tests and the trace recorder.
 
 pub mod exp_isolation;
+pub mod exp_lockhold;
 pub mod exp_overhead;
 pub mod hal;
 pub mod native;
 pub mod virt;
 
 pub use exp_isolation::{run_isolation, IsolationOptions, IsolationReport};
+pub use exp_lockhold::{run_lockhold, LockholdOptions, LockholdReport, LockholdScenario};
 pub use hal::{BareGpu, InProcessDevice, InProcessHal, MmioCounts};
 pub use native::{run_native, NativeHal, NativeOptions, NativeReport, WorkloadRun};
 pub use virt::{run_vms, VirtError, VirtHal, VirtOptions, VirtReport, VmReport};

@@ -256,4 +256,12 @@ pub trait PhysicalGpu: Send + Sync {
         let _ = chid;
         None
     }
+
+    /// The caller starts a batch of calls it makes while holding its own lock (the host calls
+    /// this each time it takes the host lock). A backend that does work of its own inside
+    /// calls (the simulator runs engine operations) does at most a fixed budget of it per
+    /// batch from then on, instead of per call, so that one batch — one guest exit — holds the
+    /// caller's lock for a bounded time however many calls it makes. Real hardware does its
+    /// work on its own: the default does nothing.
+    fn begin_batch(&self) {}
 }

@@ -76,11 +76,17 @@ pub enum FaultClass {
     /// kernel of 2^60 iterations: an engine that hangs for modeled years, until the host's
     /// watchdog kills the channel.
     HungEngine,
+    /// The channel whose doorbell was just rung unbound 0-7 events later (its work in flight):
+    /// the GPU must not write through what the unbind freed (issue 11, finding 1).
+    UnbindMidSubmission,
+    /// A bound channel's instance block re-pointed at another page directory 0-7 events after
+    /// a doorbell, through PRAMIN (issue 11, finding 2).
+    RepointMidSubmission,
 }
 
 impl FaultClass {
     /// Every class.
-    pub const ALL: [FaultClass; 19] = [
+    pub const ALL: [FaultClass; 21] = [
         FaultClass::BitFlip,
         FaultClass::RandomOffset,
         FaultClass::WrongWidth,
@@ -100,6 +106,8 @@ impl FaultClass {
         FaultClass::IrqStorm,
         FaultClass::DestroyMidSubmission,
         FaultClass::HungEngine,
+        FaultClass::UnbindMidSubmission,
+        FaultClass::RepointMidSubmission,
     ];
 
     /// The name used on the command line and in JSON.
@@ -124,6 +132,8 @@ impl FaultClass {
             FaultClass::IrqStorm => "irq-storm",
             FaultClass::DestroyMidSubmission => "destroy-mid-submission",
             FaultClass::HungEngine => "hung-engine",
+            FaultClass::UnbindMidSubmission => "unbind-mid-submission",
+            FaultClass::RepointMidSubmission => "repoint-mid-submission",
         }
     }
 
@@ -654,6 +664,85 @@ pub fn mutate(trace: &Trace, class: FaultClass, r: &mut Rng) -> (Trace, String) 
             );
             ev_.truncate(cut);
             ev_.push(ev(seq, Op::Destroy));
+        }
+        FaultClass::UnbindMidSubmission => {
+            let i = r.pick(&doorbells).unwrap_or(ev_.len() / 2);
+            let at = (i + 1 + r.below(8) as usize).min(ev_.len());
+            let seq = seq_at(&ev_, at.min(ev_.len() - 1));
+            // The driver's poll area starts at BAR1 0: the doorbell's page is its channel.
+            let g = match ev_[i].op {
+                Op::Write { offset, .. } => (offset >> 12) as u32 % t.channels.max(1),
+                _ => 0,
+            };
+            desc = format!(
+                "channel {g} unbound {} events after line {}",
+                at - i - 1,
+                ev_[i].line
+            );
+            ev_.insert(
+                at,
+                ev(seq, w32(Bar::Bar0, u64::from(pfifo::chan_table(g)), 0)),
+            );
+        }
+        FaultClass::RepointMidSubmission => {
+            let binds: Vec<(u64, u32)> = ev_
+                .iter()
+                .filter_map(|e| match e.op {
+                    Op::Write {
+                        bar: Bar::Bar0,
+                        offset,
+                        value,
+                        ..
+                    } if crate::channels::table_index(offset as u32)
+                        .is_some_and(|(_, state)| !state)
+                        && value as u32 & pfifo::CHAN_VALID != 0 =>
+                    {
+                        pfifo::chan_decode(value as u32)
+                            .filter(|(_, t)| *t == gf100::Target::Vram)
+                            .map(|(a, _)| (a, value as u32))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let i = r.pick(&doorbells).unwrap_or(ev_.len() / 2);
+            let at = (i + 1 + r.below(8) as usize).min(ev_.len());
+            let seq = seq_at(&ev_, at.min(ev_.len() - 1));
+            match r.pick(&binds) {
+                Some((inst, _)) => {
+                    let pd = r.below(t.slice >> 12) << 12;
+                    let pdb = gf100::inst::pdb_encode(pd, gf100::Target::Vram);
+                    let a = inst + gf100::inst::PDB_LO;
+                    let win = u64::from(gf100::pbus::PRAMIN_BASE) + (a & 0xffff);
+                    desc = format!(
+                        "instance block {inst:#x} re-pointed at {pd:#x} {} events after line {}",
+                        at - i - 1,
+                        ev_[i].line
+                    );
+                    let ops = [
+                        w32(
+                            Bar::Bar0,
+                            u64::from(gf100::pbus::PMEM),
+                            u64::from(gf100::pbus::pmem_encode(a, gf100::Target::Vram)),
+                        ),
+                        Op::Write {
+                            bar: Bar::Bar0,
+                            offset: win + 4,
+                            width: 4,
+                            value: pdb >> 32,
+                        },
+                        Op::Write {
+                            bar: Bar::Bar0,
+                            offset: win,
+                            width: 4,
+                            value: pdb & 0xffff_ffff,
+                        },
+                    ];
+                    for (k, op) in ops.into_iter().enumerate() {
+                        ev_.insert(at + k, ev(seq, op));
+                    }
+                }
+                None => desc = "no channel bound in VRAM".into(),
+            }
         }
     }
     // Keep sequence numbers non-decreasing (moved events keep their slots' numbers).

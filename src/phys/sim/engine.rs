@@ -46,10 +46,13 @@ pub enum EngineWrites {
     AtLaunch,
 }
 
-/// Most units of engine work one simulator call does (MODEL choice, `docs/sim-cost-model.md`).
+/// Most units of engine work one simulator call — or, once the host batches its calls
+/// (`PhysicalGpu::begin_batch`), one batch — does (MODEL choice, `docs/sim-cost-model.md`).
 /// One unit is 4 bytes moved by a copy or memset, or one element operation of a kernel (one
 /// multiply-add of a matrix kernel); 4 Mi units is 16 MiB of copy or 4 rows of a 1024x1024
-/// matrix product.
+/// matrix product (a few milliseconds of host CPU: `gpuvm exp lockhold` measures the holds).
+/// A piece larger than the whole budget (the first row of a 2048x2048 product, which also
+/// reads all of `b`) runs alone in a call of its own, so that work always progresses.
 pub const WORK_BUDGET: u64 = 4 << 20;
 /// Fixed units charged per piece (bounds the number of tiny pieces per call).
 const PIECE_UNITS: u64 = 64;
@@ -89,7 +92,9 @@ impl Budget {
 
     /// Takes `units` if they fit in what is left of this call's budget.
     fn take(&mut self, units: u64) -> bool {
-        if self.used + units > WORK_BUDGET {
+        // A piece larger than the whole budget still runs, alone, so that work always
+        // progresses.
+        if self.used > 0 && self.used + units > WORK_BUDGET {
             if !self.deferred {
                 self.deferred = true;
                 self.stats.deferred_calls += 1;
@@ -118,7 +123,7 @@ pub(crate) enum Job {
     Memset { dst: u64, bytes: u64, value: u32 },
     /// `c[i] = op(a[i], b[i])` for `n` words; `float` selects f32 add over wrapping u32 add.
     Elementwise { abc: [u64; 3], n: u64, float: bool },
-    /// `c = a x b` for `n`x`n` matrices; `b` is read with the first row and kept.
+    /// `c = a x b` for `n`x`n` matrices; `b` is read with the first row and kept (transposed).
     Matmul {
         abc: [u64; 3],
         n: u64,
@@ -269,13 +274,20 @@ impl Job {
                 let n = *n as usize;
                 let row_a = read_words(core, vs, r[0].0, n)?;
                 if i == 0 {
-                    // The first piece also reads all of `b`, kept for the other rows.
-                    *b = read_words(core, vs, r[1].0, n * n)?;
+                    // The first piece also reads all of `b`, kept (transposed, so that a
+                    // column is contiguous: simulator speed only) for the other rows.
+                    let rows = read_words(core, vs, r[1].0, n * n)?;
+                    *b = vec![0; n * n];
+                    for (k, row) in rows.chunks_exact(n).enumerate() {
+                        for (j, &v) in row.iter().enumerate() {
+                            b[j * n + k] = v;
+                        }
+                    }
                 }
                 let dst = r[r.len() - 1].0;
                 let row: Vec<u8> = (0..n)
                     .flat_map(|j| {
-                        let col = (0..n).map(|k| b[k * n + j]);
+                        let col = b[j * n..(j + 1) * n].iter().copied();
                         if *float {
                             row_a
                                 .iter()

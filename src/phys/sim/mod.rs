@@ -123,6 +123,8 @@ struct State {
     /// Interrupt line level last computed, and a sequence number of its changes.
     line: bool,
     line_seq: u64,
+    /// The engine-work budget is per batch (`PhysicalGpu::begin_batch`) instead of per call.
+    batched: bool,
 }
 
 impl State {
@@ -221,6 +223,7 @@ impl SimGpu {
             fifo,
             line: false,
             line_seq: 0,
+            batched: false,
         };
         SimGpu {
             clock: config.clock,
@@ -266,7 +269,9 @@ impl SimGpu {
         let (r, change) = {
             let mut guard = self.lock();
             let s = &mut *guard;
-            s.fifo.budget.new_call();
+            if !s.batched {
+                s.fifo.budget.new_call();
+            }
             s.fifo.advance(&mut s.core, now);
             let r = f(s, now);
             s.fifo.advance(&mut s.core, now);
@@ -408,6 +413,12 @@ impl PhysicalGpu for SimGpu {
 
     fn channel_busy_ns(&self, chid: u32) -> Option<u64> {
         SimGpu::channel_busy_ns(self, chid)
+    }
+
+    fn begin_batch(&self) {
+        let mut s = self.lock();
+        s.batched = true;
+        s.fifo.budget.new_call();
     }
 
     fn stats(&self) -> GpuStats {

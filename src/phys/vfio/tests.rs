@@ -346,10 +346,8 @@ fn msi_reaches_the_line_and_is_rearmed() {
     g.set_irq_line(flag.clone());
     raise(&g);
     assert_eq!(g.device().signals(), 1);
-    assert!(
-        !flag.is_asserted(),
-        "seen at the next poll, not by a register write"
-    );
+    // The waiter thread may already have counted the MSI during raise()'s last register write
+    // (which then drives the line); the poll at the latest does.
     g.poll();
     assert!(flag.is_asserted());
     ack(&g);
@@ -455,16 +453,15 @@ fn native_workloads_run_through_the_backend() {
         let r = workloads::run(&mut drv, w, 32).unwrap();
         assert!(r.verified, "{w:?}");
     }
-    // The waiter thread counts an MSI when it reads the eventfd; the re-arm happens on a later
-    // poll only if the GPU still has an interrupt to deliver, so the two counts may differ by
-    // the interrupts still in the waiter's hands (this raced under load before): every re-arm
-    // answers an event, and at least one happened.
+    // The waiter thread counts an MSI when it reads the eventfd, and the re-arm follows once
+    // the driver has handled it (the line low again): the last MSI may still be in between
+    // (this raced under load before).
     g.poll();
     let st = g.vfio_stats();
     assert!(st.irq.events > 0, "fences waited on MSIs: {st:?}");
     assert!(
-        st.irq.rearms >= 1 && st.irq.rearms <= st.irq.events,
-        "MSIs re-armed: {st:?}"
+        st.irq.rearms <= st.irq.events && st.irq.rearms + 1 >= st.irq.events,
+        "every MSI but possibly the last (still being handled) re-armed: {st:?}"
     );
 }
 

@@ -54,6 +54,12 @@ enum ExpCommand {
     /// count the per-VM and aggregate time, GPU utilisation, exits, and whether everything
     /// verified. `--json` prints a `points` array; `--svg FILE` plots time against VMs.
     Scale(crate::scale::ScaleArgs),
+    /// Host-lock hold times next to hostile neighbours (the isolation review's findings 8 and
+    /// 9): a victim runs its workloads alone, next to back-to-back 1024x1024 matrix
+    /// multiplies, and next to 2048-op para-virtual page-directory switch batches; per
+    /// scenario the number of lock holds, p50/p99 bucket bounds and the longest hold
+    /// (wall-clock). `--json` prints a `scenarios` array; `--svg FILE` draws the bars.
+    Lockhold(crate::lockhold::LockholdArgs),
 }
 
 /// Options of `gpuvm exp isolation`.
@@ -120,6 +126,7 @@ pub fn run(args: &ExpArgs) -> anyhow::Result<bool> {
         ExpCommand::Isolation(a) => isolation(a),
         ExpCommand::Overhead(a) => crate::overhead::run(a),
         ExpCommand::Scale(a) => crate::scale::run(a),
+        ExpCommand::Lockhold(a) => crate::lockhold::run(a),
     }
 }
 

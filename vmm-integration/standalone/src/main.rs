@@ -9,6 +9,7 @@ mod calibrate;
 mod demo;
 mod exp;
 mod kvm;
+mod lockhold;
 mod native;
 mod overhead;
 mod regs;
