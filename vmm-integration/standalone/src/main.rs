@@ -10,6 +10,7 @@ mod demo;
 mod exp;
 mod kvm;
 mod native;
+mod nouveau;
 mod overhead;
 mod regs;
 mod run;
@@ -95,6 +96,12 @@ enum Command {
     /// prefixed with the VM's name. SIGTERM or SIGINT: vGPUs destroyed, sockets removed, exit 0.
     /// See docs/vfio-user.md.
     Serve(serve::ServeArgs),
+    /// Boot unmodified Linux nouveau (User-Mode Linux from Debian's linux-source-6.12, built by
+    /// scripts/uml/build.sh) against a vGPU served over vhost-user, with a second VM running
+    /// gpuvm's own driver's workloads on the same GPU, and print the bring-up rungs reached
+    /// (a: enumerated ... l: compute). `--json` adds the first failure's log lines and the
+    /// BAR0 registers nouveau touched that the model does not implement. See docs/nouveau.md.
+    Nouveau(nouveau::NouveauArgs),
 }
 
 fn main() {
@@ -109,6 +116,7 @@ fn main() {
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Nouveau(args) => nouveau::run(&args),
     };
     match result {
         Ok(true) => {}
