@@ -95,6 +95,13 @@ fn serve_connection(
         h.send_exit_event();
     }
     let _ = daemon.wait();
+    // Dropping the crate's daemon joins its worker threads; in this session that join was
+    // seen not to return after a front end's malformed message (not yet understood), so it
+    // happens off this thread: the VM's vGPU is recycled and its socket serves again
+    // whatever the crate's threads do.
+    std::thread::Builder::new()
+        .name("vhost-user teardown".into())
+        .spawn(move || drop(daemon))?;
     Ok(why)
 }
 
