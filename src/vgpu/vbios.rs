@@ -17,6 +17,10 @@
 use gf100::pci;
 use gf100::vbios::*;
 
+/// Length of the BIT 'i' entry (at least `BIT_I_MIN_LEN`).
+const INFO_LEN: u16 = 0x10;
+const _: () = assert!(INFO_LEN >= BIT_I_MIN_LEN);
+
 /// Image size: 4 KiB, the least nouveau fetches before parsing (`shadow.c`).
 pub const IMAGE_LEN: usize = 4096;
 
@@ -64,7 +68,6 @@ pub fn image() -> Vec<u8> {
         put16(&mut img, e + 4, at as u16);
         e += BIT_ENTRY_LEN;
     }
-    debug_assert!(0x10 >= BIT_I_MIN_LEN);
     // 'i': version bytes micro, minor, chip, major, then patch; feature byte +5 = 0;
     // DAC-compare pointer at +13 = 0.
     img[info..info + 5].copy_from_slice(&[0x01, 0x00, 0xc0, 0x70, 0x00]);
@@ -132,7 +135,7 @@ mod tests {
         assert_eq!(u16_at(&img, scripts), 0, "empty script list");
         // Every pointer stays inside the image.
         for &(len, at) in tokens.values() {
-            assert!(at + len as usize <= img.len());
+            assert!(at + len <= img.len());
         }
     }
 
