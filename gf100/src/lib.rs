@@ -18,6 +18,7 @@
 #![no_std]
 #![deny(missing_docs)]
 
+pub mod board;
 pub mod compute;
 pub mod copy;
 pub mod fault;
@@ -35,6 +36,7 @@ pub mod pmc;
 pub mod ptimer;
 pub mod pv;
 pub mod userd;
+pub mod vbios;
 
 /// Memory target ("aperture") of an address, in the encoding used by PTEs, instance pointers
 /// (`g80_mem_target`), the PMEM window and the runlist base: 0 VRAM, 2 coherent (snooped) system

@@ -91,6 +91,17 @@ pub enum Handler {
     Pbdma,
     /// The gpuvm para-virtual interface (page-table batches), present in `pv` profiles.
     Paravirt,
+    /// The PROM window: the generated VBIOS, read-only (`vgpu::vbios`).
+    Prom,
+    /// Board registers a driver reads at probe, answered as a POSTed board (`vgpu::vboard`).
+    Board,
+    /// VGA CRTC ports (byte accesses), stored per VM.
+    VgaPorts,
+    /// The PMU falcon's host interface, emulated at high level (`vgpu::vpmu`).
+    Pmu,
+    /// The virtual PGRAPH: FECS/GPCCS interface emulated at high level, writes absorbed per VM
+    /// (`vgpu::vpgraph`).
+    Pgraph,
 }
 
 /// One region of BAR0.
@@ -323,18 +334,12 @@ pub static BAR0_REGIONS: &[Region] = &[
         S,
         H::TlbFlushTrigger,
     ),
-    denied(0x10a000, 0x1000, "PDAEMON (microcontroller)"),
     reg(pfb::fbpa_amount(0), "PBFB[0].AMOUNT", V, H::FbSize),
     reg(pfb::fbpa_amount(1), "PBFB[1].AMOUNT", V, H::FbSize),
     reg(pfb::fbpa_amount(2), "PBFB[2].AMOUNT", V, H::FbSize),
     reg(pfb::fbpa_amount(3), "PBFB[3].AMOUNT", V, H::FbSize),
     reg(pfb::fbpa_amount(4), "PBFB[4].AMOUNT", V, H::FbSize),
     reg(pfb::fbpa_amount(5), "PBFB[5].AMOUNT", V, H::FbSize),
-    denied(
-        0x400000,
-        0x200000,
-        "PGRAPH (engine control, context switching)",
-    ),
     denied(0x610000, 0x10000, "PDISPLAY"),
     range(
         pbus::PRAMIN_BASE,
@@ -352,10 +357,71 @@ pub static BAR0_REGIONS: &[Region] = &[
     ),
 ];
 
+/// The regions a real driver (nouveau) needs at probe beyond the ones above: the VBIOS window,
+/// board registers, the PMU and the virtual PGRAPH (`vgpu::vboard`). Sorted, non-overlapping,
+/// and disjoint from [`BAR0_REGIONS`] (tested).
+pub static BOARD_REGIONS: &[Region] = {
+    use gf100::board::{self as b, pgraph, pmu};
+    &[
+        range(
+            b::ENGINE_STATUS,
+            0x40,
+            "PFIFO.ENGINE_STATUS[16]",
+            V,
+            H::Board,
+        ),
+        range(
+            b::PGPIO_BASE,
+            b::BLOCK,
+            "PGPIO / PLLs (read 0)",
+            V,
+            H::Board,
+        ),
+        range(b::PTHERM_BASE, b::BLOCK, "PTHERM", V, H::Board),
+        range(b::FUSE_BASE, b::BLOCK, "FUSE", V, H::Board),
+        reg(b::POSTED, "PBUS.POSTED (devinit done)", V, H::Board),
+        reg(b::UNITS_DISABLED, "FUSE.UNITS_DISABLED", V, H::Board),
+        reg(b::LTC_INVALIDATE, "LTC.INVALIDATE", V, H::Board),
+        reg(b::LTC_FLUSH, "LTC.FLUSH", V, H::Board),
+        reg(b::STRAP, "PEXTDEV.STRAP", V, H::Board),
+        range(
+            pmu::BASE,
+            0x1000,
+            "PDAEMON (PMU host interface, high-level)",
+            V,
+            H::Pmu,
+        ),
+        range(b::PRIVRING_BASE, b::BLOCK, "PRIVRING", V, H::Board),
+        range(b::MPLL_BASE, b::BLOCK, "MPLL (read 0)", V, H::Board),
+        range(b::PCLOCK_BASE, b::BLOCK, "PCLOCK (read 0)", V, H::Board),
+        range(b::LTC_BASE, b::BLOCK, "LTC broadcast", V, H::Board),
+        range(
+            gf100::vbios::PROM_BASE,
+            gf100::vbios::PROM_SIZE,
+            "PROM (generated VBIOS, read-only)",
+            V,
+            H::Prom,
+        ),
+        range(
+            pgraph::BASE,
+            pgraph::END - pgraph::BASE,
+            "PGRAPH (virtual, per VM; FECS/GPCCS high-level)",
+            V,
+            H::Pgraph,
+        ),
+        range(0x601000, 0x1000, "PRMCIO (VGA CRTC ports)", V, H::VgaPorts),
+    ]
+};
+
 /// Looks up the region containing `offset`, if any.
 pub fn lookup(offset: u32) -> Option<&'static Region> {
-    let i = BAR0_REGIONS.partition_point(|r| r.end() <= offset);
-    BAR0_REGIONS.get(i).filter(|r| r.contains(offset))
+    for table in [BAR0_REGIONS, BOARD_REGIONS] {
+        let i = table.partition_point(|r| r.end() <= offset);
+        if let Some(r) = table.get(i).filter(|r| r.contains(offset)) {
+            return Some(r);
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -389,6 +455,34 @@ mod tests {
     }
 
     #[test]
+    fn board_table_is_sorted_and_disjoint_from_the_main_one() {
+        for w in BOARD_REGIONS.windows(2) {
+            assert!(
+                w[0].end() <= w[1].offset,
+                "{} overlaps {}",
+                w[0].name,
+                w[1].name
+            );
+        }
+        for b in BOARD_REGIONS {
+            assert!(
+                b.handler.is_some() && b.offset % 4 == 0 && b.size % 4 == 0,
+                "{}",
+                b.name
+            );
+            assert!(u64::from(b.end()) <= gf100::pci::BAR0_SIZE, "{}", b.name);
+            for r in BAR0_REGIONS {
+                assert!(
+                    b.end() <= r.offset || r.end() <= b.offset,
+                    "{} overlaps {}",
+                    b.name,
+                    r.name
+                );
+            }
+        }
+    }
+
+    #[test]
     fn lookup_finds_registers_and_denies_the_rest() {
         assert_eq!(lookup(pmc::BOOT_0).unwrap().handler, Some(Handler::Boot0));
         assert_eq!(
@@ -407,7 +501,10 @@ mod tests {
             lookup(pfb::fbpa_amount(5)).unwrap().handler,
             Some(Handler::FbSize)
         );
-        assert_eq!(lookup(0x400700).unwrap().policy, Policy::Denied);
+        // PGRAPH is the per-VM virtual PGRAPH: absorbed, never forwarded.
+        assert_eq!(lookup(0x400700).unwrap().handler, Some(Handler::Pgraph));
+        assert_eq!(lookup(0x300000).unwrap().handler, Some(Handler::Prom));
+        assert_eq!(lookup(0x10a4d0).unwrap().handler, Some(Handler::Pmu));
         // Offsets between known registers are unknown, i.e. denied by default.
         assert!(lookup(0x000008).is_none());
         assert!(lookup(pfifo::CHAN_TABLE + pfifo::CHANNELS * 8).is_none());

@@ -100,6 +100,20 @@ pub(crate) fn write(cx: &mut VmCx, offset: u64, data: &[u8]) {
                 write32(cx, off.wrapping_add(4), hi);
             }
         }
+        // Byte writes a driver does on hardware: the VGA CRTC ports (nouveau's wrvgac) and the
+        // MSI re-arm byte (nouveau's `nvkm_pci_msi_rearm` writes 1 byte to 0x088704).
+        1 | 2 if (off % 4) as usize + len <= 4 => match lookup(off).and_then(|r| r.handler) {
+            Some(Handler::VgaPorts) if cx.vm.regs.board.write_partial(off, data) => {
+                count(cx, Class::Policy(Policy::Virtual), true);
+            }
+            Some(Handler::MsiRearm) => count(cx, Class::Policy(Policy::Virtual), true),
+            _ => {
+                count(cx, Class::Unknown, true);
+                cx.violation(ViolationKind::BadAccess, || {
+                    format!("BAR0 write of {len} bytes at {offset:#x}")
+                });
+            }
+        },
         _ => {
             count(cx, Class::Unknown, true);
             cx.violation(ViolationKind::BadAccess, || {
@@ -267,6 +281,10 @@ fn read_handler(cx: &mut VmCx, h: Handler, off: u32) -> Option<u32> {
             }
         }
         Handler::Paravirt => return pv::read(cx, off),
+        Handler::Prom => r.board.prom(off - gf100::vbios::PROM_BASE),
+        Handler::Board | Handler::VgaPorts | Handler::Pmu | Handler::Pgraph => {
+            return cx.vm.regs.board.read(off)
+        }
     })
 }
 
@@ -297,6 +315,10 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
         }
         Handler::PmcEnable => {
             if off == pmc::ENABLE {
+                // Clearing PMC ENABLE bit 13 resets the PMU (nouveau's gf100_pmu_reset).
+                if r.pmc_enable & (1 << 13) != 0 && v & (1 << 13) == 0 {
+                    r.board.pmu.reset();
+                }
                 r.pmc_enable = v;
             } else {
                 r.spoon_enable = v & ((1 << pfifo::PBDMAS) - 1);
@@ -385,6 +407,12 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
             }
         }
         Handler::Paravirt => return pv::write(cx, off, v),
+        // Read-only ROM: writes are ignored, as by the hardware.
+        Handler::Prom => {}
+        Handler::Pmu => {
+            r.board.pmu.write(off, v);
+        }
+        Handler::Board | Handler::VgaPorts | Handler::Pgraph => return r.board.write(off, v),
     }
     true
 }

@@ -28,6 +28,10 @@ pub(crate) mod runtime;
 pub mod stats;
 pub(crate) mod submit;
 pub mod tap;
+pub mod vbios;
+mod vboard;
+mod vpgraph;
+mod vpmu;
 pub(crate) mod vregs;
 
 use std::collections::HashMap;

@@ -174,8 +174,9 @@ fn identity_sizing_and_deny_by_default() {
     assert_eq!(rd(&v, pfb::fbpa_amount(1)), 0);
     // Unknown and denied offsets.
     assert_eq!(rd(&v, 0x0000_0008), gf100::BAD_REGISTER);
-    assert_eq!(rd(&v, 0x0040_0700), gf100::BAD_REGISTER);
-    wr(&v, 0x0040_0700, 1);
+    // PDISPLAY is known and denied (PGRAPH is the per-VM virtual PGRAPH now).
+    assert_eq!(rd(&v, 0x0061_0000), gf100::BAD_REGISTER);
+    wr(&v, 0x0061_0000, 1);
     wr(&v, 0x0000_0008, 1);
     // The PV interface is absent for a lazy VM.
     assert_eq!(rd(&v, pv::ID), gf100::BAD_REGISTER);

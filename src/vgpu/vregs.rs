@@ -84,6 +84,8 @@ pub(crate) struct VRegs {
     pub engine_intr: [u32; ENGINES],
     pub kick: u32,
     pub pv: VPv,
+    /// Board registers, the PMU and PGRAPH stand-ins, the VBIOS (`super::vboard`).
+    pub board: Box<super::vboard::VBoard>,
 }
 
 impl Default for VRegs {
@@ -126,6 +128,7 @@ impl Default for VRegs {
             engine_intr: [0; ENGINES],
             kick: 0,
             pv: VPv::default(),
+            board: Box::default(),
         }
     }
 }

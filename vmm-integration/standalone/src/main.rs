@@ -11,6 +11,7 @@ mod exp;
 mod kvm;
 mod lockhold;
 mod native;
+mod nouveau;
 mod overhead;
 mod regs;
 mod run;
@@ -96,6 +97,12 @@ enum Command {
     /// prefixed with the VM's name. SIGTERM or SIGINT: vGPUs destroyed, sockets removed, exit 0.
     /// See docs/vfio-user.md.
     Serve(serve::ServeArgs),
+    /// Boot unmodified Linux nouveau (User-Mode Linux from Debian's linux-source-6.12, built by
+    /// scripts/uml/build.sh) against a vGPU served over vhost-user, with a second VM running
+    /// gpuvm's own driver's workloads on the same GPU, and print the bring-up rungs reached
+    /// (a: enumerated ... l: compute). `--json` adds the first failure's log lines and the
+    /// BAR0 registers nouveau touched that the model does not implement. See docs/nouveau.md.
+    Nouveau(nouveau::NouveauArgs),
 }
 
 fn main() {
@@ -110,6 +117,7 @@ fn main() {
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Nouveau(args) => nouveau::run(&args),
     };
     match result {
         Ok(true) => {}

@@ -1,7 +1,7 @@
 //! `gpuvm regs`: the BAR0 region table of the virtual GPU and its trap policy.
 
 use clap::Args;
-use gpuvm::mmio::regions::{Policy, Region, BAR0_REGIONS};
+use gpuvm::mmio::regions::{Policy, Region, BAR0_REGIONS, BOARD_REGIONS};
 use serde::Serialize;
 
 use crate::table::{self, Table};
@@ -53,9 +53,9 @@ fn policy_meaning(p: Policy) -> &'static str {
 /// Runs the command; always `Ok(true)`.
 pub fn run(args: &RegsArgs) -> anyhow::Result<bool> {
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&json(BAR0_REGIONS))?);
+        println!("{}", serde_json::to_string_pretty(&json(&all_regions()))?);
     } else {
-        print!("{}", render(BAR0_REGIONS));
+        print!("{}", render(&all_regions()));
     }
     Ok(true)
 }
@@ -110,6 +110,13 @@ fn render(regions: &[Region]) -> String {
         gpuvm::mmio::regions::PV_BASE
     );
     out
+}
+
+/// Both region tables (the main one and the board registers a real driver needs), by offset.
+fn all_regions() -> Vec<Region> {
+    let mut v: Vec<Region> = BAR0_REGIONS.iter().chain(BOARD_REGIONS).copied().collect();
+    v.sort_by_key(|r| r.offset);
+    v
 }
 
 #[cfg(test)]

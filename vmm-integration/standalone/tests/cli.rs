@@ -158,7 +158,8 @@ fn regs_json_is_the_sorted_region_table_with_policies() {
         pgraph["name"].as_str().unwrap().contains("PGRAPH"),
         "{pgraph}"
     );
-    assert_eq!(pgraph["policy"], "denied");
+    // The per-VM virtual PGRAPH: absorbed, never forwarded.
+    assert_eq!(pgraph["policy"], "virtual");
     assert_eq!(find(0x1f00000)["policy"], "virtual");
 }
 

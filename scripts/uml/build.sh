@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Builds the User-Mode Linux kernel gpuvm boots nouveau in, from Debian's linux-source-6.12.
+#
+#   scripts/uml/build.sh            # prints the path of the kernel binary on its last line
+#
+# Out of tree: the source is unpacked into $TARGET/uml/src and built into $TARGET/uml/build,
+# where $TARGET is $CARGO_TARGET_DIR or the repository's target/. Idempotent: the kernel is
+# not rebuilt unless config.fragment, virt-pci-reclaim.patch or the package version changed
+# (their hash is kept in $TARGET/uml/stamp). Also builds the guest test program
+# (gpuvm-nvtest.c, static) into $TARGET/uml/rootfs/, the host directory UML mounts as its root.
+# Installs linux-source-6.12 and the build tools with apt-get when missing (needs root).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+target="${CARGO_TARGET_DIR:-$repo/target}"
+out="$target/uml"
+pkg=linux-source-6.12
+tarball=/usr/src/linux-source-6.12.tar.xz
+
+need_apt=()
+dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need_apt+=("$pkg")
+for tool in flex bison bc make gcc xz; do
+    command -v "$tool" >/dev/null || need_apt+=("$tool")
+done
+if [ "${#need_apt[@]}" -gt 0 ]; then
+    pkgs=()
+    for p in "${need_apt[@]}"; do
+        case "$p" in xz) pkgs+=(xz-utils) ;; *) pkgs+=("$p") ;; esac
+    done
+    echo "uml build: installing ${pkgs[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2 || true
+    apt-get install -y -qq "${pkgs[@]}" >&2
+fi
+
+version="$(dpkg-query -W -f='${Version}' "$pkg")"
+stamp="$( {
+    echo "$version"
+    cat "$here/config.fragment" "$here/virt-pci-reclaim.patch"
+} | sha256sum | cut -d' ' -f1)"
+
+# The guest test program: static, built against the unpacked tree's DRM UAPI headers.
+build_test_program() {
+    mkdir -p "$out/rootfs"
+    local src="$here/gpuvm-nvtest.c" bin="$out/rootfs/gpuvm-nvtest"
+    if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ]; then
+        gcc -static -O2 -Wall -D__user= -idirafter "$out/src/include/uapi" -o "$bin.new" "$src" >&2
+        mv "$bin.new" "$bin"
+    fi
+}
+
+if [ -x "$out/linux" ] && [ "$(cat "$out/stamp" 2>/dev/null)" = "$stamp" ]; then
+    echo "uml build: up to date ($pkg $version)" >&2
+    build_test_program
+    echo "$out/linux"
+    exit 0
+fi
+
+echo "uml build: building $pkg $version into $out (takes minutes)" >&2
+mkdir -p "$out"
+rm -rf "$out/src" "$out/build" "$out/linux" "$out/stamp"
+mkdir -p "$out/src" "$out/build"
+tar -xf "$tarball" -C "$out/src" --strip-components=1
+patch -d "$out/src" -p1 --forward < "$here/virt-pci-reclaim.patch" >&2
+
+jobs="$(nproc)"
+make -s -C "$out/src" O="$out/build" ARCH=um defconfig >&2
+cat "$here/config.fragment" >> "$out/build/.config"
+make -s -C "$out/src" O="$out/build" ARCH=um olddefconfig >&2
+# Every fragment line must have survived olddefconfig (a missing dependency drops it).
+while IFS= read -r line; do
+    case "$line" in ''|'#'*) continue ;; esac
+    grep -qx -- "$line" "$out/build/.config" || {
+        echo "uml build: '$line' did not survive olddefconfig" >&2
+        exit 1
+    }
+done < "$here/config.fragment"
+make -s -C "$out/src" O="$out/build" ARCH=um -j"$jobs" linux >&2
+cp "$out/build/linux" "$out/linux.new"
+mv "$out/linux.new" "$out/linux"
+echo "$stamp" > "$out/stamp"
+build_test_program
+echo "uml build: done" >&2
+echo "$out/linux"

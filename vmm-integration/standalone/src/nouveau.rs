@@ -1,0 +1,499 @@
+//! `gpuvm nouveau`: boots an unmodified Linux (User-Mode Linux, built from Debian's
+//! linux-source-6.12 by `scripts/uml/build.sh`) whose built-in nouveau drives a gpuvm vGPU
+//! over the vhost-user PCI transport (`gpuvm-vhost-user`), while by default a second VM on the
+//! same simulated GF100 runs gpuvm's own driver's workloads and verifies them. Prints the rungs
+//! of the bring-up ladder the kernel log shows (docs/nouveau.md), `--json` with the first
+//! failure's log lines and the map of BAR0 registers nouveau touched that the model lacks.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use gpuvm::clock::ClockKind;
+use gpuvm::harness::virt::VirtHal;
+use gpuvm::host::{GpuHost, HostConfig};
+use gpuvm::phys::sim::{SimConfig, SimGpu};
+use gpuvm::phys::PhysicalGpu;
+use gpuvm::profile::{ShadowMode, VgpuProfile};
+use gpuvm::sched::{Policy, SchedParams};
+use gpuvm_guest::workloads::{self, Workload};
+use gpuvm_guest::{DriverConfig, Gpu};
+use gpuvm_vhost_user::{Server, ServerConfig};
+use serde::Serialize;
+use vm_memory::{GuestAddress, GuestMemoryMmap};
+
+/// The virtio device id the UML kernel is configured with (scripts/uml/config.fragment).
+pub const VIRTIO_DEVICE_ID: u32 = 1234;
+
+/// Options of `gpuvm nouveau`.
+#[derive(Args, Debug, Clone)]
+pub struct NouveauArgs {
+    /// The UML kernel (default: CARGO_TARGET_DIR or ./target, then uml/linux, as
+    /// scripts/uml/build.sh leaves it).
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// Run scripts/uml/build.sh first (builds the kernel if it is missing or stale).
+    #[arg(long)]
+    build: bool,
+    /// Boot without acceleration (nouveau.noaccel=1): no FIFO, GR or channels.
+    #[arg(long)]
+    noaccel: bool,
+    /// Do not run the second VM with gpuvm's own driver.
+    #[arg(long)]
+    no_second_vm: bool,
+    /// Seconds to let the guest run before it is stopped.
+    #[arg(long, default_value_t = 120)]
+    timeout: u64,
+    /// Guest RAM of the UML kernel, MiB.
+    #[arg(long, default_value_t = 256)]
+    mem_mib: u64,
+    /// VRAM of nouveau's vGPU, MiB.
+    #[arg(long, default_value_t = 512)]
+    vram_mib: u64,
+    /// Extra kernel arguments (repeatable), e.g. nouveau.debug=debug.
+    #[arg(long = "kernel-arg", value_name = "ARG")]
+    kernel_args: Vec<String>,
+    /// Write the whole kernel log here.
+    #[arg(long)]
+    log: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One rung of the ladder.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rung {
+    /// Letter (a..l).
+    pub id: char,
+    /// What it means.
+    pub name: &'static str,
+    /// Reached.
+    pub reached: bool,
+    /// The log line that shows it (or why it is not reached).
+    pub evidence: Option<String>,
+}
+
+/// One unimplemented register.
+#[derive(Debug, Clone, Serialize)]
+pub struct Unknown {
+    /// BAR0 offset.
+    pub offset: String,
+    /// Reads.
+    pub reads: u64,
+    /// Writes.
+    pub writes: u64,
+}
+
+/// What the second VM did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Neighbour {
+    /// Workload runs.
+    pub runs: u64,
+    /// Runs that verified.
+    pub verified: u64,
+    /// Driver errors.
+    pub errors: u64,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Kernel arguments used.
+    pub kernel_args: Vec<String>,
+    /// The rungs.
+    pub rungs: Vec<Rung>,
+    /// The highest consecutive rung reached.
+    pub reached: Option<char>,
+    /// The first rung not reached, with the nouveau/kernel lines that precede it.
+    pub first_failure: Option<(char, Vec<String>)>,
+    /// BAR0 registers nouveau touched that the model does not implement.
+    pub unknown_registers: Vec<Unknown>,
+    /// Transport commands performed and refused.
+    pub transport: (u64, u64),
+    /// Interrupt messages delivered to the guest.
+    pub interrupts: u64,
+    /// The second VM (None with --no-second-vm).
+    pub neighbour: Option<Neighbour>,
+    /// Seconds the guest ran.
+    pub seconds: f64,
+}
+
+fn default_kernel() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("target"));
+    target.join("uml/linux")
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs scripts/uml/build.sh; returns the kernel path it prints.
+pub fn build_kernel() -> anyhow::Result<PathBuf> {
+    let script = repo_root().join("scripts/uml/build.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    anyhow::ensure!(out.status.success(), "{} failed", script.display());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let path = text.lines().last().unwrap_or("").trim();
+    Ok(PathBuf::from(path))
+}
+
+/// The kernel arguments for a boot against `socket` with `rootfs` as the root directory.
+pub fn kernel_args(args: &NouveauArgs, socket: &Path, rootfs: &Path) -> Vec<String> {
+    let mut v = vec![
+        format!("mem={}M", args.mem_mib),
+        format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", socket.display()),
+        "root=/dev/root".into(),
+        "rootfstype=hostfs".into(),
+        format!("rootflags={}", rootfs.display()),
+        "rw".into(),
+        "init=/gpuvm-nvtest".into(),
+        "log_buf_len=32M".into(),
+        "nouveau.modeset=2".into(),
+        "con0=null,fd:1".into(),
+        "con=null".into(),
+    ];
+    if args.noaccel {
+        v.push("nouveau.noaccel=1".into());
+    }
+    v.extend(args.kernel_args.iter().cloned());
+    v
+}
+
+fn neighbour_vm(
+    host: Arc<GpuHost>,
+    clock: Arc<dyn gpuvm::clock::Clock>,
+    stop: Arc<AtomicBool>,
+    runs: Arc<[AtomicU64; 3]>,
+) -> anyhow::Result<()> {
+    let profile = VgpuProfile {
+        name: "neighbour".into(),
+        vram_mib: 256,
+        channels: 8,
+        weight: 1,
+        shadow: ShadowMode::Lazy,
+    };
+    let vgpu = host.create_vgpu(&profile)?;
+    let ram = 64u64 << 20;
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram as usize)])?;
+    vgpu.attach_guest_memory(mem.clone())?;
+    let hal = VirtHal::new(vgpu.clone(), clock, mem, 0, ram);
+    let mut gpu = Gpu::init(hal, DriverConfig::default())
+        .map_err(|e| anyhow::anyhow!("neighbour driver init: {e}"))?;
+    let list = [Workload::Madd, Workload::MemcpyHtod, Workload::MemcpyDtoh];
+    let mut i = 0usize;
+    while !stop.load(Ordering::SeqCst) {
+        match workloads::run(&mut gpu, list[i % list.len()], 64) {
+            Ok(r) => {
+                runs[0].fetch_add(1, Ordering::SeqCst);
+                if r.verified {
+                    runs[1].fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            Err(_) => {
+                runs[0].fetch_add(1, Ordering::SeqCst);
+                runs[2].fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        i += 1;
+    }
+    drop(gpu);
+    host.destroy_vgpu(&vgpu)?;
+    Ok(())
+}
+
+/// The ladder, read from the kernel log.
+pub fn rungs(log: &str, noaccel: bool) -> Vec<Rung> {
+    let find = |pat: &dyn Fn(&str) -> bool| log.lines().find(|l| pat(l)).map(str::to_string);
+    let has = |s: &str| find(&|l: &str| l.contains(s));
+    let nv = |s: &str| find(&|l: &str| l.contains("nouveau") && l.contains(s));
+    let enumerated = find(&|l: &str| l.contains("[10de:06d8]"));
+    let bars = find(&|l: &str| l.contains("BAR 0") && l.contains("assigned"));
+    let a = match (&enumerated, &bars) {
+        (Some(e), Some(_)) => Some(e.clone()),
+        _ => None,
+    };
+    let b = nv("NVIDIA GF100");
+    let c = nv("bios: version");
+    let ctor_fail = nv("ctor failed").or(nv("preinit failed"));
+    let e = find(&|l: &str| l.contains("nouveau") && l.contains("fb:") && l.contains("MiB"));
+    let d = if ctor_fail.is_none() { e.clone() } else { None };
+    let init_fail = nv("init failed");
+    let vram = nv("DRM: VRAM:");
+    let gart = nv("DRM: GART:");
+    let f = if init_fail.is_none() {
+        vram.clone()
+    } else {
+        None
+    };
+    let g = match (&vram, &gart) {
+        (Some(_), Some(gt)) if has("g84_bar_flush").is_none() => Some(gt.clone()),
+        _ => None,
+    };
+    let accel_fail = nv("failed to create kernel channel")
+        .or(nv("failed to initialise sync"))
+        .or(nv("failed to construct context"));
+    let h = if noaccel || accel_fail.is_some() {
+        None
+    } else {
+        nv("MM: using").or(nv("DRM: allocated"))
+    };
+    let i = has("Initialized nouveau");
+    let j = has("gpuvm-nvtest: PASS semaphores");
+    vec![
+        rung('a', "enumerated with our IDs, BARs assigned", a),
+        rung('b', "bound, GF100 identified", b),
+        rung('c', "VBIOS accepted", c),
+        rung('d', "devinit done or skipped", d),
+        rung('e', "VRAM size detected", e),
+        rung('f', "PMU, LTC, therm/clk/volt/gpio/i2c up", f),
+        rung('g', "instmem, MMU, BAR1/BAR3 working", g),
+        rung('h', "FIFO and GR initialized, acceleration on", h),
+        rung('i', "DRM device registered", i),
+        rung(
+            'j',
+            "userspace channel: semaphores in VRAM and GART verified",
+            j,
+        ),
+        rung('k', "copy verified", None),
+        rung('l', "compute launch verified", None),
+    ]
+}
+
+fn rung(id: char, name: &'static str, evidence: Option<String>) -> Rung {
+    Rung {
+        id,
+        name,
+        reached: evidence.is_some(),
+        evidence,
+    }
+}
+
+/// The last `n` kernel lines about nouveau, DRM, PCI or the test program.
+fn failure_lines(log: &str, n: usize) -> Vec<String> {
+    let v: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains("nouveau")
+                || l.contains("drm")
+                || l.contains("pci")
+                || l.contains("gpuvm-nvtest")
+                || l.contains("virt-pci")
+                || l.contains("WARNING")
+                || l.contains("Kernel panic")
+        })
+        .collect();
+    v[v.len().saturating_sub(n)..]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// Runs the command; `Ok(false)` if the guest did not reach rung (i) (or (j) with acceleration).
+pub fn run(args: &NouveauArgs) -> anyhow::Result<bool> {
+    let report = boot(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        for r in &report.rungs {
+            println!(
+                "({}) {:<58} {}",
+                r.id,
+                r.name,
+                match &r.evidence {
+                    Some(e) => format!("yes  {}", e.trim()),
+                    None => "no".into(),
+                }
+            );
+        }
+        if let Some(n) = &report.neighbour {
+            println!(
+                "second VM: {} workload runs, {} verified, {} errors",
+                n.runs, n.verified, n.errors
+            );
+        }
+        println!(
+            "transport: {} commands, {} refused, {} interrupts; {} unimplemented registers touched",
+            report.transport.0,
+            report.transport.1,
+            report.interrupts,
+            report.unknown_registers.len()
+        );
+    }
+    let want = if args.noaccel { 'i' } else { 'j' };
+    Ok(report.reached.is_some_and(|r| r >= want))
+}
+
+/// Boots the guest and returns the report.
+pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
+    let kernel = if args.build {
+        build_kernel()?
+    } else {
+        args.kernel.clone().unwrap_or_else(default_kernel)
+    };
+    anyhow::ensure!(
+        kernel.exists(),
+        "no UML kernel at {} (build it with scripts/uml/build.sh, or pass --build)",
+        kernel.display()
+    );
+    let rootfs = kernel.with_file_name("rootfs");
+    anyhow::ensure!(
+        rootfs.join("gpuvm-nvtest").exists(),
+        "no test program in {} (scripts/uml/build.sh builds it)",
+        rootfs.display()
+    );
+    let dir = std::env::temp_dir().join(format!("gpuvm-nouveau-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+
+    let clock = ClockKind::Real.create();
+    let sim = Arc::new(SimGpu::new(SimConfig {
+        vram_size: 2048 << 20,
+        clock: clock.clone(),
+        ..SimConfig::default()
+    }));
+    let phys: Arc<dyn PhysicalGpu> = sim;
+    let host = Arc::new(GpuHost::new(phys, HostConfig::default()).context("GPU host")?);
+    host.set_scheduler(Policy::Band.create(&SchedParams::default()))
+        .context("scheduler")?;
+    host.set_clock(clock.clone());
+    let profile = VgpuProfile {
+        name: "nouveau".into(),
+        vram_mib: args.vram_mib,
+        channels: 32,
+        weight: 1,
+        shadow: ShadowMode::Lazy,
+    };
+    let server = Server::start(
+        host.clone(),
+        clock.clone(),
+        ServerConfig {
+            socket_dir: dir.clone(),
+            vms: vec![("nouveau".into(), profile)],
+        },
+    )
+    .context("vhost-user server")?;
+    let socket = server.sockets()[0].clone();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+    let neighbour = (!args.no_second_vm).then(|| {
+        let (h, c, s, n) = (host.clone(), clock.clone(), stop.clone(), counters.clone());
+        std::thread::spawn(move || neighbour_vm(h, c, s, n))
+    });
+
+    let kargs = kernel_args(args, &socket, &rootfs);
+    let log_path = args.log.clone().unwrap_or_else(|| dir.join("kernel.log"));
+    let log_file = std::fs::File::create(&log_path)?;
+    let started = Instant::now();
+    let mut child = Command::new(&kernel)
+        .args(&kargs)
+        .env("TMPDIR", &dir)
+        .stdin(Stdio::null())
+        .stdout(log_file.try_clone()?)
+        .stderr(log_file)
+        .spawn()
+        .with_context(|| format!("starting {}", kernel.display()))?;
+    let deadline = started + Duration::from_secs(args.timeout);
+    loop {
+        if child.try_wait()?.is_some() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    let neighbour = match neighbour {
+        Some(t) => {
+            let r = t
+                .join()
+                .map_err(|_| anyhow::anyhow!("second VM thread panicked"))?;
+            if let Err(e) = r {
+                eprintln!("gpuvm nouveau: second VM: {e}");
+            }
+            Some(Neighbour {
+                runs: counters[0].load(Ordering::SeqCst),
+                verified: counters[1].load(Ordering::SeqCst),
+                errors: counters[2].load(Ordering::SeqCst),
+            })
+        }
+        None => None,
+    };
+    let mut log = String::new();
+    std::fs::File::open(&log_path)?.read_to_string(&mut log)?;
+    let dev = server.devices()[0].clone();
+    let unknown_registers = dev
+        .unknown_registers()
+        .into_iter()
+        .map(|(off, u)| Unknown {
+            offset: format!("{off:#08x}"),
+            reads: u.reads,
+            writes: u.writes,
+        })
+        .collect();
+    let transport = (dev.commands(), dev.rejected());
+    let interrupts = dev.line().delivered();
+    server.shutdown();
+    if args.log.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let rungs = rungs(&log, args.noaccel);
+    let reached = rungs.iter().take_while(|r| r.reached).last().map(|r| r.id);
+    let first_failure = rungs
+        .iter()
+        .find(|r| !r.reached)
+        .map(|r| (r.id, failure_lines(&log, 25)));
+    Ok(Report {
+        kernel_args: kargs,
+        rungs,
+        reached,
+        first_failure,
+        unknown_registers,
+        transport,
+        interrupts,
+        neighbour,
+        seconds,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ladder_from_a_log() {
+        let log = "\
+pci 0000:00:00.0: [10de:06d8] type 00 class 0x030000 PCIe Endpoint
+pci 0000:00:00.0: BAR 0 [mem 0xf0000000-0xf1ffffff]: assigned
+nouveau 0000:00:00.0: NVIDIA GF100 (0c0c00a3)
+nouveau 0000:00:00.0: bios: version 70.c0.00.01.00
+nouveau 0000:00:00.0: fb: 512 MiB of unknown memory type
+nouveau 0000:00:00.0: DRM: VRAM: 512 MiB
+nouveau 0000:00:00.0: DRM: GART: 1048576 MiB
+[drm] Initialized nouveau 1.4.0 20120801 for 0000:00:00.0 on minor 0
+";
+        let r = rungs(log, true);
+        let got: String = r.iter().filter(|r| r.reached).map(|r| r.id).collect();
+        assert_eq!(got, "abcdefgi");
+        assert!(!r[7].reached, "noaccel: no FIFO/GR rung");
+        // A constructor failure stops the ladder at (d).
+        let bad = log.replace("fb: 512", "bios ctor failed: -22\nnouveau x: fb: 512");
+        let r = rungs(&bad, true);
+        assert!(!r[3].reached);
+    }
+}
