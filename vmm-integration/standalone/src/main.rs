@@ -6,9 +6,11 @@
 //! the KVM VMM and the experiments.
 
 mod calibrate;
+mod control;
 mod demo;
 mod exp;
 mod kvm;
+mod metrics;
 mod native;
 mod overhead;
 mod regs;
@@ -16,6 +18,7 @@ mod run;
 mod scale;
 mod serve;
 mod table;
+mod top;
 mod trace;
 
 use clap::{Parser, Subcommand};
@@ -95,6 +98,12 @@ enum Command {
     /// prefixed with the VM's name. SIGTERM or SIGINT: vGPUs destroyed, sockets removed, exit 0.
     /// See docs/vfio-user.md.
     Serve(serve::ServeArgs),
+    /// Control a running `gpuvm serve`: list, add, remove, weight, cap, stop (docs/serve.md).
+    Ctl(top::CtlArgs),
+    /// Per-VM usage of a running `gpuvm serve`, once (`--json` for machines).
+    Stat(top::StatArgs),
+    /// Per-VM usage of a running `gpuvm serve`, live.
+    Top(top::TopArgs),
 }
 
 fn main() {
@@ -109,6 +118,9 @@ fn main() {
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Ctl(args) => top::ctl(&args),
+        Command::Stat(args) => top::stat(&args),
+        Command::Top(args) => top::top(&args),
     };
     match result {
         Ok(true) => {}
