@@ -306,15 +306,18 @@ impl Control {
                 }
                 v
             }
-            Err(e) => {
-                let n = self.errors.fetch_add(1, Ordering::Relaxed) + 1;
-                log::warn!("control request refused ({n} so far): {e}");
-                if n <= 16 || n.is_power_of_two() {
-                    eprintln!("gpuvm serve: control request refused ({n} so far): {e}");
-                }
-                serde_json::json!({"ok": false, "error": e})
-            }
+            Err(e) => self.refuse(e),
         }
+    }
+
+    /// Counts and logs (the first 16, then every power of two) a refused request; the reply.
+    fn refuse(&self, e: String) -> serde_json::Value {
+        let n = self.errors.fetch_add(1, Ordering::Relaxed) + 1;
+        log::info!("control request refused ({n} so far): {e}");
+        if n <= 16 || n.is_power_of_two() {
+            eprintln!("gpuvm serve: control request refused ({n} so far): {e}");
+        }
+        serde_json::json!({"ok": false, "error": e})
     }
 
     fn dev(&self, name: &str) -> Result<Arc<VmDevice>, String> {
@@ -415,9 +418,7 @@ fn serve_conn(ctl: &Control, stream: UnixStream) -> io::Result<()> {
             Ok(l) => (ctl.handle_line(l.trim_end()), false),
             Err(e) => {
                 ctl.requests.fetch_add(1, Ordering::Relaxed);
-                ctl.errors.fetch_add(1, Ordering::Relaxed);
-                log::warn!("control request refused: {e}");
-                (serde_json::json!({"ok": false, "error": e}), true)
+                (ctl.refuse(e), true)
             }
         };
         let mut out = serde_json::to_vec(&reply).unwrap_or_default();
