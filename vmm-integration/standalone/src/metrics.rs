@@ -235,15 +235,13 @@ pub fn serve(ctl: Arc<Control>, addr: &str) -> anyhow::Result<std::net::SocketAd
         .spawn(move || {
             for req in server.incoming_requests() {
                 let resp = if req.url() == "/metrics" {
-                    match encode_stat(&ctl.stat()) {
-                        Ok(body) => tiny_http::Response::from_string(body).with_header(
-                            tiny_http::Header::from_bytes(
-                                &b"Content-Type"[..],
-                                &b"text/plain; version=0.0.4; charset=utf-8"[..],
-                            )
-                            .expect("static header"),
-                        ),
-                        Err(_) => tiny_http::Response::from_string("encoding failed\n")
+                    let ctype = tiny_http::Header::from_bytes(
+                        &b"Content-Type"[..],
+                        &b"text/plain; version=0.0.4; charset=utf-8"[..],
+                    );
+                    match (encode_stat(&ctl.stat()), ctype) {
+                        (Ok(body), Ok(h)) => tiny_http::Response::from_string(body).with_header(h),
+                        _ => tiny_http::Response::from_string("encoding failed\n")
                             .with_status_code(500),
                     }
                 } else {
