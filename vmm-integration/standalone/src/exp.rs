@@ -549,7 +549,7 @@ mod tests {
         assert_eq!(policies("band").unwrap(), vec![Policy::Band]);
         let e = policies("lottery").unwrap_err().to_string();
         assert!(
-            e.contains("expected fifo, credit, band, band-gdev or all"),
+            e.contains("expected fifo, credit, band, band-gdev, equal-share, fixed-share or all"),
             "{e}"
         );
         assert_eq!(
