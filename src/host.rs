@@ -985,6 +985,52 @@ impl GpuHost {
             sched: st.sched_stats(&*self.shared.phys),
         }
     }
+
+    /// Changes a VM's scheduling weight (1-100) at run time: its share is recomputed with the
+    /// others' from now on. Refused (nothing changed) for an unknown VM, a weight out of range
+    /// or a policy without weights.
+    pub fn set_vm_weight(&self, vm: VmId, weight: u32) -> Result<(), HostError> {
+        if !(1..=100).contains(&weight) {
+            return Err(HostError::Config(format!("weight {weight} must be 1-100")));
+        }
+        let mut guard = self.shared.lock();
+        let st = &mut *guard;
+        let now = st.now(&*self.shared.phys);
+        if !st.vms.contains_key(&vm) {
+            return Err(HostError::NoSuchVm(vm));
+        }
+        if !st.sched.set_weight(vm, weight, now) {
+            return Err(HostError::Config(format!(
+                "the {} policy does not use weights",
+                st.sched.name()
+            )));
+        }
+        st.acct.set_weight(vm, weight);
+        if let Some(v) = st.vms.get_mut(&vm) {
+            v.profile.weight = weight;
+        }
+        Ok(())
+    }
+
+    /// Sets (parts per million of GPU time) or clears a VM's cap at run time. Refused (nothing
+    /// changed) for an unknown VM, a cap out of range or a policy without caps.
+    pub fn set_vm_cap(&self, vm: VmId, cap_ppm: Option<u32>) -> Result<(), HostError> {
+        let mut guard = self.shared.lock();
+        let st = &mut *guard;
+        let now = st.now(&*self.shared.phys);
+        if !st.vms.contains_key(&vm) {
+            return Err(HostError::NoSuchVm(vm));
+        }
+        st.sched
+            .set_cap(vm, cap_ppm, now)
+            .map_err(HostError::Config)
+    }
+
+    /// The cap in force for a VM (ppm) and whether its work is held back by it now.
+    pub fn vm_cap(&self, vm: VmId) -> (Option<u32>, bool) {
+        let st = self.shared.lock();
+        (st.sched.cap_ppm(vm), st.sched.throttled(vm))
+    }
 }
 
 impl Vgpu {

@@ -93,6 +93,9 @@ pub struct IsolationOptions {
     /// A guest's reaction time: after it sees a fence signal, it submits again only this much
     /// later (0: at once; the simulated guests otherwise react in no modeled time).
     pub think_ns: u64,
+    /// Caps as (VM index, parts per million of GPU time), applied in the runs of policies that
+    /// take caps (`fixed-share`); other policies run uncapped.
+    pub caps: Vec<(u32, u32)>,
 }
 
 impl Default for IsolationOptions {
@@ -110,6 +113,7 @@ impl Default for IsolationOptions {
             short_outstanding: 1,
             long_outstanding: 2,
             think_ns: 0,
+            caps: Vec::new(),
         }
     }
 }
@@ -199,6 +203,10 @@ pub struct VmResult {
     pub total_gpu_ns: u64,
     /// Kernels it completed in the run.
     pub kernels: u64,
+    /// The cap applied to it (fraction of GPU time), if any.
+    pub cap: Option<f64>,
+    /// Its GPU time over the elapsed time while all ran (what a cap bounds).
+    pub busy_fraction: f64,
 }
 
 /// The per-window time series of one run.
@@ -442,6 +450,11 @@ fn run_policy(
             shadow: ShadowMode::Lazy,
         })?;
         debug_assert_eq!(vgpu.id(), VmId(p.vm));
+        if policy == Policy::FixedShare {
+            for &(_, ppm) in opts.caps.iter().filter(|c| c.0 == p.vm) {
+                host.set_vm_cap(vgpu.id(), Some(ppm))?;
+            }
+        }
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), GUEST_RAM)])
             .map_err(|e| IsolationError::GuestRam(e.to_string()))?;
         vgpu.attach_guest_memory(mem.clone())?;
@@ -575,13 +588,24 @@ fn run_policy(
         host.destroy_vgpu(&v.vgpu)?;
     }
 
+    let caps: Vec<Option<f64>> = plans
+        .iter()
+        .map(|p| {
+            opts.caps
+                .iter()
+                .filter(|c| c.0 == p.vm && policy == Policy::FixedShare)
+                .map(|c| f64::from(c.1) / 1e6)
+                .next_back()
+        })
+        .collect();
     Ok(summarise(
-        policy, &plans, t0, &samples, &vms, &stats, accounting, dispatched,
+        &caps, policy, &plans, t0, &samples, &vms, &stats, accounting, dispatched,
     ))
 }
 
 #[allow(clippy::too_many_arguments)]
 fn summarise(
+    caps: &[Option<f64>],
     policy: Policy,
     plans: &[VmPlan],
     t0: u64,
@@ -620,6 +644,8 @@ fn summarise(
             gpu_ns: gpu[i],
             total_gpu_ns: last.1[i] - samples[0].1[i],
             kernels: vms[i].kernels,
+            cap: caps.get(i).copied().flatten(),
+            busy_fraction: gpu[i] as f64 / span as f64,
         });
     }
     let mean_error = out.iter().map(|v| v.error).sum::<f64>() / n as f64;
@@ -702,6 +728,37 @@ mod tests {
                 assert_eq!(p.waits, 0);
             }
         }
+    }
+
+    /// A capped VM on the real device model stays under its cap (plus one period's burst and
+    /// what in-flight work can overdraw), and only the fixed-share run applies caps.
+    #[test]
+    fn fixed_share_caps_hold_on_the_device_model() {
+        let r = run_isolation(
+            &IsolationOptions {
+                policies: vec![Policy::FixedShare, Policy::Band],
+                duration_ns: 1_000 * MS,
+                caps: vec![(0, 300_000)],
+                ..IsolationOptions::default()
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+        let fixed = &r.policies[0];
+        assert_eq!(fixed.policy, Policy::FixedShare);
+        let v0 = &fixed.vms[0];
+        assert_eq!(v0.cap, Some(0.3));
+        assert!(
+            v0.busy_fraction <= 0.3 + 0.05,
+            "capped vm0 used {}",
+            v0.busy_fraction
+        );
+        assert!(v0.gpu_ns > 0, "the capped VM still runs");
+        // Without an explicit cap a VM is capped at its weight's share (1/2 here).
+        assert_eq!(fixed.vms[1].cap, None);
+        let v1 = fixed.vms[1].busy_fraction;
+        assert!(v1 <= 0.5 + 0.05, "vm1 above its weight's share: {v1}");
+        assert!(r.policies[1].vms.iter().all(|v| v.cap.is_none()));
     }
 
     #[test]

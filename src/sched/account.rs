@@ -104,6 +104,13 @@ impl Accounting {
         self.vms.entry(vm).or_default().weight = weight;
     }
 
+    /// A VM's weight changed (for its target share in [`SchedStats`]).
+    pub fn set_weight(&mut self, vm: VmId, weight: u32) {
+        if let Some(a) = self.vms.get_mut(&vm) {
+            a.weight = weight;
+        }
+    }
+
     /// A VM is gone; its work must have been retired first.
     pub fn remove_vm(&mut self, vm: VmId) {
         self.vms.remove(&vm);

@@ -274,6 +274,18 @@ impl<R: Rules> ListSched<R> {
         }
     }
 
+    /// Changes a VM's weight from `now` on (its share is recomputed with the others'; credit
+    /// already earned is kept). False for an unknown VM.
+    pub fn set_weight(&mut self, vm: VmId, weight: u32, now: u64) -> bool {
+        self.catch_up(now);
+        let Some(e) = self.vms.get_mut(&vm) else {
+            return false;
+        };
+        self.total_weight = self.total_weight - u64::from(e.weight) + u64::from(weight);
+        e.weight = weight;
+        true
+    }
+
     pub fn remove_vm(&mut self, vm: VmId) -> usize {
         let Some(e) = self.vms.remove(&vm) else {
             return 0;
@@ -607,6 +619,9 @@ macro_rules! list_scheduler {
             }
             fn remove_vm(&mut self, vm: $crate::sched::VmId) -> usize {
                 self.0.remove_vm(vm)
+            }
+            fn set_weight(&mut self, vm: $crate::sched::VmId, weight: u32, now_ns: u64) -> bool {
+                self.0.set_weight(vm, weight, now_ns)
             }
             fn submit(&mut self, s: $crate::sched::Submission, now_ns: u64) {
                 self.0.submit(s, now_ns)

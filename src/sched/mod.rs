@@ -23,6 +23,7 @@
 
 pub mod account;
 pub mod band;
+pub mod capped;
 pub mod credit;
 pub mod fifo;
 mod list;
@@ -35,6 +36,7 @@ use serde::{Deserialize, Serialize};
 
 pub use account::{Accounting, SchedStats, VmSchedStats};
 pub use band::BandScheduler;
+pub use capped::{EqualShareScheduler, FixedShareScheduler};
 pub use credit::CreditScheduler;
 pub use fifo::FifoScheduler;
 
@@ -165,6 +167,31 @@ pub trait Scheduler: Send {
         }
     }
 
+    /// Changes a VM's weight at run time (its share is recomputed with the others'). False
+    /// when the policy has no weights (FIFO, equal share) or does not know the VM.
+    fn set_weight(&mut self, _vm: VmId, _weight: u32, _now_ns: u64) -> bool {
+        false
+    }
+
+    /// Sets (parts per million of GPU time) or clears a VM's cap. Only capping policies
+    /// ([`capped::FixedShareScheduler`]) take one.
+    fn set_cap(&mut self, _vm: VmId, _cap_ppm: Option<u32>, _now_ns: u64) -> Result<(), String> {
+        Err(format!(
+            "the {} policy has no caps (run the daemon with --sched fixed-share)",
+            self.name()
+        ))
+    }
+
+    /// The cap in force for a VM (ppm), if the policy caps it.
+    fn cap_ppm(&self, _vm: VmId) -> Option<u32> {
+        None
+    }
+
+    /// True while a VM's work is held back by its cap.
+    fn throttled(&self, _vm: VmId) -> bool {
+        false
+    }
+
     /// Submissions waiting.
     fn queued(&self) -> usize;
 
@@ -197,6 +224,13 @@ pub enum Policy {
     /// side comparisons (`docs/scheduling.md` §5).
     #[serde(rename = "band-gdev")]
     BandGdev,
+    /// Every VM the same share, whatever its weight ([`EqualShareScheduler`]).
+    #[serde(rename = "equal-share")]
+    EqualShare,
+    /// BAND with a cap per VM that holds even when the GPU is otherwise idle
+    /// ([`FixedShareScheduler`]).
+    #[serde(rename = "fixed-share")]
+    FixedShare,
 }
 
 impl Policy {
@@ -204,7 +238,14 @@ impl Policy {
     pub const ALL: [Policy; 3] = [Policy::Fifo, Policy::Credit, Policy::Band];
 
     /// Every policy, including variants.
-    pub const EVERY: [Policy; 4] = [Policy::Fifo, Policy::Credit, Policy::BandGdev, Policy::Band];
+    pub const EVERY: [Policy; 6] = [
+        Policy::Fifo,
+        Policy::Credit,
+        Policy::BandGdev,
+        Policy::Band,
+        Policy::EqualShare,
+        Policy::FixedShare,
+    ];
 
     /// The policy's name as written on the command line.
     pub fn name(self) -> &'static str {
@@ -213,12 +254,17 @@ impl Policy {
             Policy::Credit => "credit",
             Policy::Band => "band",
             Policy::BandGdev => "band-gdev",
+            Policy::EqualShare => "equal-share",
+            Policy::FixedShare => "fixed-share",
         }
     }
 
     /// Does the policy hold the GPU idle on purpose (BAND's time buffer)?
     pub fn waits(self) -> bool {
-        matches!(self, Policy::Band | Policy::BandGdev)
+        matches!(
+            self,
+            Policy::Band | Policy::BandGdev | Policy::EqualShare | Policy::FixedShare
+        )
     }
 
     /// A scheduler of this policy with these parameters.
@@ -232,6 +278,8 @@ impl Policy {
                 util_of_busy: false,
                 ..params.clone()
             })),
+            Policy::EqualShare => Box::new(EqualShareScheduler::new(params.clone())),
+            Policy::FixedShare => Box::new(FixedShareScheduler::new(params.clone())),
         }
     }
 }
@@ -249,7 +297,9 @@ impl std::str::FromStr for Policy {
             .into_iter()
             .find(|p| p.name() == s)
             .ok_or_else(|| {
-                format!("unknown scheduler '{s}' (expected fifo, credit, band or band-gdev)")
+                format!(
+                    "unknown scheduler '{s}' (expected fifo, credit, band, band-gdev, equal-share or fixed-share)"
+                )
             })
     }
 }
@@ -390,8 +440,8 @@ impl SchedParams {
     }
 }
 
-/// Creates a scheduler by name (`fifo`, `credit`, `band`, `band-gdev`) with default parameters; `None` for an
-/// unknown name.
+/// Creates a scheduler by name (`fifo`, `credit`, `band`, `band-gdev`, `equal-share`,
+/// `fixed-share`) with default parameters; `None` for an unknown name.
 pub fn by_name(name: &str) -> Option<Box<dyn Scheduler>> {
     name.parse::<Policy>()
         .ok()

@@ -72,7 +72,7 @@ fn policies_by_name() {
     }
     assert!(by_name("lottery").is_none());
     let e = "lottery".parse::<Policy>().unwrap_err();
-    assert!(e.contains("fifo, credit, band or band-gdev"), "{e}");
+    assert!(e.contains("fifo, credit, band, band-gdev"), "{e}");
     assert_eq!(share_ppm(1, 3), 333_333);
     assert_eq!(share_ppm(1, 0), 0);
 }
@@ -857,4 +857,110 @@ proptest! {
         prop_assert_eq!(order, m.arrivals.clone());
         prop_assert_eq!(m.acct.total_busy_ns(m.now), m.gpu_busy);
     }
+}
+
+/// A capped VM gets no more than its cap, with a competitor and alone on an otherwise idle GPU;
+/// an uncapped competitor takes the rest, and nothing is lost.
+#[test]
+fn fixed_share_caps_hold_with_and_without_competition() {
+    for (competitor, kernel) in [(true, MS), (false, MS), (true, 10 * MS), (false, 250 * US)] {
+        let mut gpu = MockGpu::new(Policy::FixedShare.create(&SchedParams::default()), 4);
+        gpu.add_vm(0, 1);
+        gpu.add_vm(1, 1);
+        gpu.sched.set_cap(VmId(0), Some(300_000), 0).unwrap();
+        gpu.sched.set_cap(VmId(1), Some(1_000_000), 0).unwrap();
+        assert_eq!(gpu.sched.cap_ppm(VmId(0)), Some(300_000));
+        let mut guests = vec![Guest::new(0, 2, 2, vec![kernel], 0)];
+        if competitor {
+            guests.push(Guest::new(1, 1, 2, vec![2 * MS], 0));
+        }
+        let end = 3_000 * MS;
+        gpu.run(&mut guests, end);
+        let (b0, b1) = (gpu.busy(0), gpu.busy(1));
+        // Cap x elapsed, plus one period's burst, plus what max_inflight submissions can
+        // overdraw before the bucket is seen empty.
+        // (`run` drains the queues after `end`: the cap holds over the whole run.)
+        let bound = gpu.now * 3 / 10 + 30 * MS * 3 / 10 + 4 * kernel;
+        assert!(
+            b0 <= bound,
+            "capped vm0 ran {b0} ns > {bound} ({competitor}, {kernel})"
+        );
+        assert!(
+            b0 >= end * 3 / 10 - 30 * MS,
+            "vm0 got far less than its cap: {b0}"
+        );
+        if competitor {
+            assert!(b1 >= end * 6 / 10, "the uncapped VM takes the rest: {b1}");
+        } else {
+            assert_eq!(b1, 0);
+            assert!(
+                gpu.wait_idle > end / 2,
+                "the GPU idles rather than exceed the cap"
+            );
+        }
+        assert_eq!(
+            gpu.idle_with_work, 0,
+            "idle with work outside a deliberate wait"
+        );
+        assert_eq!(b0 + b1, gpu.gpu_busy, "accounting matches the GPU");
+    }
+}
+
+/// Caps are checked, and only the capping policy takes them.
+#[test]
+fn caps_are_validated_and_only_fixed_share_takes_them() {
+    let mut s = two(Policy::FixedShare, SchedParams::default());
+    assert!(s.set_cap(VmId(0), Some(0), 0).is_err());
+    assert!(s.set_cap(VmId(0), Some(1_000_001), 0).is_err());
+    assert!(s.set_cap(VmId(7), Some(10), 0).is_err());
+    // Without an explicit cap a VM is capped at its weight's share.
+    assert_eq!(s.cap_ppm(VmId(0)), Some(500_000));
+    assert!(s.set_weight(VmId(0), 3, 0));
+    assert_eq!(s.cap_ppm(VmId(0)), Some(750_000));
+    s.set_cap(VmId(0), Some(100_000), 0).unwrap();
+    assert_eq!(s.cap_ppm(VmId(0)), Some(100_000));
+    s.set_cap(VmId(0), None, 0).unwrap();
+    assert_eq!(s.cap_ppm(VmId(0)), Some(750_000));
+    for p in [
+        Policy::Fifo,
+        Policy::Credit,
+        Policy::Band,
+        Policy::EqualShare,
+    ] {
+        let mut s = two(p, SchedParams::default());
+        assert!(s.set_cap(VmId(0), Some(100_000), 0).is_err(), "{p}");
+        assert_eq!(s.cap_ppm(VmId(0)), None);
+    }
+    assert!(!two(Policy::Fifo, SchedParams::default()).set_weight(VmId(0), 2, 0));
+    assert!(!two(Policy::EqualShare, SchedParams::default()).set_weight(VmId(0), 2, 0));
+    assert!(!two(Policy::Band, SchedParams::default()).set_weight(VmId(9), 2, 0));
+}
+
+/// Equal share ignores weights; BAND follows them, also when they change at run time.
+#[test]
+fn equal_share_ignores_weights_and_band_follows_a_runtime_weight_change() {
+    let share = |policy: Policy, change: bool| {
+        let mut gpu = MockGpu::new(policy.create(&SchedParams::default()), 4);
+        gpu.add_vm(0, 3);
+        gpu.add_vm(1, 1);
+        let mut guests = vec![
+            Guest::new(0, 1, 2, vec![MS], 0),
+            Guest::new(1, 1, 2, vec![MS], 0),
+        ];
+        gpu.run(&mut guests, 2_000 * MS);
+        let first = gpu.busy(0) as f64 / (gpu.busy(0) + gpu.busy(1)) as f64;
+        if change {
+            assert!(gpu.sched.set_weight(VmId(0), 1, gpu.now));
+            gpu.acct.set_weight(VmId(0), 1);
+        }
+        let (a0, a1) = (gpu.busy(0), gpu.busy(1));
+        gpu.run(&mut guests, 6_000 * MS);
+        let (d0, d1) = (gpu.busy(0) - a0, gpu.busy(1) - a1);
+        (first, d0 as f64 / (d0 + d1) as f64)
+    };
+    let (eq, _) = share(Policy::EqualShare, false);
+    assert!((eq - 0.5).abs() < 0.05, "equal share: vm0 {eq}");
+    let (band, after) = share(Policy::Band, true);
+    assert!((band - 0.75).abs() < 0.05, "BAND 3:1: vm0 {band}");
+    assert!((after - 0.5).abs() < 0.05, "BAND after 1:1: vm0 {after}");
 }

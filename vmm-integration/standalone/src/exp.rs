@@ -112,6 +112,11 @@ pub struct IsolationArgs {
     /// missing ones keep their defaults, see docs/scheduling.md).
     #[arg(long, value_name = "FILE")]
     params: Option<PathBuf>,
+    /// Cap VM N at PCT percent of GPU time (`--cap 0=30`; repeat per VM). Applied in the
+    /// fixed-share run (`--sched fixed-share`); the report shows each capped VM's GPU time
+    /// over elapsed time next to its cap.
+    #[arg(long, value_name = "VM=PCT")]
+    cap: Vec<String>,
     /// Run every VM as a real KVM guest (docs/kvm.md) on the real clock: the same mix, each VM
     /// streaming its kernels for `--duration` seconds after a start gate; shares sampled from
     /// the VMM side every 2 ms. `--json` adds `backend: "kvm"` and a `kvm` array (per policy:
@@ -155,7 +160,7 @@ fn policies(name: &str) -> anyhow::Result<Vec<Policy>> {
         .map(|n| {
             n.trim().parse::<Policy>().map_err(|_| {
                 anyhow::anyhow!(
-                    "unknown scheduler '{n}' (expected fifo, credit, band, band-gdev or all)"
+                    "unknown scheduler '{n}' (expected fifo, credit, band, band-gdev, equal-share, fixed-share or all)"
                 )
             })
         })
@@ -190,6 +195,26 @@ fn options(a: &IsolationArgs) -> anyhow::Result<IsolationOptions> {
         think_ns: a.think_us.saturating_mul(1000),
         short_ns: a.short_us * 1000,
         long_ns: a.long_us * 1000,
+        caps: a
+            .cap
+            .iter()
+            .map(|c| {
+                let (vm, p) = c
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--cap '{c}': expected VM=PCT"))?;
+                let vm: u32 = vm
+                    .parse()
+                    .ok()
+                    .filter(|&v| v < a.vms)
+                    .ok_or_else(|| anyhow::anyhow!("--cap '{c}': VM must be 0..{}", a.vms))?;
+                let p: f64 = p
+                    .parse()
+                    .ok()
+                    .filter(|p: &f64| *p > 0.0 && *p <= 100.0)
+                    .ok_or_else(|| anyhow::anyhow!("--cap '{c}': PCT must be in (0, 100]"))?;
+                Ok((vm, (p * 10_000.0) as u32))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?,
         ..IsolationOptions::default()
     })
 }
@@ -380,6 +405,20 @@ pub fn render(r: &IsolationReport) -> String {
     out += &t.render();
     out += "\n";
     out += &summary(&r.policies);
+    for p in &r.policies {
+        for v in &p.vms {
+            if let Some(cap) = v.cap {
+                out += &format!(
+                    "{} vm{}: cap {}, GPU time {} of elapsed time (off by {})\n",
+                    p.policy.name(),
+                    v.plan.vm,
+                    pct(cap),
+                    pct(v.busy_fraction),
+                    pct((v.busy_fraction - cap).abs())
+                );
+            }
+        }
+    }
     out
 }
 
@@ -517,7 +556,7 @@ mod tests {
         assert_eq!(policies("band").unwrap(), vec![Policy::Band]);
         let e = policies("lottery").unwrap_err().to_string();
         assert!(
-            e.contains("expected fifo, credit, band, band-gdev or all"),
+            e.contains("expected fifo, credit, band, band-gdev, equal-share, fixed-share or all"),
             "{e}"
         );
         assert_eq!(

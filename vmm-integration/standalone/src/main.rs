@@ -6,10 +6,12 @@
 //! the KVM VMM and the experiments.
 
 mod calibrate;
+mod control;
 mod demo;
 mod exp;
 mod kvm;
 mod lockhold;
+mod metrics;
 mod native;
 mod nouveau;
 mod overhead;
@@ -18,6 +20,7 @@ mod run;
 mod scale;
 mod serve;
 mod table;
+mod top;
 mod trace;
 
 use clap::{Parser, Subcommand};
@@ -103,6 +106,12 @@ enum Command {
     /// (a: enumerated ... l: compute). `--json` adds the first failure's log lines and the
     /// BAR0 registers nouveau touched that the model does not implement. See docs/nouveau.md.
     Nouveau(nouveau::NouveauArgs),
+    /// Control a running `gpuvm serve`: list, add, remove, weight, cap, stop (docs/serve.md).
+    Ctl(top::CtlArgs),
+    /// Per-VM usage of a running `gpuvm serve`, once (`--json` for machines).
+    Stat(top::StatArgs),
+    /// Per-VM usage of a running `gpuvm serve`, live.
+    Top(top::TopArgs),
 }
 
 fn main() {
@@ -118,6 +127,9 @@ fn main() {
         Command::Demo(args) => demo::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Nouveau(args) => nouveau::run(&args),
+        Command::Ctl(args) => top::ctl(&args),
+        Command::Stat(args) => top::stat(&args),
+        Command::Top(args) => top::top(&args),
     };
     match result {
         Ok(true) => {}

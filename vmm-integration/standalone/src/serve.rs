@@ -2,7 +2,9 @@
 //! simulated GF100, the `GpuHost` and its scheduler, and serves one vfio-user socket per VM;
 //! each VM's VMM is its own process (`gpuvm run --kvm --vfio-user SOCKET`, or any vfio-user
 //! client such as Cloud Hypervisor) and reaches only its own vGPU. The server itself is the
-//! `gpuvm-vfio-user` crate; this file is its command line and its signal handling.
+//! `gpuvm-vfio-user` crate; this file is its command line, its lock on the socket directory,
+//! the control socket (`control.rs`), the metrics endpoint (`metrics.rs`) and signal handling
+//! (SIGTERM/SIGINT drain in-flight work, then stop; `docs/serve.md`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -32,9 +34,15 @@ pub struct ServeArgs {
     /// vram_mib, channels, weight, shadow; see src/profile.rs). Repeat for each VM.
     #[arg(long, value_name = "NAME:PROFILE")]
     vm: Vec<String>,
-    /// Scheduling policy of the shared GPU: fifo, credit or band.
+    /// Scheduling policy of the shared GPU: fifo, credit, band, band-gdev, equal-share (every
+    /// VM the same, ignoring weights) or fixed-share (caps that hold even on an idle GPU; a
+    /// VM's cap is its profile's cap_pct, `gpuvm ctl cap`, or else its weight's share).
     #[arg(long, default_value = "band", value_parser = parse_policy)]
     sched: Policy,
+    /// Serve Prometheus metrics over HTTP at ADDR/metrics (default 127.0.0.1:9464 when the
+    /// flag has no value; port 0 picks a free port, printed at start). Off without the flag.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:9464")]
+    metrics: Option<String>,
     /// With --vms: VRAM slice of each VM, MiB.
     #[arg(long, default_value_t = 512)]
     vram_mib: u64,
@@ -58,10 +66,7 @@ pub struct ServeArgs {
 }
 
 fn parse_policy(s: &str) -> Result<Policy, String> {
-    Policy::ALL
-        .into_iter()
-        .find(|p| p.name() == s)
-        .ok_or_else(|| format!("unknown policy '{s}' (expected fifo, credit or band)"))
+    s.parse::<Policy>()
 }
 
 /// The VMs to serve, from `--vms` or the `--vm NAME:PROFILE` list.
@@ -77,6 +82,7 @@ fn specs(args: &ServeArgs) -> anyhow::Result<Vec<VmSpec>> {
                     weight: args.weight,
                     shadow: args.shadow,
                 },
+                cap_ppm: None,
             })
             .collect());
     }
@@ -92,13 +98,65 @@ fn specs(args: &ServeArgs) -> anyhow::Result<Vec<VmSpec>> {
                 .ok_or_else(|| anyhow::anyhow!("--vm '{v}': expected NAME:PROFILE"))?;
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("--vm '{v}': reading {file}"))?;
-            let profile = VgpuProfile::from_toml(&text).with_context(|| format!("--vm '{v}'"))?;
+            let (profile, cap_ppm) =
+                profile_from_toml(&text).with_context(|| format!("--vm '{v}'"))?;
             Ok(VmSpec {
                 name: name.to_string(),
                 profile,
+                cap_ppm,
             })
         })
         .collect()
+}
+
+/// A vGPU profile from TOML, with the daemon's own optional field `cap_pct` (percent of GPU
+/// time, for the fixed-share scheduler).
+pub fn profile_from_toml(text: &str) -> anyhow::Result<(VgpuProfile, Option<u32>)> {
+    let mut table: toml::Table = text.parse().context("invalid profile")?;
+    let cap = match table.remove("cap_pct") {
+        None => None,
+        Some(v) => {
+            let p = v
+                .as_float()
+                .or_else(|| v.as_integer().map(|i| i as f64))
+                .ok_or_else(|| anyhow::anyhow!("cap_pct must be a number"))?;
+            anyhow::ensure!(p > 0.0 && p <= 100.0, "cap_pct {p} must be in (0, 100]");
+            Some((p * 10_000.0) as u32)
+        }
+    };
+    let profile = VgpuProfile::from_toml(&toml::to_string(&table)?)?;
+    Ok((profile, cap))
+}
+
+/// Holds `DIR/serve.lock` (flock) for the daemon's life: a second daemon on the same directory
+/// is refused with the first one's pid.
+fn lock_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("serve.lock");
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let mut pid = String::new();
+        let _ = f.read_to_string(&mut pid);
+        anyhow::bail!(
+            "another gpuvm serve (pid {}) already serves {}; stop it first (gpuvm ctl --socket-dir {} stop)",
+            pid.trim(),
+            dir.display(),
+            dir.display()
+        );
+    }
+    f.set_len(0)?;
+    f.rewind()?;
+    write!(f, "{}", std::process::id())?;
+    Ok(f)
 }
 
 /// Blocks SIGTERM and SIGINT in this thread and every thread it starts afterwards, so that
@@ -127,6 +185,9 @@ fn wait_for_signal(set: &libc::sigset_t) -> i32 {
 /// Runs the daemon until SIGTERM or SIGINT.
 pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
     let vms = specs(args)?;
+    let _lock = lock_dir(&args.socket_dir)?;
+    let (control_listener, control_path) =
+        crate::control::bind(&args.socket_dir).context("binding the control socket")?;
     let signals = block_signals();
     let clock = ClockKind::Real.create();
     let sim = Arc::new(SimGpu::new(SimConfig {
@@ -150,14 +211,41 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
         },
     )
     .context("starting the vfio-user server")?;
+    let daemon = Arc::new(daemon);
+    let ctl = Arc::new(crate::control::Control::new(daemon.clone()));
+    {
+        let ctl = ctl.clone();
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || crate::control::serve(ctl, control_listener))?;
+    }
+    if let Some(addr) = &args.metrics {
+        let bound = crate::metrics::serve(ctl.clone(), addr)?;
+        if !bound.ip().is_loopback() {
+            log::warn!("metrics served on {bound}, which is not a loopback address");
+        }
+        eprintln!("gpuvm serve: metrics on http://{bound}/metrics");
+    }
     eprintln!(
-        "gpuvm serve: ready: {} VMs on the simulated GF100, {} scheduler, sockets in {}",
+        "gpuvm serve: ready: {} VMs on the simulated GF100, {} scheduler, sockets in {}, control {}",
         daemon.devices().len(),
         args.sched.name(),
-        args.socket_dir.display()
+        args.socket_dir.display(),
+        control_path.display()
     );
     let sig = wait_for_signal(&signals);
-    eprintln!("gpuvm serve: signal {sig}: shutting down");
+    eprintln!("gpuvm serve: signal {sig}: draining in-flight work");
+    // Drain: nothing new is admitted once the vGPUs go, but work already on the GPU finishes
+    // first (the poller keeps serving completions), for at most 10 s.
+    let t0 = std::time::Instant::now();
+    while host.stats().inflight > 0 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let left = host.stats().inflight;
+    eprintln!(
+        "gpuvm serve: drained in {:.1} ms ({left} submissions still in flight); shutting down",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
     let summary: Vec<String> = daemon
         .devices()
         .iter()
@@ -172,6 +260,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
         })
         .collect();
     daemon.shutdown();
+    let _ = std::fs::remove_file(&control_path);
     let stats = host.stats();
     for s in summary {
         eprintln!("gpuvm serve: {s}");

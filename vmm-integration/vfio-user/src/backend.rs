@@ -36,7 +36,9 @@ use crate::regions::{self, Target};
 #[derive(Debug)]
 pub struct VmDevice {
     name: String,
-    profile: VgpuProfile,
+    profile: Mutex<VgpuProfile>,
+    cap_ppm: Mutex<Option<u32>>,
+    waker: std::sync::OnceLock<Arc<crate::daemon::Waker>>,
     host: Arc<GpuHost>,
     vgpu: Mutex<Option<Arc<Vgpu>>>,
     line: Arc<IntxLine>,
@@ -44,6 +46,7 @@ pub struct VmDevice {
     teardowns: AtomicU64,
     rejected: AtomicU64,
     connections: AtomicU64,
+    client: AtomicBool,
 }
 
 impl VmDevice {
@@ -55,7 +58,9 @@ impl VmDevice {
     ) -> Result<Arc<VmDevice>, HostError> {
         let dev = VmDevice {
             name: name.to_string(),
-            profile,
+            profile: Mutex::new(profile),
+            cap_ppm: Mutex::new(None),
+            waker: std::sync::OnceLock::new(),
             host,
             vgpu: Mutex::new(None),
             line: Arc::new(IntxLine::new()),
@@ -63,6 +68,7 @@ impl VmDevice {
             teardowns: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             connections: AtomicU64::new(0),
+            client: AtomicBool::new(false),
         };
         let v = dev.create()?;
         *dev.slot() = Some(v);
@@ -73,8 +79,19 @@ impl VmDevice {
         self.vgpu.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn create(&self) -> Result<Arc<Vgpu>, HostError> {
-        let v = self.host.create_vgpu(&self.profile)?;
+        let v = self.host.create_vgpu(&self.profile())?;
+        // A cap set at run time outlives the vGPU (a reconnect keeps it).
+        let cap = *Self::lock(&self.cap_ppm);
+        if cap.is_some() {
+            if let Err(e) = self.host.set_vm_cap(v.id(), cap) {
+                self.event(&format!("cap not applied to the fresh vGPU: {e}"));
+            }
+        }
         self.line.reset();
         v.set_irq_line(self.line.clone());
         Ok(v)
@@ -85,9 +102,64 @@ impl VmDevice {
         &self.name
     }
 
-    /// The VM's profile.
-    pub fn profile(&self) -> &VgpuProfile {
-        &self.profile
+    /// The VM's profile (with a weight changed at run time).
+    pub fn profile(&self) -> VgpuProfile {
+        Self::lock(&self.profile).clone()
+    }
+
+    /// The cap set for the VM (ppm), if any.
+    pub fn cap_ppm(&self) -> Option<u32> {
+        *Self::lock(&self.cap_ppm)
+    }
+
+    /// The host it runs on.
+    pub fn host(&self) -> &Arc<GpuHost> {
+        &self.host
+    }
+
+    pub(crate) fn set_waker(&self, w: Arc<crate::daemon::Waker>) {
+        let _ = self.waker.set(w);
+    }
+
+    /// Wakes the daemon's poller if this VM's last access made something due sooner.
+    pub(crate) fn nudge(&self) {
+        if let Some(w) = self.waker.get() {
+            w.nudge(&self.host);
+        }
+    }
+
+    /// Changes the VM's weight (1-100) now and for every later vGPU of it. Refused (nothing
+    /// changed) by the host for a weight out of range or a policy without weights.
+    pub fn set_weight(&self, weight: u32) -> Result<(), HostError> {
+        let mut p = Self::lock(&self.profile);
+        if let Some(v) = self.vgpu() {
+            self.host.set_vm_weight(v.id(), weight)?;
+        } else {
+            return Err(HostError::Config("the VM has no vGPU".into()));
+        }
+        p.weight = weight;
+        drop(p);
+        if let Some(w) = self.waker.get() {
+            w.kick();
+        }
+        Ok(())
+    }
+
+    /// Sets or clears the VM's cap (ppm) now and for every later vGPU of it. Refused (nothing
+    /// changed) for a cap out of range or a policy without caps.
+    pub fn set_cap(&self, cap_ppm: Option<u32>) -> Result<(), HostError> {
+        let mut c = Self::lock(&self.cap_ppm);
+        if let Some(v) = self.vgpu() {
+            self.host.set_vm_cap(v.id(), cap_ppm)?;
+        } else {
+            return Err(HostError::Config("the VM has no vGPU".into()));
+        }
+        *c = cap_ppm;
+        drop(c);
+        if let Some(w) = self.waker.get() {
+            w.kick();
+        }
+        Ok(())
     }
 
     /// The current vGPU (`None` once the daemon shut down).
@@ -117,6 +189,16 @@ impl VmDevice {
 
     pub(crate) fn connected(&self) {
         self.connections.fetch_add(1, Ordering::SeqCst);
+        self.client.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn disconnected(&self) {
+        self.client.store(false, Ordering::SeqCst);
+    }
+
+    /// True while a client is connected.
+    pub fn has_client(&self) -> bool {
+        self.client.load(Ordering::SeqCst)
     }
 
     /// Prints a per-VM event on standard error (and logs it).
@@ -144,7 +226,7 @@ impl VmDevice {
         self.event(&format!(
             "{why}: vGPU destroyed and scrubbed, fresh {} (profile '{}')",
             v.id(),
-            self.profile.name
+            self.profile().name
         ));
         *slot = Some(v.clone());
         Ok(Some(v))
@@ -288,6 +370,7 @@ impl ServerBackend for VgpuBackend {
             Target::Bar(bar, off) => {
                 self.vgpu.bar_read(bar, off, data);
                 self.note_access();
+                self.dev.nudge();
             }
             Target::IoBar => data.fill(0xff),
         }
@@ -300,6 +383,7 @@ impl ServerBackend for VgpuBackend {
             Target::Bar(bar, off) => {
                 self.vgpu.bar_write(bar, off, data);
                 self.note_access();
+                self.dev.nudge();
             }
             Target::IoBar => {}
         }

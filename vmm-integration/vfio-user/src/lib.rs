@@ -7,7 +7,8 @@
 //! - [`dma`]: guest RAM from the client's DMA_MAP messages (shared file mappings, validated).
 //! - [`irq`]: the vGPU's level-triggered line as an INTx eventfd the client hands over.
 //! - [`backend`]: one VM's vGPU behind `vfio_user::ServerBackend`, with reset and teardown.
-//! - [`daemon`]: one `GpuHost`, one socket and one thread per VM, a poller thread, shutdown.
+//! - [`daemon`]: one `GpuHost`, one socket and one thread per VM (added and removed at run
+//!   time), an event-driven poller (`event-manager`, a timerfd and an eventfd), shutdown.
 //! - [`wire`]: raw protocol framing, for tests that send what the `vfio_user` client cannot.
 //!
 //! Every message a client sends is untrusted. What the `vfio_user` crate itself mishandles is
@@ -22,4 +23,4 @@ pub mod regions;
 pub mod wire;
 
 pub use backend::VmDevice;
-pub use daemon::{Daemon, DaemonConfig, VmSpec};
+pub use daemon::{Daemon, DaemonConfig, VmSpec, Waker};

@@ -37,6 +37,7 @@ fn start(test: &str) -> (Daemon, PathBuf) {
                 vram_mib: 256,
                 ..VgpuProfile::default()
             },
+            cap_ppm: None,
         })
         .collect();
     let d = Daemon::start(
@@ -154,7 +155,7 @@ fn clients_reset_and_disconnect_only_touch_their_own_vgpu() {
     assert_eq!(boot0(&mut cb), id);
 
     let host = d.host().clone();
-    let sockets = d.sockets().to_vec();
+    let sockets = d.sockets();
     drop(cb);
     d.shutdown();
     assert_eq!(host.stats().vms, 0, "every vGPU destroyed");

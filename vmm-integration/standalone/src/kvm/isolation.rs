@@ -223,6 +223,9 @@ fn summarise(
                 gpu_ns: gpu[i],
                 total_gpu_ns: last.channel_busy_ns[i].saturating_sub(start.channel_busy_ns[i]),
                 kernels: r.vms[i].kvm.kernels,
+                // --cap is not applied to KVM runs (docs/serve.md).
+                cap: None,
+                busy_fraction: gpu[i] as f64 / span as f64,
             }
         })
         .collect();
