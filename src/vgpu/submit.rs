@@ -250,16 +250,7 @@ fn watchdog_measured(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watch
                 return;
             }
             st.engine_watch = None;
-            let owner = st.part.owner.get(p as usize).copied().flatten();
-            match owner.and_then(|id| st.vms.get(&id).map(|vm| (id, p - vm.chan_base))) {
-                Some((id, g)) => kill(st, phys, id, g, now, now),
-                None => {
-                    phys.write_reg(pfifo::chan_state(p), 0);
-                    let reset = crate::channels::preempt::reset_engines_of(phys, p);
-                    st.counters.watchdog_kills += 1;
-                    log::warn!("watchdog: engines {reset:?} hung by unowned channel {p}; reset");
-                }
-            }
+            kill_channel(st, phys, p, now, now);
         }
         _ => st.engine_watch = Some((p, ran)),
     }
@@ -296,24 +287,32 @@ fn watch_engines(
                 return;
             }
             st.engine_watch = None;
-            let owner = st.part.owner.get(p as usize).copied().flatten();
-            match owner.and_then(|id| st.vms.get(&id).map(|vm| (id, p - vm.chan_base))) {
-                Some((id, g)) => kill(st, phys, id, g, since, now),
-                None => {
-                    // A destroyed VM's operation: nobody to tell, but the engine is reset.
-                    phys.write_reg(pfifo::chan_state(p), 0);
-                    let reset = crate::channels::preempt::reset_engines_of(phys, p);
-                    st.counters.watchdog_kills += 1;
-                    log::warn!("watchdog: engines {reset:?} hung by unowned channel {p}; reset");
-                    // The submissions in flight waited behind it: their watchdog starts again.
-                    for o in &mut st.inflight {
-                        o.start_ns = o.start_ns.max(now);
-                    }
+            if !kill_channel(st, phys, p, since, now) {
+                // The submissions in flight waited behind it: their watchdog starts again
+                // (`kill` does this itself for an owned channel).
+                for o in &mut st.inflight {
+                    o.start_ns = o.start_ns.max(now);
                 }
             }
         }
         _ => st.engine_watch = Some((p, now)),
     }
+}
+
+/// Kills physical channel `p`, hung on an engine since `since`: through its owner's guest
+/// channel if a VM owns it (returns true), else by stopping it and resetting its engines (a
+/// destroyed VM's operation: nobody to tell).
+fn kill_channel(st: &mut HostState, phys: &dyn PhysicalGpu, p: u32, since: u64, now: u64) -> bool {
+    let owner = st.part.owner.get(p as usize).copied().flatten();
+    if let Some((id, g)) = owner.and_then(|id| st.vms.get(&id).map(|vm| (id, p - vm.chan_base))) {
+        kill(st, phys, id, g, since, now);
+        return true;
+    }
+    phys.write_reg(pfifo::chan_state(p), 0);
+    let reset = crate::channels::preempt::reset_engines_of(phys, p);
+    st.counters.watchdog_kills += 1;
+    log::warn!("watchdog: engines {reset:?} hung by unowned channel {p}; reset");
+    false
 }
 
 /// Kills the channel of the hung submission `f` at `now`: stops the physical channel, resets the
