@@ -347,7 +347,9 @@ pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
         "no UML kernel at {} (build it with scripts/uml/build.sh, or pass --build)",
         kernel.display()
     );
-    let rootfs = kernel.with_file_name("rootfs");
+    // hostfs takes the root directory as given, relative paths included: make it absolute.
+    let rootfs = std::path::absolute(kernel.with_file_name("rootfs"))
+        .context("the rootfs directory's absolute path")?;
     anyhow::ensure!(
         rootfs.join("gpuvm-nvtest").exists(),
         "no test program in {} (scripts/uml/build.sh builds it)",
