@@ -47,13 +47,7 @@ fn nouveau_runs_a_userspace_channel_with_acceleration_while_the_second_vm_verifi
         return;
     };
     let out = Command::new(env!("CARGO_BIN_EXE_gpuvm"))
-        .args([
-            "nouveau",
-            "--json",
-            "--timeout",
-            "90",
-            "--kernel",
-        ])
+        .args(["nouveau", "--json", "--timeout", "90", "--kernel"])
         .arg(&kernel)
         .output()
         .expect("running gpuvm nouveau");
