@@ -758,6 +758,11 @@ mod tests {
         assert_eq!(fixed.vms[1].cap, None);
         let v1 = fixed.vms[1].busy_fraction;
         assert!(v1 <= 0.5 + 0.05, "vm1 above its weight's share: {v1}");
+        // ... and gets (nearly) all of it: BAND holds no time buffer for vm0 while vm0's cap
+        // holds its work back. (The loss this guards against depends on the guest threads'
+        // timing; `docs/serve.md` §5 has it measured side by side: 62-65 % utilisation
+        // before `set_throttled`, 80 % after.)
+        assert!(v1 >= 0.5 - 0.05, "vm1 far under its cap: {v1}");
         assert!(r.policies[1].vms.iter().all(|v| v.cap.is_none()));
     }
 

@@ -218,6 +218,15 @@ pub trait PhysicalGpu: Send + Sync {
         }
     }
 
+    /// Bytes of `[addr, addr + len)` the backend holds as written (operators' "VRAM in use"
+    /// for a slice: pages written by the guest or the GPU and not scrubbed since), if the
+    /// backend can tell. The simulator can (its VRAM is allocated on first write); a real
+    /// GPU's VRAM is always resident and a full-virtualization model does not see the guest
+    /// driver's allocator, so the default is `None`.
+    fn vram_resident_bytes(&self, _addr: HostVram, _len: u64) -> Option<u64> {
+        None
+    }
+
     /// VRAM as host memory that can be mapped elsewhere, if the backend has it (the simulator
     /// does; a real GPU's VRAM is reachable only through its BARs). Writes through such a
     /// mapping are seen by the backend as writes by the GPU's own memory clients would be.

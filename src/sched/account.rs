@@ -255,6 +255,7 @@ impl Accounting {
                         credit_ns: p.and_then(|p| p.credit_ns),
                         util: p.and_then(|p| p.util_ppm).map(|u| f64::from(u) / 1e6),
                         position: p.and_then(|p| p.position),
+                        held_by_buffer: p.is_some_and(|p| p.held_by_buffer),
                     }
                 })
                 .collect(),
@@ -320,6 +321,8 @@ pub struct VmSchedStats {
     pub util: Option<f64>,
     /// Position in the run list (0 = head).
     pub position: Option<usize>,
+    /// Its work is queued while the GPU is held idle for another VM (BAND's time buffer).
+    pub held_by_buffer: bool,
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@
 //! Parameters and their sources: [`SchedParams`]; differences from Gdev: `docs/scheduling.md`.
 
 use super::list::{list_scheduler, ListSched, Rules, VmView};
-use super::SchedParams;
+use super::{SchedParams, VmId};
 
 /// The BAND rules.
 #[derive(Debug, Clone, Copy, Default)]
@@ -77,6 +77,12 @@ impl BandScheduler {
     /// The parameters.
     pub fn params(&self) -> &SchedParams {
         self.0.params()
+    }
+
+    /// Tells BAND that a capping policy holds `vm`'s work back (see
+    /// `ListSched::set_throttled`): no time buffer is held for it meanwhile.
+    pub fn set_throttled(&mut self, vm: VmId, throttled: bool) {
+        self.0.set_throttled(vm, throttled)
     }
 }
 

@@ -136,6 +136,8 @@ impl FixedShareScheduler {
             let e = self.vms.get_mut(&vm).expect("present");
             e.tokens = tokens;
             e.last_ns = now.max(c.last_ns);
+            // An empty bucket: BAND must not hold the GPU idle for this VM.
+            self.inner.set_throttled(vm, tokens <= 0);
             if tokens > 0 {
                 for (_, s) in std::mem::take(&mut e.held) {
                     e.passed.insert(s.guest_chid, s);
@@ -261,6 +263,8 @@ impl Scheduler for FixedShareScheduler {
             c.tokens = c
                 .tokens
                 .saturating_sub(i64::try_from(gpu_ns).unwrap_or(i64::MAX));
+            // Before BAND selects the next VM: no buffer for a VM that cannot run.
+            self.inner.set_throttled(s.vm, c.tokens <= 0);
         }
         self.inner.complete(s, now_ns, gpu_ns);
         // Take back what an emptied bucket may no longer run.

@@ -91,6 +91,7 @@ impl Scheduler for FifoScheduler {
                     credit_ns: None,
                     util_ppm: None,
                     position: None,
+                    held_by_buffer: false,
                 })
                 .collect(),
             ..PolicySnapshot::default()

@@ -91,6 +91,9 @@ struct Entry {
     /// Its last gap was longer than `wait_max_ns`: it is not waited for until it comes back
     /// within that.
     away: bool,
+    /// A capping policy holds its work back (its cap is used up): the GPU is never held idle
+    /// for it, since it could not take it (`set_throttled`).
+    throttled: bool,
     /// GPU time per completion, moving average (1/8), ns.
     gpu_per_completion_ns: u64,
 }
@@ -128,6 +131,7 @@ pub(crate) struct ListSched<R: Rules> {
     waits_taken: u64,
     demotions: u64,
     ticks: u64,
+    buffers_cancelled: u64,
 }
 
 impl<R: Rules> ListSched<R> {
@@ -149,6 +153,7 @@ impl<R: Rules> ListSched<R> {
             waits_taken: 0,
             demotions: 0,
             ticks: 0,
+            buffers_cancelled: 0,
         }
     }
 
@@ -261,6 +266,7 @@ impl<R: Rules> ListSched<R> {
                 reaction_ns: 0,
                 idle_since: None,
                 away: false,
+                throttled: false,
                 gpu_per_completion_ns: 0,
             },
         );
@@ -436,6 +442,7 @@ impl<R: Rules> ListSched<R> {
         let e = self.vms.get(&u)?;
         let r = e.reaction_ns;
         if e.away
+            || e.throttled
             || r > e
                 .gpu_per_completion_ns
                 .saturating_mul(u64::from(self.p.wait_max_ratio))
@@ -487,10 +494,41 @@ impl<R: Rules> ListSched<R> {
         }
     }
 
+    /// Marks a VM whose work a capping policy holds back (or no longer does). While it is
+    /// throttled no time buffer is held for it — it could not take the GPU when the buffer
+    /// ends — and a buffer already held for it ends now: the GPU goes to the VM it was held
+    /// from (or the first with work). Without this a capped VM under its BAND share keeps
+    /// the GPU idle for a buffer after each of its completions while its bucket is empty.
+    pub fn set_throttled(&mut self, vm: VmId, throttled: bool) {
+        let Some(e) = self.vms.get_mut(&vm) else {
+            return;
+        };
+        if e.throttled == throttled {
+            return;
+        }
+        e.throttled = throttled;
+        if !throttled {
+            return;
+        }
+        if let Some(b) = self.buffer.filter(|b| b.prev == vm) {
+            self.buffer = None;
+            self.buffers_cancelled += 1;
+            self.current = b.then.or_else(|| self.first_with_work());
+        }
+    }
+
+    /// Is a VM held by a running time buffer (it has work queued, the GPU is kept idle for
+    /// another VM)?
+    fn held_by_buffer(&self, vm: VmId) -> bool {
+        self.buffer
+            .is_some_and(|b| b.prev != vm && self.has_work(vm))
+    }
+
     /// Selection after a completion of `u` (or a buffer retry).
     fn select_next(&mut self, u: VmId, now: u64, chances: u32) {
         self.demote_if(u);
-        let buffers = R::BUFFERS && self.p.wait_ns > 0;
+        let throttled = self.vms.get(&u).is_some_and(|e| e.throttled);
+        let buffers = R::BUFFERS && self.p.wait_ns > 0 && !throttled;
         match self.first_with_work() {
             None => {
                 self.current = None;
@@ -597,12 +635,14 @@ impl<R: Rules> ListSched<R> {
                     credit_ns: Some(e.credit),
                     util_ppm: Some(e.util_ppm),
                     position: self.order.iter().position(|&v| v == vm),
+                    held_by_buffer: self.held_by_buffer(vm),
                 })
                 .collect(),
             waits: self.waits,
             waits_taken: self.waits_taken,
             demotions: self.demotions,
             ticks: self.ticks,
+            buffers_cancelled: self.buffers_cancelled,
         }
     }
 }

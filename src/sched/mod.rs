@@ -96,6 +96,8 @@ pub struct PolicyVm {
     pub util_ppm: Option<u32>,
     /// Its position in the policy's run list (0 = head), if it keeps one.
     pub position: Option<usize>,
+    /// It has work queued and the GPU is held idle for another VM (BAND's time buffer).
+    pub held_by_buffer: bool,
 }
 
 /// A policy's state and counters.
@@ -111,6 +113,9 @@ pub struct PolicySnapshot {
     pub demotions: u64,
     /// Period boundaries processed.
     pub ticks: u64,
+    /// Time buffers ended early because the VM they were held for became throttled by its
+    /// cap (`fixed-share`).
+    pub buffers_cancelled: u64,
 }
 
 /// A scheduling policy. Implementations keep their own queues; the device model calls these on

@@ -516,6 +516,49 @@ fn band_adaptive_buffer_is_held_when_nobody_has_work() {
     );
 }
 
+/// A time buffer held for a VM whose work a capping policy holds back ends at once, and none
+/// is started for it while it stays throttled; the VM held by the buffer is shown as such.
+#[test]
+fn band_holds_no_buffer_for_a_throttled_vm() {
+    let setup = || {
+        let mut b = BandScheduler::new(SchedParams::default());
+        b.add_vm(VmId(0), 1, 0);
+        b.add_vm(VmId(1), 1, 0);
+        // vm1 runs 20 ms alone (over its share); vm0 then reacts in 2 ms (waited for: 3 ms).
+        b.submit(sub(1, 0, 1), 0);
+        assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
+        b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
+        b.submit(sub(0, 0, 1), 31 * MS);
+        assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
+        b.submit(sub(1, 0, 2), 31 * MS);
+        b.complete(&sub(0, 0, 1), 32 * MS, MS);
+        assert_eq!(b.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
+        assert_eq!(b.decide(&[], 4, 32 * MS + 500 * US), Dispatch(sub(1, 0, 2)));
+        b.submit(sub(0, 0, 2), 34 * MS);
+        b.complete(&sub(1, 0, 2), 35 * MS, 2 * MS + 500 * US);
+        assert_eq!(b.decide(&[], 4, 35 * MS), Dispatch(sub(0, 0, 2)));
+        b.submit(sub(1, 0, 3), 35 * MS);
+        b
+    };
+    // Unthrottled: the GPU is kept for vm0 and vm1 is held by the buffer.
+    let mut b = setup();
+    b.complete(&sub(0, 0, 2), 36 * MS, MS);
+    assert_eq!(b.decide(&[], 4, 36 * MS), WaitUntil(39 * MS));
+    let snap = b.snapshot();
+    assert!(snap.vms[1].held_by_buffer && !snap.vms[0].held_by_buffer);
+    // vm0's cap runs out while the buffer is held for it: the buffer ends, vm1 runs now.
+    b.set_throttled(VmId(0), true);
+    assert!(!b.snapshot().vms[1].held_by_buffer);
+    assert_eq!(b.snapshot().buffers_cancelled, 1);
+    assert_eq!(b.decide(&[], 4, 36 * MS), Dispatch(sub(1, 0, 3)));
+    // Throttled before its completion: no buffer at all.
+    let mut b = setup();
+    b.set_throttled(VmId(0), true);
+    b.complete(&sub(0, 0, 2), 36 * MS, MS);
+    assert_eq!(b.decide(&[], 4, 36 * MS), Dispatch(sub(1, 0, 3)));
+    assert_eq!(b.snapshot().buffers_cancelled, 0);
+}
+
 #[test]
 fn band_does_not_wait_for_a_vm_that_stayed_away_until_it_comes_back() {
     // vm0 reacts in 2 ms (waited for: 3 ms), then once in 12 ms (> wait_max 10 ms): after

@@ -366,6 +366,14 @@ impl Vgpu {
         self.slice
     }
 
+    /// Bytes of the VRAM slice in use as far as the physical GPU can tell
+    /// ([`PhysicalGpu::vram_resident_bytes`]: written and not scrubbed since), if it can.
+    pub fn vram_in_use_bytes(&self) -> Option<u64> {
+        self.shared
+            .phys
+            .vram_resident_bytes(self.slice.base, self.slice.size)
+    }
+
     /// The physical GPU underneath (for harnesses that wait on its clock).
     pub fn phys(&self) -> &Arc<dyn PhysicalGpu> {
         &self.shared.phys

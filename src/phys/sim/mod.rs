@@ -371,6 +371,11 @@ impl PhysicalGpu for SimGpu {
         })
     }
 
+    fn vram_resident_bytes(&self, addr: HostVram, len: u64) -> Option<u64> {
+        // A pure read of the backing file's extents: the GPU is not advanced.
+        Some(self.lock().core.mem.vram.resident_bytes(addr.raw(), len))
+    }
+
     fn fill_vram(&self, addr: HostVram, len: u64, byte: u8) {
         self.with_state(|s, _| s.core.mem.vram.fill(addr.raw(), len, byte));
     }

@@ -117,6 +117,26 @@ impl Vram {
         count
     }
 
+    /// Bytes of `[addr, addr + len)` backed by host pages (written at least once and not
+    /// scrubbed since; the kernel's view, page-granular, from `SEEK_DATA`/`SEEK_HOLE`).
+    pub(crate) fn resident_bytes(&self, addr: u64, len: u64) -> u64 {
+        let end = addr.saturating_add(len).min(self.map.size() as u64) as i64;
+        let mut pos = addr.min(i64::MAX as u64) as i64;
+        let mut bytes = 0u64;
+        while pos < end {
+            let Ok(data) = lseek(&*self.file, pos, Whence::SeekData) else {
+                break;
+            };
+            if data >= end {
+                break;
+            }
+            let hole = lseek(&*self.file, data, Whence::SeekHole).unwrap_or(end);
+            bytes += (hole.min(end) - data) as u64;
+            pos = hole;
+        }
+        bytes
+    }
+
     /// Reads `buf.len()` bytes at `addr`. Bytes beyond the end of VRAM are set to zero and the
     /// function returns false.
     pub(crate) fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
@@ -235,6 +255,28 @@ mod tests {
         assert_eq!(v.allocated_chunks(), 0, "reads never allocate");
         assert!(v.write(5 << 30, &[1, 2, 3]));
         assert_eq!(v.allocated_chunks(), 1);
+    }
+
+    #[test]
+    fn resident_bytes_count_written_pages_in_a_range() {
+        let mut v = Vram::new(4 << 20);
+        assert_eq!(v.resident_bytes(0, 4 << 20), 0);
+        v.write(1 << 20, &[1; 8]);
+        v.write(3 << 20, &[1; 8192]);
+        let page = 4096;
+        assert_eq!(v.resident_bytes(0, 4 << 20), 3 * page);
+        assert_eq!(v.resident_bytes(0, 2 << 20), page, "only the first write");
+        assert_eq!(
+            v.resident_bytes(3 << 20, page),
+            page,
+            "clipped to the range"
+        );
+        v.fill(3 << 20, 8192, 0);
+        assert_eq!(
+            v.resident_bytes(0, 4 << 20),
+            page,
+            "a scrub frees the pages"
+        );
     }
 
     #[test]

@@ -87,6 +87,7 @@ pub struct VmStat {
     /// A client is connected.
     pub connected: bool,
     /// Scheduler state: `running` (work on the GPU), `capped` (work held by its cap),
+    /// `buffer` (work queued while BAND holds the GPU idle for another VM's time buffer),
     /// `waiting` (work queued), `idle`.
     pub state: String,
     /// Weight and target share (weight / sum of weights).
@@ -103,6 +104,9 @@ pub struct VmStat {
     pub share_total: f64,
     /// VRAM slice, bytes.
     pub vram_bytes: u64,
+    /// Bytes of the slice in use — written by the guest or its GPU work and not scrubbed
+    /// since — if the physical GPU can tell (the simulator can; `None` otherwise).
+    pub vram_in_use_bytes: Option<u64>,
     /// Hardware channels.
     pub channels: u32,
     /// Doorbells, submissions dispatched and completed by the vGPU.
@@ -235,6 +239,8 @@ impl Control {
                     "running"
                 } else if throttled {
                     "capped"
+                } else if ss.is_some_and(|s| s.held_by_buffer) {
+                    "buffer"
                 } else if queued > 0 {
                     "waiting"
                 } else {
@@ -257,6 +263,7 @@ impl Control {
                         busy as f64 / total_busy as f64
                     },
                     vram_bytes: v.profile().vram_bytes(),
+                    vram_in_use_bytes: v.vram_in_use_bytes(),
                     channels: v.profile().channels,
                     doorbells: vs.doorbells,
                     submissions: vs.submissions,

@@ -143,6 +143,21 @@ pub fn encode_stat(stat: &Stat) -> Result<String, std::fmt::Error> {
     gauge(&mut reg, "gpuvm_vm_vram_bytes", "VRAM slice", &|v| {
         v.vram_bytes as f64
     });
+    {
+        // Only for VMs whose GPU can tell (the simulator); absent rather than a made-up 0.
+        let fam = Family::<VmLabel, FGauge>::default();
+        reg.register(
+            "gpuvm_vm_vram_in_use_bytes",
+            "VRAM of the slice written by the guest or its GPU work and not scrubbed since",
+            fam.clone(),
+        );
+        for v in &stat.vms {
+            if let Some(b) = v.vram_in_use_bytes {
+                fam.get_or_create(&VmLabel { vm: v.name.clone() })
+                    .set(b as f64);
+            }
+        }
+    }
     gauge(&mut reg, "gpuvm_vm_channels", "Hardware channels", &|v| {
         f64::from(v.channels)
     });

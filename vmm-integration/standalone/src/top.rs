@@ -158,7 +158,7 @@ pub fn render(s: &Stat) -> String {
         "share 1s",
         "share",
         "GPU time",
-        "VRAM",
+        "VRAM used",
         "chans",
         "subs",
         "exits",
@@ -177,7 +177,14 @@ pub fn render(s: &Stat) -> String {
             pct(v.share_window),
             pct(v.share_total),
             format!("{:.3} s", v.gpu_busy_seconds),
-            format!("{} MiB", v.vram_bytes >> 20),
+            match v.vram_in_use_bytes {
+                Some(b) => format!(
+                    "{:.1}/{} MiB",
+                    b as f64 / f64::from(1 << 20),
+                    v.vram_bytes >> 20
+                ),
+                None => format!("-/{} MiB", v.vram_bytes >> 20),
+            },
             v.channels.to_string(),
             v.submissions.to_string(),
             v.exits.to_string(),

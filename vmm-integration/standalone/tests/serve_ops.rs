@@ -173,6 +173,16 @@ fn control_verbs_list_add_weight_remove_and_stop() {
     let st = s.stat();
     assert!((share(&st, "vm0") - 0.5).abs() < 1e-6, "{st}");
     assert_eq!(st["policy"], "band");
+    for v in st["vms"].as_array().unwrap() {
+        // The simulated GPU tells what a slice uses; nothing has been written to these yet.
+        let used = v["vram_in_use_bytes"].as_u64().expect("VRAM in use shown");
+        assert!(used <= v["vram_bytes"].as_u64().unwrap(), "{v}");
+        assert!(
+            ["running", "capped", "buffer", "waiting", "idle"]
+                .contains(&v["state"].as_str().unwrap()),
+            "{v}"
+        );
+    }
 
     // refused requests change nothing
     for bad in [

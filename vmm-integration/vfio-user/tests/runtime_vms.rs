@@ -86,11 +86,22 @@ fn add_and_remove_with_clients_connected() {
     let (a, b) = (d.device("a").unwrap(), d.device("b").unwrap());
     let sa = a.vgpu().unwrap().vram_slice();
     let sb = b.vgpu().unwrap().vram_slice();
+    let used_before = b
+        .vgpu()
+        .unwrap()
+        .vram_in_use_bytes()
+        .expect("the simulator tells");
     for s in [sa, sb] {
         for o in [0, s.size / 2, s.size - 8] {
             phys.write_vram(HostVram(s.base.0 + o), &PATTERN);
         }
     }
+    // "VRAM in use" (`gpuvm stat`): the three written pages of b's slice count.
+    let used = b.vgpu().unwrap().vram_in_use_bytes().unwrap();
+    assert!(
+        used >= used_before + 3 * 4096 && used <= sb.size,
+        "{used_before} -> {used}"
+    );
 
     // A third VM joins while both clients are connected.
     let c = d.add_vm(spec("c", 2)).unwrap();
@@ -125,6 +136,11 @@ fn add_and_remove_with_clients_connected() {
             .iter()
             .all(|w| *w == [0u8; 8]),
         "the removed VM's VRAM is scrubbed"
+    );
+    assert_eq!(
+        phys.vram_resident_bytes(sb.base, sb.size),
+        Some(0),
+        "the scrub gave the removed slice's pages back"
     );
     assert!(
         slice_words(&*phys, sa.base.0, sa.size)
