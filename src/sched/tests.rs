@@ -516,30 +516,35 @@ fn band_adaptive_buffer_is_held_when_nobody_has_work() {
     );
 }
 
+/// Two BAND VMs where vm1 ran 20 ms alone (over its share) and vm0 then reacted once in 2 ms
+/// (it is waited for 3 ms from now on); vm0 runs its second kernel (done at 36 ms) and vm1
+/// has queued its third.
+fn band_with_vm0_reacting_in_2ms() -> BandScheduler {
+    let mut b = BandScheduler::new(SchedParams::default());
+    b.add_vm(VmId(0), 1, 0);
+    b.add_vm(VmId(1), 1, 0);
+    b.submit(sub(1, 0, 1), 0);
+    assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
+    b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
+    b.submit(sub(0, 0, 1), 31 * MS);
+    assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
+    b.submit(sub(1, 0, 2), 31 * MS);
+    // Completion at 32 ms, back at 34 ms (the first buffer is 500 µs and expires: vm1 runs).
+    b.complete(&sub(0, 0, 1), 32 * MS, MS);
+    assert_eq!(b.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
+    assert_eq!(b.decide(&[], 4, 32 * MS + 500 * US), Dispatch(sub(1, 0, 2)));
+    b.submit(sub(0, 0, 2), 34 * MS);
+    b.complete(&sub(1, 0, 2), 35 * MS, 2 * MS + 500 * US);
+    assert_eq!(b.decide(&[], 4, 35 * MS), Dispatch(sub(0, 0, 2)));
+    b.submit(sub(1, 0, 3), 35 * MS);
+    b
+}
+
 /// A time buffer held for a VM whose work a capping policy holds back ends at once, and none
 /// is started for it while it stays throttled; the VM held by the buffer is shown as such.
 #[test]
 fn band_holds_no_buffer_for_a_throttled_vm() {
-    let setup = || {
-        let mut b = BandScheduler::new(SchedParams::default());
-        b.add_vm(VmId(0), 1, 0);
-        b.add_vm(VmId(1), 1, 0);
-        // vm1 runs 20 ms alone (over its share); vm0 then reacts in 2 ms (waited for: 3 ms).
-        b.submit(sub(1, 0, 1), 0);
-        assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
-        b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
-        b.submit(sub(0, 0, 1), 31 * MS);
-        assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
-        b.submit(sub(1, 0, 2), 31 * MS);
-        b.complete(&sub(0, 0, 1), 32 * MS, MS);
-        assert_eq!(b.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
-        assert_eq!(b.decide(&[], 4, 32 * MS + 500 * US), Dispatch(sub(1, 0, 2)));
-        b.submit(sub(0, 0, 2), 34 * MS);
-        b.complete(&sub(1, 0, 2), 35 * MS, 2 * MS + 500 * US);
-        assert_eq!(b.decide(&[], 4, 35 * MS), Dispatch(sub(0, 0, 2)));
-        b.submit(sub(1, 0, 3), 35 * MS);
-        b
-    };
+    let setup = band_with_vm0_reacting_in_2ms;
     // Unthrottled: the GPU is kept for vm0 and vm1 is held by the buffer.
     let mut b = setup();
     b.complete(&sub(0, 0, 2), 36 * MS, MS);
@@ -564,21 +569,7 @@ fn band_does_not_wait_for_a_vm_that_stayed_away_until_it_comes_back() {
     // vm0 reacts in 2 ms (waited for: 3 ms), then once in 12 ms (> wait_max 10 ms): after
     // that gap it gets Gdev's 500 µs buffer, which vm1's arrival takes; after a 2 ms gap
     // it is waited for again, as before the long one.
-    let mut b = two(Policy::Band, SchedParams::default());
-    b.submit(sub(1, 0, 1), 0);
-    assert_eq!(b.decide(&[], 4, 0), Dispatch(sub(1, 0, 1)));
-    b.complete(&sub(1, 0, 1), 20 * MS, 20 * MS);
-    b.submit(sub(0, 0, 1), 31 * MS);
-    assert_eq!(b.decide(&[], 4, 31 * MS), Dispatch(sub(0, 0, 1)));
-    b.submit(sub(1, 0, 2), 31 * MS);
-    // Completion at 32 ms, back at 34 ms (the first buffer is 500 µs and expires: vm1 runs).
-    b.complete(&sub(0, 0, 1), 32 * MS, MS);
-    assert_eq!(b.decide(&[], 4, 32 * MS), WaitUntil(32 * MS + 500 * US));
-    assert_eq!(b.decide(&[], 4, 32 * MS + 500 * US), Dispatch(sub(1, 0, 2)));
-    b.submit(sub(0, 0, 2), 34 * MS);
-    b.complete(&sub(1, 0, 2), 35 * MS, 2 * MS + 500 * US);
-    assert_eq!(b.decide(&[], 4, 35 * MS), Dispatch(sub(0, 0, 2)));
-    b.submit(sub(1, 0, 3), 35 * MS);
+    let mut b = band_with_vm0_reacting_in_2ms();
     b.complete(&sub(0, 0, 2), 36 * MS, MS);
     assert_eq!(
         b.decide(&[], 4, 36 * MS),
