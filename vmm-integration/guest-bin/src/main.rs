@@ -830,7 +830,15 @@ fn run(boot: &Boot) -> u32 {
         return abi::EXIT_FAIL;
     };
     let bars = if pvh::active() {
-        pvh::firmware_bars(dev)
+        match pvh::firmware_bars(dev) {
+            Some(b) => b,
+            // A loader without PCI firmware left them unprogrammed (`gpuvm run --kvm --pvh`):
+            // placed as on the VMM path, from the start of the 32-bit MMIO hole.
+            None => {
+                println!("BARs unprogrammed by the loader: placing them");
+                setup_bars(dev, abi::MMIO_HOLE)
+            }
+        }
     } else {
         setup_bars(dev, boot.mmio_base)
     };

@@ -24,7 +24,8 @@
 //! and `tsc_khz=N` (else the TSC is measured against the ACPI PM timer).
 //!
 //! Differences from the VMM path, all behind [`active`]: the vGPU's BARs stay where the VMM's
-//! firmware-less PCI setup put them (read, identity-mapped above 4 GiB if needed, not moved);
+//! firmware-less PCI setup put them (read, identity-mapped above 4 GiB if needed, not moved;
+//! placed by the program as on the VMM path if the loader left them unprogrammed);
 //! the results go to the serial console as well as the results block, and the program stops
 //! with a write to the exit port (`gpuvm run --kvm` stops there), an ACPI S5 write to port
 //! 0x600 (Cloud Hypervisor's shutdown device), then an i8042 reset (`out 0x64, 0xfe`,
@@ -410,7 +411,8 @@ const PM_TIMER_HZ: u64 = 3_579_545;
 
 /// TSC frequency in kHz: from the hypervisor leaf 0x40000010 (KVM-based VMMs fill it in when
 /// the host's TSC is invariant), else measured against the ACPI PM timer over 10 ms (Cloud
-/// Hypervisor has one at port 0x608; on this project's PVM hosts the leaf is absent), else 0
+/// Hypervisor has one at port 0x608; on this project's PVM hosts the leaf is absent; the median
+/// of five), else 0
 /// (the program then assumes 1 GHz).
 fn tsc_khz() -> u64 {
     let max = core::arch::x86_64::__cpuid(0x4000_0000).eax;
@@ -420,6 +422,21 @@ fn tsc_khz() -> u64 {
             return khz;
         }
     }
+    // Five 10 ms measurements, the median: a vCPU descheduled between a timer read and its
+    // TSC read skews one measurement, not the median.
+    let mut khz = [0u64; 5];
+    for k in khz.iter_mut() {
+        *k = pm_timer_khz();
+        if *k == 0 {
+            return 0;
+        }
+    }
+    khz.sort_unstable();
+    khz[2]
+}
+
+/// One measurement of the TSC against the ACPI PM timer over 10 ms (0: no timer).
+fn pm_timer_khz() -> u64 {
     let pm = || u64::from(crate::inl(PM_TIMER_PORT)) & 0xff_ffff;
     let ticks = PM_TIMER_HZ / 100;
     let (p0, t0) = (pm(), crate::rdtsc());
@@ -427,11 +444,11 @@ fn tsc_khz() -> u64 {
     let mut reads = 0u32;
     loop {
         let p = pm();
+        let t = crate::rdtsc();
         reads += 1;
         let elapsed = p.wrapping_sub(p0) & 0xff_ffff;
         if elapsed >= ticks {
-            let tsc = crate::rdtsc() - t0;
-            return tsc * PM_TIMER_HZ / elapsed / 1000;
+            return (t - t0) * PM_TIMER_HZ / elapsed / 1000;
         }
         if elapsed == 0 && reads > 1000 {
             return 0;
@@ -483,9 +500,13 @@ fn map_identity(base: u64, len: u64) -> bool {
     true
 }
 
-/// The vGPU's BARs as the VMM placed them (a PVH VMM assigns BARs itself: no firmware to
-/// re-program them), identity-mapped; memory decoding and bus mastering enabled.
-pub fn firmware_bars(dev: u8) -> Bars {
+/// The vGPU's BARs as the VMM placed them (a PVH VMM such as Cloud Hypervisor assigns BARs
+/// itself: no firmware to re-program them), identity-mapped; I/O and memory decoding and bus
+/// mastering enabled. `None` if BAR0 is unprogrammed (address 0): the loader placed nothing.
+pub fn firmware_bars(dev: u8) -> Option<Bars> {
+    if cfg_read(dev, 0x10) & !0xf == 0 {
+        return None;
+    }
     let mut bars = Bars {
         bar0: 0,
         bar1: 0,
@@ -520,7 +541,7 @@ pub fn firmware_bars(dev: u8) -> Bars {
     }
     // I/O, memory decoding and bus mastering.
     cfg_write(dev, 4, cfg_read(dev, 4) | 0x7);
-    bars
+    Some(bars)
 }
 
 /// Stops the VM: the exit port (`gpuvm run --kvm` stops the vCPU there; other VMMs ignore the
