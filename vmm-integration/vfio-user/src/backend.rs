@@ -5,8 +5,8 @@
 //! client's DMA maps and the checks on every request. Region accesses go to
 //! `Vgpu::config_read/write` and `Vgpu::bar_read/write` after [`crate::regions::check`]; DMA maps
 //! become the vGPU's guest memory ([`crate::dma`]); SET_IRQS connects the INTx eventfd
-//! ([`crate::irq`], INTx or MSI); DEVICE_RESET destroys the vGPU (its VRAM slice scrubbed) and creates a
-//! fresh one from the same profile, keeping the DMA maps and the eventfd as a function-level
+//! ([`crate::irq`]: INTx or MSI); DEVICE_RESET destroys the vGPU (its VRAM slice scrubbed) and
+//! creates a fresh one from the same profile, keeping the DMA maps and the eventfd as a function-level
 //! reset keeps the IOMMU and the VMM's interrupt routing. When the connection ends, however it
 //! ends, the daemon tears the vGPU down the same way and the next client gets a fresh one.
 //!
@@ -45,6 +45,7 @@ use vfio_user::{DmaMapFlags, DmaUnmapFlags, ServerBackend};
 use crate::dma::DmaMaps;
 use crate::irq::{adopt_eventfd, VgpuIrq};
 use crate::regions::{self, Target};
+use crate::traffic::Traffic;
 
 /// One VM served over its socket: survives its clients.
 #[derive(Debug)]
@@ -261,77 +262,8 @@ impl VmDevice {
     }
 }
 
-/// Messages of one connection, by kind.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Traffic {
-    /// REGION_READs of a BAR (each a trapped guest access: one VM exit).
-    pub bar_reads: u64,
-    /// REGION_WRITEs of a BAR.
-    pub bar_writes: u64,
-    /// REGION_READs of configuration space.
-    pub config_reads: u64,
-    /// REGION_WRITEs of configuration space.
-    pub config_writes: u64,
-    /// SET_IRQS that unmask INTx (Cloud Hypervisor: one after every BAR access).
-    pub unmasks: u64,
-    /// Other SET_IRQS.
-    pub set_irqs: u64,
-    /// DMA_MAP and DMA_UNMAP.
-    pub dma: u64,
-    /// Region accesses refused by content (all-ones read, dropped write).
-    pub refused: u64,
-}
-
-impl Traffic {
-    /// Every message counted.
-    pub fn messages(&self) -> u64 {
-        self.bar_reads
-            + self.bar_writes
-            + self.config_reads
-            + self.config_writes
-            + self.unmasks
-            + self.set_irqs
-            + self.dma
-    }
-}
-
-impl std::ops::Sub for Traffic {
-    type Output = Traffic;
-
-    fn sub(self, o: Traffic) -> Traffic {
-        Traffic {
-            bar_reads: self.bar_reads - o.bar_reads,
-            bar_writes: self.bar_writes - o.bar_writes,
-            config_reads: self.config_reads - o.config_reads,
-            config_writes: self.config_writes - o.config_writes,
-            unmasks: self.unmasks - o.unmasks,
-            set_irqs: self.set_irqs - o.set_irqs,
-            dma: self.dma - o.dma,
-            refused: self.refused - o.refused,
-        }
-    }
-}
-
 /// Phase markers logged per connection; later ones are counted, not logged.
 const MARKS_LOGGED: u64 = 256;
-
-impl std::fmt::Display for Traffic {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} messages: {} BAR reads, {} BAR writes, {} config reads, {} config writes, {} INTx unmasks, {} other SET_IRQS, {} DMA map/unmap; {} region accesses refused",
-            self.messages(),
-            self.bar_reads,
-            self.bar_writes,
-            self.config_reads,
-            self.config_writes,
-            self.unmasks,
-            self.set_irqs,
-            self.dma,
-            self.refused
-        )
-    }
-}
 
 /// One connection's backend.
 pub struct VgpuBackend {
