@@ -324,10 +324,10 @@ fn malformed_messages_get_errors_and_never_take_the_daemon_down() {
             4,
         ),
         (
-            "64 KiB read of BAR1",
+            "4 KiB read of BAR1",
             cmd::REGION_READ,
-            region_access(1, 0, 64 << 10, &[]),
-            64 << 10,
+            region_access(1, 0, 4096, &[]),
+            4096,
         ),
         (
             "write past config space",
@@ -362,6 +362,12 @@ fn malformed_messages_get_errors_and_never_take_the_daemon_down() {
         // An index past the regions the server announced: the vfio_user crate itself answers
         // with an error before the backend sees it (Cloud Hypervisor only uses announced ones).
         ("region 99", cmd::REGION_READ, region_access(99, 0, 4, &[])),
+        // Too large to answer with all-ones without committing the memory.
+        (
+            "1 GiB read",
+            cmd::REGION_READ,
+            region_access(1, 0, 1 << 30, &[]),
+        ),
         (
             "DMA map without a descriptor",
             cmd::DMA_MAP,

@@ -13,8 +13,9 @@
 //! Refusals are counted and logged (rate-limited) with the VM's name. A refused region access is
 //! answered by content — all-ones for a read, a write dropped — never with an error reply:
 //! Cloud Hypervisor's client ignores the error flag and waits for the full reply, so an error
-//! would block the guest's vCPU for good. Other refused requests (DMA maps, SET_IRQS) get an
-//! error reply (`io::Error`).
+//! would block the guest's vCPU for good. The one exception is a read larger than 4 KiB (no
+//! client's guest access is that large): filling it would commit memory the crate only
+//! reserved. Other refused requests (DMA maps, SET_IRQS) get an error reply (`io::Error`).
 //!
 //! **Restores.** Cloud Hypervisor v53 does not support snapshot/restore or migration of a VM
 //! with a vfio-user device, and does not refuse it either: the restored VM connects again and
@@ -265,6 +266,10 @@ impl VmDevice {
 /// Phase markers logged per connection; later ones are counted, not logged.
 const MARKS_LOGGED: u64 = 256;
 
+/// The largest refused read answered by content (all-ones): the whole configuration space, the
+/// largest access the device takes.
+const MAX_READ_ANSWERED: usize = 4096;
+
 /// One connection's backend.
 pub struct VgpuBackend {
     dev: Arc<VmDevice>,
@@ -463,6 +468,16 @@ impl VgpuBackend {
 impl ServerBackend for VgpuBackend {
     fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
         match self.admit(region, offset, data.len(), false) {
+            // Filling a huge buffer would commit the memory the crate only reserved (its
+            // zeroed allocation is lazy): a read larger than any the device takes gets an error
+            // reply instead (Cloud Hypervisor's accesses are 8 bytes at most).
+            None if data.len() > MAX_READ_ANSWERED => {
+                return Err(einval(format!(
+                    "refused read of {} bytes: answered with an error, not {} bytes of all-ones",
+                    data.len(),
+                    data.len()
+                )))
+            }
             None => data.fill(0xff),
             Some(Target::Config(off)) => {
                 self.traffic.config_reads += 1;
