@@ -7,8 +7,9 @@
 # CH_BINARY is a cloud-hypervisor binary (v53.0 was used; it is in no package registry, see
 # docs/cloud-hypervisor.md for building it). The gpuvm binary and the guest ELF are taken from
 # $GPUVM and $GUEST, or else built with `cargo build --release -p gpuvm-standalone` into
-# $CARGO_TARGET_DIR (or target/). Environment knobs: SIZE (problem size, default 64),
-# WORKLOADS (comma-separated, default every workload), CH_TIMEOUT (seconds per CH VM, 600).
+# $CARGO_TARGET_DIR (or target/). Environment knobs: SIZE (problem size, default 16: every BAR
+# access is a message, so larger sizes take minutes), WORKLOADS (comma-separated, default every
+# workload), CH_TIMEOUT (seconds per CH VM, 600).
 #
 # What it does, with one daemon (`gpuvm serve --vms 2 --allow-unsealed-dma`) for everything:
 #   1. `gpuvm run --kvm --vfio-user vm0.sock`, fences polled, then by interrupt: the reference.
@@ -28,7 +29,7 @@ ch="$1"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 target="${CARGO_TARGET_DIR:-$repo/target}"
-size="${SIZE:-64}"
+size="${SIZE:-16}"
 workloads="${WORKLOADS:-madd,mmul,fmadd,fmmul,memcpy_htod,memcpy_dtoh,loop}"
 ch_timeout="${CH_TIMEOUT:-600}"
 
