@@ -2,8 +2,10 @@
 //!
 //! The VMM loads this program at 1 MiB and starts it directly in 64-bit ring 3 (page tables,
 //! GDT, TSS and IDT are set up by the VMM; see `abi.rs` and `docs/kvm.md`). It never enters
-//! ring 0, so it uses no privileged instruction: port I/O works because RFLAGS.IOPL is 3, it
-//! ends with an `out` to the exit port instead of `hlt`.
+//! ring 0, so it uses no privileged instruction: port I/O works because RFLAGS.IOPL is 3 (on PVM:
+//! the TSS I/O bitmap), it ends with an `out` to the exit port instead of `hlt`. A PVH loader
+//! (Cloud Hypervisor, `gpuvm run --kvm --pvh`) enters `pvh.rs` instead, whose assembly stub sets
+//! the same up itself and switches to ring 3 before any Rust code runs.
 //!
 //! What it does: reads the boot parameters, enumerates PCI bus 0 through configuration
 //! mechanism 1, finds the Quadro 6000 (10de:06d8), sizes its BARs and places them in the MMIO

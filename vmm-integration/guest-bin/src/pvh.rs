@@ -254,7 +254,7 @@ pub fn idt_base() -> u64 {
 /// True once the program was started through the PVH entry.
 static PVH: AtomicBool = AtomicBool::new(false);
 
-/// Whether this boot came through the PVH entry (ring 0, no VMM ports).
+/// Whether this boot came through the PVH entry (its own tables, loader-placed BARs).
 pub fn active() -> bool {
     PVH.load(Ordering::Relaxed)
 }
