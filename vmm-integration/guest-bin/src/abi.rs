@@ -126,6 +126,19 @@ pub const BP_STREAM_COUNT: u64 = 0x7c;
 /// u64: if not 0, the ECAM window ([`ECAM_BASE`]) the guest enumerates PCI through instead of
 /// ports 0xCF8/0xCFC.
 pub const BP_ECAM: u64 = 0x80;
+/// u32: 1 = the vGPU's interrupt is MSI (the guest programs the device's MSI capability with
+/// [`BP_IRQ_VECTOR`]) instead of INTx on [`BP_IRQ_GSI`].
+pub const BP_IRQ_MSI: u64 = 0x88;
+/// End of the boot-parameter block.
+pub const BP_END: u64 = 0x90;
+/// [`BP_IRQ_GSI`] value: INTx may arrive on any IOAPIC pin from [`IRQ_GSI_FIRST`] up (a PVH
+/// loader that names the pin only in ACPI); the guest routes all of them to its vector.
+pub const IRQ_GSI_ALL: u32 = 0xffff_ffff;
+/// First IOAPIC pin [`IRQ_GSI_ALL`] covers (0-4 are the legacy timer, keyboard, cascade and
+/// serial lines).
+pub const IRQ_GSI_FIRST: u32 = 5;
+/// Pins of the IOAPIC.
+pub const IOAPIC_PINS: u32 = 24;
 
 /// Run the workloads.
 pub const MODE_NORMAL: u32 = 0;

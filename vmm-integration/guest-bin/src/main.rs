@@ -2,8 +2,10 @@
 //!
 //! The VMM loads this program at 1 MiB and starts it directly in 64-bit ring 3 (page tables,
 //! GDT, TSS and IDT are set up by the VMM; see `abi.rs` and `docs/kvm.md`). It never enters
-//! ring 0, so it uses no privileged instruction: port I/O works because RFLAGS.IOPL is 3, it
-//! ends with an `out` to the exit port instead of `hlt`.
+//! ring 0, so it uses no privileged instruction: port I/O works because RFLAGS.IOPL is 3 (on PVM:
+//! the TSS I/O bitmap), it ends with an `out` to the exit port instead of `hlt`. A PVH loader
+//! (Cloud Hypervisor, `gpuvm run --kvm --pvh`) enters `pvh.rs` instead, whose assembly stub sets
+//! the same up itself and switches to ring 3 before any Rust code runs.
 //!
 //! What it does: reads the boot parameters, enumerates PCI bus 0 through configuration
 //! mechanism 1, finds the Quadro 6000 (10de:06d8), sizes its BARs and places them in the MMIO
@@ -297,11 +299,13 @@ extern "C" {
     fn gpuvm_irq_entry();
 }
 
-/// Installs the handler as IDT gate `vector` (64-bit interrupt gate, DPL 3, ring-3 code
-/// selector, IST1) and programs the local APIC and the IOAPIC pin `gsi` to deliver `vector`.
-fn enable_interrupts(gsi: u32, vector: u32) {
+/// Installs the handler as IDT gate `vector` (64-bit trap gate, DPL 3, ring-3 code selector,
+/// IST1), software-enables the local APIC and routes the vGPU's interrupt to `vector`: by MSI
+/// (the device's MSI capability, `msi`), or INTx on IOAPIC pin `gsi` (every pin from
+/// `abi::IRQ_GSI_FIRST` up for `abi::IRQ_GSI_ALL`).
+fn enable_interrupts(dev: u8, gsi: u32, vector: u32, msi: bool) -> bool {
     let handler = gpuvm_irq_entry as *const () as usize as u64;
-    let gate = abi::IDT_ADDR + 16 * (vector as u64 & 0xff);
+    let gate = pvh::idt_base() + 16 * (vector as u64 & 0xff);
     let lo = (handler & 0xffff)
         | (abi::SEL_USER_CS as u64) << 16
         | 1 << 32 // IST1
@@ -312,12 +316,64 @@ fn enable_interrupts(gsi: u32, vector: u32) {
     // Local APIC: software enable (SVR bit 8, spurious vector 0xff), task priority 0.
     wr32(abi::LAPIC_BASE + 0xf0, 0x1ff);
     wr32(abi::LAPIC_BASE + 0x80, 0);
-    // IOAPIC redirection entry: fixed, physical, edge, active high, unmasked, to APIC 0.
-    wr32(abi::IOAPIC_BASE, 0x10 + 2 * gsi + 1);
-    wr32(abi::IOAPIC_BASE + 0x10, 0);
-    wr32(abi::IOAPIC_BASE, 0x10 + 2 * gsi);
-    wr32(abi::IOAPIC_BASE + 0x10, vector & 0xff);
-    // RFLAGS.IF was set by the VMM: `sti` needs IOPL 3, which PVM does not give ring 3.
+    if msi {
+        return enable_msi(dev, vector);
+    }
+    let pins = if gsi == abi::IRQ_GSI_ALL {
+        abi::IRQ_GSI_FIRST..abi::IOAPIC_PINS
+    } else {
+        gsi..gsi + 1
+    };
+    for pin in pins {
+        // IOAPIC redirection entry: fixed, physical, edge, active high, unmasked, to APIC 0.
+        wr32(abi::IOAPIC_BASE, 0x10 + 2 * pin + 1);
+        wr32(abi::IOAPIC_BASE + 0x10, 0);
+        wr32(abi::IOAPIC_BASE, 0x10 + 2 * pin);
+        wr32(abi::IOAPIC_BASE + 0x10, vector & 0xff);
+    }
+    // RFLAGS.IF was set by the VMM (or the PVH stub's `iretq`): `sti` needs IOPL 3, which PVM
+    // does not give ring 3.
+    true
+}
+
+/// PCI capability ID of MSI.
+const CAP_MSI: u32 = 0x05;
+
+/// Programs the device's MSI capability: message address = the local APIC of CPU 0, data =
+/// `vector` (fixed delivery, edge), then MSI Enable. False if the device has no MSI capability.
+fn enable_msi(dev: u8, vector: u32) -> bool {
+    if cfg_read(dev, 0x04) & (1 << 20) == 0 {
+        println!("msi: the device has no capability list");
+        return false;
+    }
+    let mut ptr = (cfg_read(dev, 0x34) & 0xfc) as u8;
+    // A capability list that loops is cut after 48 entries (as many as fit in 192 bytes).
+    for _ in 0..48 {
+        if ptr < 0x40 {
+            break;
+        }
+        let head = cfg_read(dev, ptr);
+        if head & 0xff == CAP_MSI {
+            let control = (head >> 16) as u16;
+            let is64 = control & (1 << 7) != 0;
+            cfg_write(dev, ptr + 4, abi::LAPIC_BASE as u32);
+            let data_off = if is64 {
+                cfg_write(dev, ptr + 8, 0);
+                ptr + 0xc
+            } else {
+                ptr + 8
+            };
+            cfg_write(dev, data_off, vector & 0xff);
+            // Multiple Message Enable 0 (one vector), MSI Enable.
+            let control = (control & !(0x7 << 4)) | 1;
+            cfg_write(dev, ptr, (head & 0xffff) | u32::from(control) << 16);
+            println!("msi: capability at {ptr:#x} enabled, vector {vector:#x}");
+            return true;
+        }
+        ptr = ((head >> 8) & 0xfc) as u8;
+    }
+    println!("msi: the device has no MSI capability");
+    false
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -335,6 +391,7 @@ struct Boot {
     mmio_base: u64,
     irq_vector: u32,
     irq_gsi: u32,
+    irq_msi: bool,
     calibrate: u32,
     gate: bool,
 }
@@ -377,6 +434,7 @@ fn read_boot() -> Boot {
         mmio_base: bp64(abi::BP_MMIO_BASE),
         irq_vector: bp32(abi::BP_IRQ_VECTOR),
         irq_gsi: bp32(abi::BP_IRQ_GSI),
+        irq_msi: bp32(abi::BP_IRQ_MSI) == 1,
         calibrate: bp32(abi::BP_CALIBRATE),
         gate: bp32(abi::BP_GATE) == 1,
     }
@@ -549,13 +607,17 @@ impl KvmHal {
 impl Mmio for KvmHal {
     fn read32(&mut self, bar: Bar, offset: u64) -> u32 {
         match self.addr(bar, offset, 4) {
-            Some(a) => rd32(a),
+            Some(a) => {
+                BAR_READS.fetch_add(1, Ordering::Relaxed);
+                rd32(a)
+            }
             None => 0xffff_ffff,
         }
     }
 
     fn write32(&mut self, bar: Bar, offset: u64, value: u32) {
         if let Some(a) = self.addr(bar, offset, 4) {
+            BAR_WRITES.fetch_add(1, Ordering::Relaxed);
             wr32(a, value);
         }
     }
@@ -568,7 +630,10 @@ impl Mmio for KvmHal {
                 hi << 32 | lo
             }
             _ => match self.addr(bar, offset, 8) {
-                Some(a) => rd64(a),
+                Some(a) => {
+                    BAR_READS.fetch_add(1, Ordering::Relaxed);
+                    rd64(a)
+                }
                 None => u64::MAX,
             },
         }
@@ -582,6 +647,7 @@ impl Mmio for KvmHal {
             }
             _ => {
                 if let Some(a) = self.addr(bar, offset, 8) {
+                    BAR_WRITES.fetch_add(1, Ordering::Relaxed);
                     wr64(a, value);
                 }
             }
@@ -692,8 +758,28 @@ fn result(index: usize, verified: bool, bytes: u64, gpu_ns: u64, error: Option<&
     );
 }
 
+/// The I/O port of the vGPU's BAR5 under PVH (0: none): phase markers go there too, so a
+/// vfio-user server (which sees BAR5 writes as messages, unlike the VMM's phase port) can tell
+/// workloads apart in its message counts.
+static MARK_PORT: AtomicU64 = AtomicU64::new(0);
+
 fn phase(p: u32) {
     outl(abi::PORT_PHASE, p);
+    match MARK_PORT.load(Ordering::Relaxed) {
+        0 => {}
+        port => outl(port as u16, p),
+    }
+}
+
+/// BAR accesses the driver made (each one a VM exit: every BAR access is trapped).
+static BAR_READS: AtomicU64 = AtomicU64::new(0);
+static BAR_WRITES: AtomicU64 = AtomicU64::new(0);
+
+fn bar_accesses() -> (u64, u64) {
+    (
+        BAR_READS.load(Ordering::Relaxed),
+        BAR_WRITES.load(Ordering::Relaxed),
+    )
 }
 
 /// Times `n` exits of each kind, bracketed by phase markers the VMM timestamps.
@@ -730,10 +816,10 @@ fn run(boot: &Boot) -> u32 {
         "gpuvm guest: ring 3, size {}, {} workload(s), fences by {}, TSC {} kHz, heap {:#x}",
         boot.size,
         boot.nworkloads,
-        if boot.fence_irq {
-            "interrupt"
-        } else {
-            "polling"
+        match (boot.fence_irq, boot.irq_msi) {
+            (false, _) => "polling",
+            (true, false) => "interrupt (INTx)",
+            (true, true) => "interrupt (MSI)",
         },
         boot.tsc_khz,
         HEAP.used_top()
@@ -746,7 +832,15 @@ fn run(boot: &Boot) -> u32 {
         return abi::EXIT_FAIL;
     };
     let bars = if pvh::active() {
-        pvh::firmware_bars(dev)
+        match pvh::firmware_bars(dev) {
+            Some(b) => b,
+            // A loader without PCI firmware left them unprogrammed (`gpuvm run --kvm --pvh`):
+            // placed as on the VMM path, from the start of the 32-bit MMIO hole.
+            None => {
+                println!("BARs unprogrammed by the loader: placing them");
+                setup_bars(dev, abi::MMIO_HOLE)
+            }
+        }
     } else {
         setup_bars(dev, boot.mmio_base)
     };
@@ -773,18 +867,17 @@ fn run(boot: &Boot) -> u32 {
     if boot.calibrate != 0 {
         calibrate(boot.calibrate, bars.bar0);
     }
-    if boot.fence_irq {
-        enable_interrupts(boot.irq_gsi, boot.irq_vector);
-    }
+    let fence_irq =
+        boot.fence_irq && enable_interrupts(dev, boot.irq_gsi, boot.irq_vector, boot.irq_msi);
     let hal = KvmHal {
         bars,
         dma_base: boot.dma_base,
         dma_size: boot.dma_size,
         tsc_khz: boot.tsc_khz,
-        irq_mode: boot.fence_irq,
+        irq_mode: fence_irq,
     };
     let cfg = DriverConfig {
-        fence_mode: if boot.fence_irq {
+        fence_mode: if fence_irq {
             FenceMode::Interrupt
         } else {
             FenceMode::Poll
@@ -806,8 +899,9 @@ fn run(boot: &Boot) -> u32 {
     result(0, true, 0, 0, None);
     let irq_mode = gpu.fence_mode() == FenceMode::Interrupt;
     wr32(abi::RESULTS_HEADER + abi::H_FENCE_IRQ, irq_mode as u32);
+    let (r0, w0) = bar_accesses();
     println!(
-        "driver up in {} ms: {} MiB VRAM, fences by {}",
+        "driver up in {} ms ({r0} BAR reads + {w0} BAR writes): {} MiB VRAM, fences by {}",
         ms(t0),
         gpu.vram_size() >> 20,
         if irq_mode { "interrupt" } else { "polling" }
@@ -836,16 +930,20 @@ fn run(boot: &Boot) -> u32 {
         };
         phase(1 + i as u32);
         let t = rdtsc();
+        let (r0, w0) = bar_accesses();
         match workloads::run(&mut gpu, w, boot.size) {
             Ok(r) => {
                 result(1 + i, r.verified, r.bytes, r.gpu_ns, None);
                 ok &= r.verified;
+                let (r1, w1) = bar_accesses();
                 println!(
-                    "{}: {} bytes, GPU {} ns, {} ms, {}",
+                    "{}: {} bytes, GPU {} ns, {} ms, {} BAR reads + {} BAR writes, {}",
                     w.name(),
                     r.bytes,
                     r.gpu_ns,
                     ms(t),
+                    r1 - r0,
+                    w1 - w0,
                     if r.verified {
                         "verified"
                     } else {

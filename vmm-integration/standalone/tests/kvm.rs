@@ -128,6 +128,57 @@ fn a_kvm_guest_waits_for_its_fences_by_interrupt() {
     }
 }
 
+#[test]
+fn the_pvh_entry_switches_to_ring_3_by_itself_and_verifies() {
+    if !kvm_available("the_pvh_entry_switches_to_ring_3_by_itself_and_verifies") {
+        return;
+    }
+    // The image Cloud Hypervisor boots, started the way it starts it: 32-bit protected mode,
+    // paging off, the command line in the PVH start info. VM 0 polls, VM 1 takes interrupts.
+    let out = gpuvm(&[
+        "run",
+        "--kvm",
+        "--pvh",
+        "--vms",
+        "2",
+        "--workload",
+        "madd",
+        "--workload",
+        "loop",
+        "--size",
+        "16",
+        "--irq-vm",
+        "1",
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "300",
+    ]);
+    let v = json(&out);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let vms = v["vms"].as_array().expect("vms");
+    assert_eq!(vms.len(), 2);
+    for (i, vm) in vms.iter().enumerate() {
+        assert_vm_verified(vm, &["madd", "loop"]);
+        let console = vm["kvm"]["console"].as_array().unwrap();
+        assert!(
+            console.iter().any(|l| l
+                .as_str()
+                .is_some_and(|l| l.starts_with("gpuvm guest: PVH boot, now in ring 3"))),
+            "{console:?}"
+        );
+        let k = &vm["kvm"];
+        assert_eq!(k["fence_irq"], i == 1, "{k}");
+        if i == 1 {
+            assert!(k["irqs_seen"].as_u64().unwrap() >= 1, "{k}");
+        }
+    }
+}
+
 /// Runs two VMs, VM 1 hostile in `mode`; VM 1 must be stopped with `expect` in its message and
 /// VM 0 must finish its workload.
 fn hostile_is_contained(mode: &str, expect: &str) {

@@ -5,13 +5,28 @@
 //! client's DMA maps and the checks on every request. Region accesses go to
 //! `Vgpu::config_read/write` and `Vgpu::bar_read/write` after [`crate::regions::check`]; DMA maps
 //! become the vGPU's guest memory ([`crate::dma`]); SET_IRQS connects the INTx eventfd
-//! ([`crate::irq`]); DEVICE_RESET destroys the vGPU (its VRAM slice scrubbed) and creates a
-//! fresh one from the same profile, keeping the DMA maps and the eventfd as a function-level
+//! ([`crate::irq`]: INTx or MSI); DEVICE_RESET destroys the vGPU (its VRAM slice scrubbed) and
+//! creates a fresh one from the same profile, keeping the DMA maps and the eventfd as a function-level
 //! reset keeps the IOMMU and the VMM's interrupt routing. When the connection ends, however it
 //! ends, the daemon tears the vGPU down the same way and the next client gets a fresh one.
 //!
-//! Every refusal is an `io::Error` the crate turns into an error reply, counted and logged
-//! (rate-limited) with the VM's name.
+//! Refusals are counted and logged (rate-limited) with the VM's name. A refused region access is
+//! answered by content — all-ones for a read, a write dropped — never with an error reply:
+//! Cloud Hypervisor's client ignores the error flag and waits for the full reply, so an error
+//! would block the guest's vCPU for good. The one exception is a read larger than 4 KiB (no
+//! client's guest access is that large): filling it would commit memory the crate only
+//! reserved. Other refused requests (DMA maps, SET_IRQS) get an error reply (`io::Error`).
+//!
+//! **Restores.** Cloud Hypervisor v53 does not support snapshot/restore or migration of a VM
+//! with a vfio-user device, and does not refuse it either: the restored VM connects again and
+//! carries on as if its GPU had kept its state. Every connection gets a freshly reset vGPU
+//! anyway (the previous one is scrubbed when its client goes); on top of that a restore is
+//! recognised by the order of the client's first configuration access: a booting client first
+//! *reads* configuration space (it walks the capability list), a restoring Cloud Hypervisor
+//! first *writes* PCI_COMMAND (it pushes its saved command word, `VfioCommon::set_state`). Such
+//! a connection is refused by content: every region access reads all-ones and drops writes (a
+//! guest driver sees a device that fell off the bus rather than a GPU silently missing its
+//! state), counted and logged.
 
 use std::fs::File;
 use std::io;
@@ -29,8 +44,9 @@ use vfio_bindings::bindings::vfio::{
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, ServerBackend};
 
 use crate::dma::DmaMaps;
-use crate::irq::{adopt_eventfd, IntxLine};
+use crate::irq::{adopt_eventfd, VgpuIrq};
 use crate::regions::{self, Target};
+use crate::traffic::Traffic;
 
 /// One VM served over its socket: survives its clients.
 #[derive(Debug)]
@@ -41,7 +57,7 @@ pub struct VmDevice {
     waker: std::sync::OnceLock<Arc<crate::daemon::Waker>>,
     host: Arc<GpuHost>,
     vgpu: Mutex<Option<Arc<Vgpu>>>,
-    line: Arc<IntxLine>,
+    line: Arc<VgpuIrq>,
     stopping: AtomicBool,
     teardowns: AtomicU64,
     rejected: AtomicU64,
@@ -63,7 +79,7 @@ impl VmDevice {
             waker: std::sync::OnceLock::new(),
             host,
             vgpu: Mutex::new(None),
-            line: Arc::new(IntxLine::new()),
+            line: Arc::new(VgpuIrq::new()),
             stopping: AtomicBool::new(false),
             teardowns: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
@@ -168,7 +184,7 @@ impl VmDevice {
     }
 
     /// The interrupt line.
-    pub fn line(&self) -> &Arc<IntxLine> {
+    pub fn line(&self) -> &Arc<VgpuIrq> {
         &self.line
     }
 
@@ -247,6 +263,13 @@ impl VmDevice {
     }
 }
 
+/// Phase markers logged per connection; later ones are counted, not logged.
+const MARKS_LOGGED: u64 = 256;
+
+/// The largest refused read answered by content (all-ones): the whole configuration space, the
+/// largest access the device takes.
+const MAX_READ_ANSWERED: usize = 4096;
+
 /// One connection's backend.
 pub struct VgpuBackend {
     dev: Arc<VmDevice>,
@@ -254,6 +277,14 @@ pub struct VgpuBackend {
     dma: DmaMaps,
     accesses: u64,
     submitting: bool,
+    traffic: Traffic,
+    /// A configuration access was seen (the restore check looks at the first one only).
+    config_seen: bool,
+    /// The client was recognised as a restored VM: every region access is refused.
+    restored: bool,
+    /// Traffic at the last phase marker, and the markers seen.
+    last_mark: Traffic,
+    marks: u64,
 }
 
 fn einval(what: impl Into<String>) -> io::Error {
@@ -272,7 +303,66 @@ impl VgpuBackend {
             dma: DmaMaps::new(window, require_sealed_dma),
             accesses: 0,
             submitting: false,
+            traffic: Traffic::default(),
+            config_seen: false,
+            restored: false,
+            last_mark: Traffic::default(),
+            marks: 0,
         })
+    }
+
+    /// A phase marker: a 4-byte write at offset 0 of BAR5 (the I/O window the device model does
+    /// not emulate). The test guest writes one at each phase boundary (driver init, each
+    /// workload, the end); the daemon logs the messages since the previous marker, which is
+    /// how messages per workload are measured under Cloud Hypervisor. Counted like any access.
+    fn mark(&mut self, value: u32) {
+        self.marks += 1;
+        if self.marks <= MARKS_LOGGED {
+            let since = self.traffic - self.last_mark;
+            self.dev.event(&format!(
+                "phase mark {value:#x}: since the previous mark {since}"
+            ));
+        }
+        self.last_mark = self.traffic;
+    }
+
+    /// This connection's messages so far.
+    pub fn traffic(&self) -> Traffic {
+        self.traffic
+    }
+
+    /// True if the client was recognised as a restored VM (see the module doc).
+    pub fn restored(&self) -> bool {
+        self.restored
+    }
+
+    /// Checks a region access; on refusal counts and logs it (`None`: answer by content).
+    fn admit(&mut self, region: u32, offset: u64, len: usize, write: bool) -> Option<Target> {
+        let target = match regions::check(region, offset, len) {
+            Ok(t) => t,
+            Err(e) => {
+                self.traffic.refused += 1;
+                let _ = self.dev.reject(e);
+                return None;
+            }
+        };
+        if let Target::Config(off) = target {
+            if !self.config_seen {
+                self.config_seen = true;
+                if write && off == 4 {
+                    self.restored = true;
+                    self.dev.event(
+                        "restored VM recognised (its first configuration access writes PCI_COMMAND, as Cloud Hypervisor's restore does; a boot reads first): its GPU state is gone, the connection is refused by content (all-ones reads, dropped writes)",
+                    );
+                }
+            }
+        }
+        if self.restored {
+            self.traffic.refused += 1;
+            self.dev.rejected.fetch_add(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(target)
     }
 
     /// Gives the vGPU the current set of DMA maps.
@@ -328,9 +418,9 @@ impl VgpuBackend {
         count: u32,
         fds: Vec<File>,
     ) -> io::Result<()> {
-        if index != regions::INTX || start != 0 || count > 1 {
+        if (index != regions::INTX && index != regions::MSI) || start != 0 || count > 1 {
             return Err(einval(format!(
-                "SET_IRQS index {index} start {start} count {count}: only INTx (index 0, one vector)"
+                "SET_IRQS index {index} start {start} count {count}: only INTx (index 0) and MSI (index 1), one vector"
             )));
         }
         let action = flags & VFIO_IRQ_SET_ACTION_TYPE_MASK;
@@ -345,12 +435,24 @@ impl VgpuBackend {
                 fds.len()
             )));
         }
+        let msi = index == regions::MSI;
         match (action, data, count) {
             (VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_EVENTFD, 1) => {
                 let evt = fds.into_iter().next().ok_or_else(|| einval("no eventfd"))?;
-                line.set_eventfd(Some(adopt_eventfd(evt)?));
+                let evt = Some(adopt_eventfd(evt)?);
+                if msi {
+                    line.set_msi_eventfd(evt);
+                } else {
+                    line.set_eventfd(evt);
+                }
+            }
+            (VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_NONE, 0) if msi => {
+                line.set_msi_eventfd(None)
             }
             (VFIO_IRQ_SET_ACTION_TRIGGER, VFIO_IRQ_SET_DATA_NONE, 0) => line.set_eventfd(None),
+            // The MSI capability has no per-vector mask: nothing to do.
+            (VFIO_IRQ_SET_ACTION_MASK | VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_NONE, 1)
+                if msi => {}
             (VFIO_IRQ_SET_ACTION_MASK, VFIO_IRQ_SET_DATA_NONE, 1) => line.set_masked(true),
             (VFIO_IRQ_SET_ACTION_UNMASK, VFIO_IRQ_SET_DATA_NONE, 1) => line.set_masked(false),
             _ => {
@@ -365,27 +467,55 @@ impl VgpuBackend {
 
 impl ServerBackend for VgpuBackend {
     fn region_read(&mut self, region: u32, offset: u64, data: &mut [u8]) -> io::Result<()> {
-        match regions::check(region, offset, data.len()).map_err(|e| self.dev.reject(e))? {
-            Target::Config(off) => self.config_read(off, data),
-            Target::Bar(bar, off) => {
+        match self.admit(region, offset, data.len(), false) {
+            // Filling a huge buffer would commit the memory the crate only reserved (its
+            // zeroed allocation is lazy): a read larger than any the device takes gets an error
+            // reply instead (Cloud Hypervisor's accesses are 8 bytes at most).
+            None if data.len() > MAX_READ_ANSWERED => {
+                return Err(einval(format!(
+                    "refused read of {} bytes: answered with an error, not {} bytes of all-ones",
+                    data.len(),
+                    data.len()
+                )))
+            }
+            None => data.fill(0xff),
+            Some(Target::Config(off)) => {
+                self.traffic.config_reads += 1;
+                self.config_read(off, data)
+            }
+            Some(Target::Bar(bar, off)) => {
+                self.traffic.bar_reads += 1;
                 self.vgpu.bar_read(bar, off, data);
                 self.note_access();
                 self.dev.nudge();
             }
-            Target::IoBar => data.fill(0xff),
+            Some(Target::IoBar) => {
+                self.traffic.bar_reads += 1;
+                data.fill(0xff)
+            }
         }
         Ok(())
     }
 
     fn region_write(&mut self, region: u32, offset: u64, data: &[u8]) -> io::Result<()> {
-        match regions::check(region, offset, data.len()).map_err(|e| self.dev.reject(e))? {
-            Target::Config(off) => self.config_write(off, data),
-            Target::Bar(bar, off) => {
+        match self.admit(region, offset, data.len(), true) {
+            None => {}
+            Some(Target::IoBar) => {
+                self.traffic.bar_writes += 1;
+                if let (0, Ok(v)) = (offset, <[u8; 4]>::try_from(data)) {
+                    self.mark(u32::from_le_bytes(v));
+                }
+            }
+            Some(Target::Config(off)) => {
+                self.traffic.config_writes += 1;
+                self.config_write(off, data)
+            }
+            Some(Target::Bar(bar, off)) => {
+                self.traffic.bar_writes += 1;
                 self.vgpu.bar_write(bar, off, data);
                 self.note_access();
                 self.dev.nudge();
             }
-            Target::IoBar => {}
         }
         Ok(())
     }
@@ -398,6 +528,7 @@ impl ServerBackend for VgpuBackend {
         size: u64,
         fd: Option<File>,
     ) -> io::Result<()> {
+        self.traffic.dma += 1;
         if !flags.contains(DmaMapFlags::READ_WRITE) {
             return Err(self.dev.reject(einval(format!(
                 "DMA map {address:#x}+{size:#x} with flags {:#x}: the GPU reads and writes guest RAM",
@@ -416,6 +547,7 @@ impl ServerBackend for VgpuBackend {
     }
 
     fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
+        self.traffic.dma += 1;
         if flags.contains(DmaUnmapFlags::GET_DIRTY_PAGE_INFO) {
             return Err(self
                 .dev
@@ -428,14 +560,14 @@ impl ServerBackend for VgpuBackend {
     }
 
     fn reset(&mut self) -> io::Result<()> {
-        let eventfd = self.dev.line.take_eventfd();
+        let eventfds = self.dev.line.take_eventfds();
         let fresh = self
             .dev
             .recycle("device reset")
             .map_err(|e| io::Error::other(format!("re-creating the vGPU: {e}")))?
             .ok_or_else(|| io::Error::other("the daemon is shutting down"))?;
         self.vgpu = fresh;
-        self.dev.line.set_eventfd(eventfd);
+        self.dev.line.restore_eventfds(eventfds);
         self.submitting = false;
         self.reattach()
     }
@@ -448,6 +580,13 @@ impl ServerBackend for VgpuBackend {
         count: u32,
         fds: Vec<File>,
     ) -> io::Result<()> {
+        let unmask = index == regions::INTX
+            && flags & VFIO_IRQ_SET_ACTION_TYPE_MASK == VFIO_IRQ_SET_ACTION_UNMASK;
+        if unmask {
+            self.traffic.unmasks += 1;
+        } else {
+            self.traffic.set_irqs += 1;
+        }
         VgpuBackend::set_irqs(self, index, flags, start, count, fds).map_err(|e| self.dev.reject(e))
     }
 }

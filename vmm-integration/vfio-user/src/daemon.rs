@@ -311,7 +311,17 @@ fn serve_vm(
             continue;
         };
         dev.connected();
-        dev.event("client connected");
+        let n = dev.connections();
+        let fresh = dev.vgpu().map(|v| v.id().to_string()).unwrap_or_default();
+        dev.event(&if n == 1 {
+            format!("client connected: vGPU {fresh}")
+        } else {
+            // A reconnecting client (a rebooted, reconnected or restored VMM) never sees the
+            // previous client's GPU state: that vGPU was destroyed when its client went.
+            format!(
+                "client connected (connection {n}): freshly reset vGPU {fresh}, nothing kept from the previous client"
+            )
+        });
         let why = match catch_unwind(AssertUnwindSafe(|| server.run(&mut backend))) {
             Ok(Ok(())) => "client disconnected".to_string(),
             Ok(Err(e)) => format!("connection lost ({e})"),
@@ -321,6 +331,7 @@ fn serve_vm(
             ),
         };
         dev.disconnected();
+        dev.event(&format!("connection ended: {}", backend.traffic()));
         if stop.load(Ordering::SeqCst) {
             break;
         }

@@ -5,10 +5,11 @@
 //! - [`regions`]: the vGPU as VFIO PCI regions (BAR0..BAR5, ROM, config space) and interrupts,
 //!   and the checks every region access passes.
 //! - [`dma`]: guest RAM from the client's DMA_MAP messages (shared file mappings, validated).
-//! - [`irq`]: the vGPU's level-triggered line as an INTx eventfd the client hands over.
+//! - [`irq`]: the vGPU's level-triggered line as the INTx or MSI eventfd the client hands over.
 //! - [`backend`]: one VM's vGPU behind `vfio_user::ServerBackend`, with reset and teardown.
 //! - [`daemon`]: one `GpuHost`, one socket and one thread per VM (added and removed at run
 //!   time), an event-driven poller (`event-manager`, a timerfd and an eventfd), shutdown.
+//! - [`traffic`]: per-connection message counts.
 //! - [`wire`]: raw protocol framing, for tests that send what the `vfio_user` client cannot.
 //!
 //! Every message a client sends is untrusted. What the `vfio_user` crate itself mishandles is
@@ -20,6 +21,7 @@ pub mod daemon;
 pub mod dma;
 pub mod irq;
 pub mod regions;
+pub mod traffic;
 pub mod wire;
 
 pub use backend::VmDevice;

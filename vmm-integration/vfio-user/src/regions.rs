@@ -6,7 +6,15 @@
 //! aperture, slot 4 its upper half) and BAR5 (a 128-byte I/O window); no ROM, no VGA region.
 //! Every region is trapped: none has a sparse mmap area (see `docs/vfio-user.md`: BAR1/BAR3
 //! translate through the guest's shadowed GPU page tables, BAR0 is emulated register by
-//! register). One interrupt: INTx (index 0), delivered through an eventfd.
+//! register). Two interrupts, each delivered through an eventfd: INTx (index 0) and MSI
+//! (index 1, one vector), because the configuration space shows an MSI capability: a client
+//! such as Cloud Hypervisor only emulates MSI for a device that announces it, and a guest that
+//! enables the capability of a device announcing none would never get an interrupt.
+//!
+//! [`check`] says whether an access is one the device takes; the backend answers the ones it
+//! does not by content (all-ones read, dropped write), never with an error reply: Cloud
+//! Hypervisor ignores the error flag and waits for a full reply, so an error would block the
+//! guest's vCPU forever (`docs/cloud-hypervisor.md`).
 
 use std::io;
 
@@ -15,7 +23,7 @@ use gpuvm::mmio::pci::CONFIG_SPACE_SIZE;
 use gpuvm::phys::Bar;
 use vfio_bindings::bindings::vfio::{
     vfio_region_info, VFIO_IRQ_INFO_EVENTFD, VFIO_PCI_CONFIG_REGION_INDEX, VFIO_PCI_INTX_IRQ_INDEX,
-    VFIO_PCI_NUM_IRQS, VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_READ,
+    VFIO_PCI_MSI_IRQ_INDEX, VFIO_PCI_NUM_IRQS, VFIO_PCI_NUM_REGIONS, VFIO_REGION_INFO_FLAG_READ,
     VFIO_REGION_INFO_FLAG_WRITE,
 };
 use vfio_user::{IrqInfo, ServerRegion};
@@ -26,6 +34,8 @@ pub const CONFIG: u32 = VFIO_PCI_CONFIG_REGION_INDEX;
 pub const BAR5: u32 = 5;
 /// Interrupt index of INTx.
 pub const INTX: u32 = VFIO_PCI_INTX_IRQ_INDEX;
+/// Interrupt index of MSI.
+pub const MSI: u32 = VFIO_PCI_MSI_IRQ_INDEX;
 
 /// What a region access reaches, once checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,18 +86,17 @@ pub fn server_regions() -> Vec<ServerRegion> {
         .collect()
 }
 
-/// The interrupts the server announces: INTx with one eventfd, no MSI, MSI-X, error or request
-/// interrupts.
+/// The interrupts the server announces: INTx and MSI with one eventfd each (the MSI
+/// capability offers one vector), no MSI-X, error or request interrupts.
 pub fn irqs() -> Vec<IrqInfo> {
     (0..VFIO_PCI_NUM_IRQS)
-        .map(|index| IrqInfo {
-            index,
-            flags: if index == INTX {
-                VFIO_IRQ_INFO_EVENTFD
-            } else {
-                0
-            },
-            count: u32::from(index == INTX),
+        .map(|index| {
+            let on = index == INTX || index == MSI;
+            IrqInfo {
+                index,
+                flags: if on { VFIO_IRQ_INFO_EVENTFD } else { 0 },
+                count: u32::from(on),
+            }
         })
         .collect()
 }
@@ -158,8 +167,8 @@ mod tests {
             assert!(region.mmap_fd.is_none());
         }
         let irqs = irqs();
-        assert_eq!(irqs[0].count, 1);
-        assert!(irqs[1..].iter().all(|i| i.count == 0));
+        assert_eq!((irqs[0].count, irqs[1].count), (1, 1), "INTx and MSI");
+        assert!(irqs[2..].iter().all(|i| i.count == 0));
     }
 
     #[test]

@@ -164,3 +164,53 @@ fn clients_reset_and_disconnect_only_touch_their_own_vgpu() {
     // SAFETY: closing the eventfd we created.
     unsafe { libc::close(evt) };
 }
+
+#[test]
+fn a_restoring_client_is_refused_by_content_and_the_next_boot_gets_a_fresh_vgpu() {
+    let (d, dir) = start("restore");
+    let a = d.devices()[0].clone();
+    let sock = dir.join("a.sock");
+
+    // A booting client reads configuration space first: served normally, including MSI.
+    let mut boot = Client::new(&sock).unwrap();
+    assert_eq!(config_dword(&mut boot, 0), 0x06d8_10de);
+    let id = boot0(&mut boot);
+    // SAFETY: eventfd returns a new descriptor or -1.
+    let evt = unsafe { libc::eventfd(0, 0) };
+    assert!(evt >= 0);
+    boot.set_irqs(1, 4 | 32, 0, 1, &[evt]).unwrap();
+    assert_eq!(a.rejected(), 0);
+    let first = a.vgpu().unwrap().id();
+    drop(boot);
+    eventually("the booting client's vGPU torn down", || a.teardowns() == 1);
+
+    // Cloud Hypervisor's restore pushes PCI_COMMAND before it ever reads configuration space:
+    // every region access of that connection is then answered all-ones / dropped (no error
+    // reply, which would hang the client), and counted.
+    let mut restore = Client::new(&sock).unwrap();
+    assert_ne!(
+        a.vgpu().unwrap().id(),
+        first,
+        "a fresh vGPU for the new client"
+    );
+    restore
+        .region_write(7, 4, &0x0006u16.to_le_bytes())
+        .unwrap();
+    assert_eq!(config_dword(&mut restore, 0), 0xffff_ffff);
+    assert_eq!(boot0(&mut restore), 0xffff_ffff);
+    assert!(a.rejected() >= 3, "refusals counted: {}", a.rejected());
+    drop(restore);
+    eventually("the restored client's vGPU torn down", || {
+        a.teardowns() == 2
+    });
+
+    // The next booting client is served again.
+    let mut again = Client::new(&sock).unwrap();
+    assert_eq!(config_dword(&mut again, 0), 0x06d8_10de);
+    assert_eq!(boot0(&mut again), id);
+    drop(again);
+    d.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+    // SAFETY: closing the eventfd we created.
+    unsafe { libc::close(evt) };
+}

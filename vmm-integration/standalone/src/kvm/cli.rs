@@ -220,6 +220,11 @@ pub struct KvmArgs {
     /// GPU time and the vGPU's counters are the daemon's and read zero here.
     #[arg(long, value_name = "SOCKET", requires = "kvm")]
     pub vfio_user: Option<std::path::PathBuf>,
+    /// With --kvm: start the guests through their PVH entry (32-bit protected mode, paging off,
+    /// the start info's command line), as Cloud Hypervisor does; the guest switches to ring 3
+    /// itself. Workloads only (no --hostile, --calibrate, --ecam).
+    #[arg(long, requires = "kvm")]
+    pub pvh: bool,
 }
 
 /// Loop iterations of a kernel that runs `ns` of modeled GPU time on the simulated GF100.
@@ -324,6 +329,7 @@ impl KvmArgs {
             setups,
             ecam: self.ecam,
             vfio_user: self.vfio_user.clone(),
+            pvh: self.pvh,
             ..KvmOptions::default()
         })
     }

@@ -22,6 +22,7 @@ pub mod kick;
 pub mod mmio;
 pub mod passthrough;
 pub mod pci;
+pub mod pvh_boot;
 #[cfg(test)]
 mod pvh_note;
 pub mod record;
@@ -144,6 +145,10 @@ pub struct KvmOptions {
     /// Attach the (single) VM's vGPU through this vfio-user socket (`gpuvm serve`) instead of
     /// an in-process host (see [`remote`]).
     pub vfio_user: Option<std::path::PathBuf>,
+    /// Start the guests through their PVH entry (32-bit, paging off, as Cloud Hypervisor does;
+    /// the guest switches to ring 3 itself) instead of directly in ring 3 (see [`pvh_boot`]).
+    /// Normal mode only: no hostile modes, streams, gate, calibration or ECAM.
+    pub pvh: bool,
 }
 
 impl KvmOptions {
@@ -177,6 +182,7 @@ impl Default for KvmOptions {
             record: None,
             scheme: None,
             vfio_user: None,
+            pvh: false,
         }
     }
 }
@@ -700,46 +706,18 @@ fn vm_mode(opts: &KvmOptions, index: usize) -> u32 {
     }
 }
 
-/// The workloads of VM `index`.
-fn vm_workloads(opts: &KvmOptions, index: usize) -> &[Workload] {
-    opts.setups
-        .get(index)
-        .and_then(|s| s.workloads.as_deref())
-        .unwrap_or(&opts.workloads)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_vcpu(
-    kvm: &Kvm,
-    index: usize,
-    vgpu: &Arc<dyn VgpuDevice>,
-    ctx: &RunCtx,
+/// Writes the boot-parameter block of the VMM's direct ring-3 start.
+fn write_boot_params(
+    gvm: &vm::GuestVm,
+    vcpu: &VcpuFd,
     opts: &KvmOptions,
-    info: &mut KvmVmInfo,
-    marks: &mut Vec<Mark>,
-    ram_out: &mut Option<vm::GuestVm>,
+    index: usize,
+    fence_irq: bool,
 ) -> anyhow::Result<()> {
-    let name = format!("vm{index}");
-    let sim = ctx.sim;
     let setup = opts.setups.get(index).cloned().unwrap_or_default();
-    let fence_irq = setup.fence_irq.unwrap_or(opts.fence_irq);
     let workloads = vm_workloads(opts, index);
-    if workloads.len() > abi::MAX_WORKLOADS {
-        anyhow::bail!("at most {} workloads per VM", abi::MAX_WORKLOADS);
-    }
-    let (ram, heap, dma) = ram_layout(opts);
-    let gvm = if vgpu.needs_shared_ram() {
-        vm::GuestVm::with_memory(kvm, shared_ram::memfd_ram(ram)?)?
-    } else {
-        vm::GuestVm::new(kvm, ram)?
-    };
-    let entry = gvm.load_elf(GUEST_ELF)?;
-    cpu::write_system_tables(&gvm.mem)?;
-    let mut vcpu = gvm.create_vcpu()?;
-    cpu::setup(kvm, &vcpu, entry, fence_irq)?;
+    let (_, heap, dma) = ram_layout(opts);
     let tsc_khz = vcpu.get_tsc_khz().unwrap_or(0);
-
-    // Boot parameters.
     let bp = |off: u64| abi::BOOT_PARAMS + off;
     gvm.write_u64(bp(abi::BP_MAGIC), abi::MAGIC)?;
     gvm.write_u32(bp(abi::BP_MODE), vm_mode(opts, index))?;
@@ -773,6 +751,88 @@ fn run_vcpu(
             )
             .context("writing boot parameters")?;
     }
+    Ok(())
+}
+
+/// The PVH start ([`pvh_boot`]): the start info with a command line saying what the boot
+/// parameters would (size, workloads, interrupt pin), the vCPU at the PVH entry.
+fn pvh_setup(
+    kvm: &Kvm,
+    vcpu: &VcpuFd,
+    gvm: &vm::GuestVm,
+    opts: &KvmOptions,
+    index: usize,
+    ram: u64,
+    fence_irq: bool,
+) -> anyhow::Result<()> {
+    let setup = opts.setups.get(index).cloned().unwrap_or_default();
+    anyhow::ensure!(
+        vm_mode(opts, index) == abi::MODE_NORMAL
+            && setup.stream.is_none()
+            && !setup.gate
+            && opts.calibrate == 0
+            && !opts.ecam,
+        "--pvh runs the workloads only: no hostile modes, streams, gate, calibration or ECAM"
+    );
+    let names: Vec<&str> = vm_workloads(opts, index).iter().map(|w| w.name()).collect();
+    let irq = if fence_irq {
+        format!("intx:{IRQ_GSI}")
+    } else {
+        "poll".to_string()
+    };
+    let cmdline = format!(
+        "size={} workloads={} irq={irq} tsc_khz={}",
+        opts.size,
+        names.join(","),
+        vcpu.get_tsc_khz().unwrap_or(0)
+    );
+    pvh_boot::write_start_info(&gvm.mem, ram, &cmdline)?;
+    pvh_boot::setup_vcpu(kvm, vcpu, pvh_boot::entry(GUEST_ELF)?)
+}
+
+/// The workloads of VM `index`.
+fn vm_workloads(opts: &KvmOptions, index: usize) -> &[Workload] {
+    opts.setups
+        .get(index)
+        .and_then(|s| s.workloads.as_deref())
+        .unwrap_or(&opts.workloads)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_vcpu(
+    kvm: &Kvm,
+    index: usize,
+    vgpu: &Arc<dyn VgpuDevice>,
+    ctx: &RunCtx,
+    opts: &KvmOptions,
+    info: &mut KvmVmInfo,
+    marks: &mut Vec<Mark>,
+    ram_out: &mut Option<vm::GuestVm>,
+) -> anyhow::Result<()> {
+    let name = format!("vm{index}");
+    let sim = ctx.sim;
+    let setup = opts.setups.get(index).cloned().unwrap_or_default();
+    let fence_irq = setup.fence_irq.unwrap_or(opts.fence_irq);
+    let workloads = vm_workloads(opts, index);
+    if workloads.len() > abi::MAX_WORKLOADS {
+        anyhow::bail!("at most {} workloads per VM", abi::MAX_WORKLOADS);
+    }
+    let (ram, heap, _) = ram_layout(opts);
+    let gvm = if vgpu.needs_shared_ram() {
+        vm::GuestVm::with_memory(kvm, shared_ram::memfd_ram(ram)?)?
+    } else {
+        vm::GuestVm::new(kvm, ram)?
+    };
+    let entry = gvm.load_elf(GUEST_ELF)?;
+    let mut vcpu = gvm.create_vcpu()?;
+    if opts.pvh {
+        pvh_setup(kvm, &vcpu, &gvm, opts, index, ram, fence_irq)?;
+    } else {
+        cpu::write_system_tables(&gvm.mem)?;
+        cpu::setup(kvm, &vcpu, entry, fence_irq)?;
+        write_boot_params(&gvm, &vcpu, opts, index, fence_irq)?;
+    }
+
     vgpu.attach_ram(&gvm.mem)
         .context("attaching guest RAM to the vGPU")?;
     // With `record`: the guest's writes to its DMA region, found in KVM's dirty log.
