@@ -439,6 +439,9 @@ fn render(o: &SoakOutput, a: &SoakArgs) -> String {
     s
 }
 
+/// A value of a sample to plot.
+type SampleValue = fn(&gpuvm::harness::soak::Sample) -> f64;
+
 /// RSS (anonymous and VRAM) in MiB and VMs alive over time.
 fn write_svg(r: &SoakReport, path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
@@ -466,7 +469,7 @@ fn write_svg(r: &SoakReport, path: &Path) -> anyhow::Result<()> {
         .light_line_style(WHITE.mix(0.0))
         .draw()
         .map_err(crate::exp::plot_err)?;
-    let series: [(&str, fn(&gpuvm::harness::soak::Sample) -> f64); 3] = [
+    let series: [(&str, SampleValue); 3] = [
         ("RssAnon (device model + guest RAM), MiB", |s| {
             s.mem.rss_anon as f64 / f64::from(1u32 << 20)
         }),
