@@ -88,6 +88,8 @@ pub struct ClientTotals {
     pub killed: u64,
     /// Disconnected right after bring-up.
     pub disconnected: u64,
+    /// Still running when the run ended plus [`CLIENT_GRACE`], then killed (starved or hung).
+    pub unfinished: u64,
     /// Failed otherwise (unexpected).
     pub failed: u64,
     /// What failed.
@@ -106,6 +108,9 @@ pub struct SoakOutput {
     /// Plot written, if any.
     pub svg: Option<String>,
 }
+
+/// How long after the end of the run a client may take to finish before it is cut off.
+const CLIENT_GRACE: Duration = Duration::from_secs(60);
 
 /// A vGPU behind a vfio-user socket as an in-process device (the daemon polls the GPU).
 struct Remote(RemoteVgpu);
@@ -210,26 +215,56 @@ fn client_loop(
             }
         };
         totals.lock().unwrap_or_else(|p| p.into_inner()).started += 1;
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        let first = lines.next().and_then(Result::ok);
-        let outcome = if kill && first.as_deref() == Some("started") {
+        // The client's lines arrive on a channel, so that a client that cannot finish (starved,
+        // hung) is cut off at the end of the run instead of holding the soak open.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = child.stdout.take().expect("piped");
+        std::thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let cutoff = deadline + CLIENT_GRACE;
+        let recv = |rx: &std::sync::mpsc::Receiver<String>| {
+            rx.recv_timeout(cutoff.saturating_duration_since(Instant::now()))
+                .ok()
+        };
+        let first = recv(&rx);
+        let outcome = if first.is_none() && Instant::now() >= cutoff {
+            let _ = child.kill();
+            let _ = child.wait();
+            "unfinished".to_string()
+        } else if kill && first.as_deref() == Some("started") {
             // Mid-submission: a few ms into the first workload.
             std::thread::sleep(Duration::from_millis(1 + rng % 20));
             let _ = child.kill();
             let _ = child.wait();
             "killed".to_string()
         } else {
-            let rest: Vec<String> = lines.map_while(Result::ok).collect();
-            let status = child.wait();
-            match (first.as_deref(), rest.last(), status) {
-                (Some("started"), Some(last), Ok(s)) if s.success() => last.clone(),
-                (Some("left"), _, Ok(s)) if s.success() => "left".to_string(),
-                (f, l, s) => format!("failed: first {f:?}, last {l:?}, status {s:?}"),
+            let mut last = None;
+            while let Some(l) = recv(&rx) {
+                last = Some(l);
+            }
+            if Instant::now() >= cutoff && child.try_wait().ok().flatten().is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+                "unfinished".to_string()
+            } else {
+                let status = child.wait();
+                match (first.as_deref(), last, status) {
+                    (Some("started"), Some(last), Ok(s)) if s.success() => last,
+                    (Some("left"), _, Ok(s)) if s.success() => "left".to_string(),
+                    (f, l, s) => format!("failed: first {f:?}, last {l:?}, status {s:?}"),
+                }
             }
         };
         let mut t = totals.lock().unwrap_or_else(|p| p.into_inner());
         if outcome == "killed" {
             t.killed += 1;
+        } else if outcome == "unfinished" {
+            t.unfinished += 1;
         } else if outcome == "left" {
             t.disconnected += 1;
         } else if let Ok(v) = serde_json::from_str::<serde_json::Value>(&outcome) {
@@ -354,7 +389,7 @@ pub fn run(a: &SoakArgs) -> anyhow::Result<bool> {
     }
     let _ = std::fs::remove_dir_all(&dir);
     let clients = totals.into_inner().unwrap_or_else(|p| p.into_inner());
-    let ok = report.ok() && clients.failed == 0;
+    let ok = report.ok() && clients.failed == 0 && clients.unfinished == 0;
     let mut out = SoakOutput {
         soak: report,
         clients,
@@ -413,8 +448,8 @@ fn render(o: &SoakOutput, a: &SoakArgs) -> String {
     );
     let c = &o.clients;
     s += &format!(
-        "vfio-user clients: {} started, {} completed ({} workloads verified), {} killed mid-submission, {} disconnected after bring-up, {} failed\n",
-        c.started, c.completed, c.verified, c.killed, c.disconnected, c.failed
+        "vfio-user clients: {} started, {} completed ({} workloads verified), {} killed mid-submission, {} disconnected after bring-up, {} unfinished at the end, {} failed\n",
+        c.started, c.completed, c.verified, c.killed, c.disconnected, c.unfinished, c.failed
     );
     s += &format!(
         "RssAnon {:.1} -> {:.1} MiB; slope over the second half {:+.3} MiB/min ({:+.2} MiB over that half)\n",
@@ -429,6 +464,11 @@ fn render(o: &SoakOutput, a: &SoakArgs) -> String {
     s += &format!(
         "  [{}] every vfio-user client completed, was killed or left as planned\n",
         if c.failed == 0 { "ok" } else { "FAILED" }
+    );
+    s += &format!(
+        "  [{}] no vfio-user client starved: each finished within {} s of the end\n",
+        if c.unfinished == 0 { "ok" } else { "FAILED" },
+        CLIENT_GRACE.as_secs()
     );
     for u in r.unexpected.iter().chain(&c.failures).take(20) {
         s += &format!("  unexpected: {u}\n");
