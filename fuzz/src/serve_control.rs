@@ -150,7 +150,11 @@ impl Rig {
             devices.len(),
             "a listed VM without a vGPU"
         );
-        assert_eq!(host.stats().vms, devices.len(), "vGPUs the daemon does not list");
+        assert_eq!(
+            host.stats().vms,
+            devices.len(),
+            "vGPUs the daemon does not list"
+        );
         for d in devices {
             if d.name() != "base" {
                 self.daemon.remove_vm(d.name()).expect("remove_vm");
