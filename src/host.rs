@@ -10,7 +10,7 @@
 //! |---|---|
 //! | VRAM slice | `profile.vram_mib`, 1 MiB aligned, after the hypervisor region |
 //! | channels | a contiguous range of `profile.channels` of the 128 physical channels |
-//! | DMA window | slot `s` of the IOVA space: `[(s+1) * iova_window, (s+2) * iova_window)`, all below 2^40 (SYSRAM PTEs carry 40-bit addresses) |
+//! | DMA window | a naturally aligned power-of-two range of the IOVA space `[1 MiB, 2^40)` (SYSRAM PTEs carry 40-bit addresses), first fit: [`HostConfig::iova_window`] bytes, or sized from the VM's RAM with [`GpuHost::create_vgpu_for_ram`] (so that many small VMs fit: 64 VMs of 32 MiB take 2 GiB of IOVA space, not 64 x 32 GiB) |
 //! | BAR1 / BAR3 arenas | parts of the physical BAR1 (after the host's 512 KiB of USERD pages) and BAR3, proportional to the VM's share of VRAM |
 //!
 //! The arenas are bookkeeping only: every guest BAR access is emulated today (GPUvm also never
@@ -68,7 +68,10 @@ pub struct HostConfig {
     /// VRAM reserved for the hypervisor at the start of VRAM (shadow page tables, shadow
     /// instance blocks, USERD pages, runlists, the host's BAR1 tables). Default 256 MiB.
     pub hypervisor_vram: u64,
-    /// Size of each VM's DMA (IOVA) window; the VM's RAM must fit in it. Default 32 GiB.
+    /// Size of the DMA (IOVA) window of a VM created with [`GpuHost::create_vgpu`] (whose RAM
+    /// size is not known at creation); the VM's RAM must fit in it. Default 32 GiB, which
+    /// leaves room for 31 such VMs below 2^40. [`GpuHost::create_vgpu_for_ram`] sizes a VM's
+    /// window from its RAM instead.
     pub iova_window: u64,
     /// Most submissions in flight on the GPU at once (all of one VM). Default 4.
     pub max_inflight: usize,
@@ -152,13 +155,17 @@ pub enum HostError {
         /// Channels free.
         free: u32,
     },
-    /// Every DMA window slot is taken.
-    #[error("no DMA window left (at most {max} VMs with {window:#x}-byte windows below 2^40)")]
+    /// The IOVA space below 2^40 has no aligned free range for the VM's DMA window.
+    #[error("no DMA window left: profile '{profile}' needs a {window:#x}-byte IOVA window but only {free:#x} bytes of the 2^40-byte IOVA space are free ({vms} VMs hold the rest); size windows from the VMs' RAM (GpuHost::create_vgpu_for_ram) or lower HostConfig::iova_window")]
     NoDmaWindow {
-        /// Number of slots.
-        max: usize,
-        /// Window size.
+        /// Profile name.
+        profile: String,
+        /// Window size wanted.
         window: u64,
+        /// IOVA bytes free in total.
+        free: u64,
+        /// VMs alive.
+        vms: usize,
     },
     /// No room in the physical BAR1/BAR3 for the VM's arena.
     #[error("no room left in the physical {bar} for the VM's arena")]
@@ -189,8 +196,10 @@ pub struct HostStats {
     pub hypervisor_vram: u64,
     /// Physical channels not assigned to any VM.
     pub channels_free: u32,
-    /// DMA window slots free.
+    /// How many more [`HostConfig::iova_window`]-sized DMA windows fit in the free IOVA space.
     pub dma_windows_free: usize,
+    /// IOVA space not held by any VM's DMA window, bytes.
+    pub iova_free: u64,
     /// The scheduling policy.
     pub scheduler: String,
     /// Submissions waiting in the scheduler.
@@ -261,7 +270,8 @@ pub(crate) struct Counters {
 pub(crate) struct Partition {
     pub vram: RangeAllocator,
     pub chans: RangeAllocator,
-    pub slots: Vec<Option<VmId>>,
+    /// The IOVA space of DMA windows, `[IOVA_BASE, 2^40)`.
+    pub iova: RangeAllocator,
     pub bar1: RangeAllocator,
     pub bar3: RangeAllocator,
     /// Owner of each physical channel.
@@ -470,9 +480,7 @@ impl HostShared {
                 for o in st.part.owner.iter_mut().filter(|o| **o == Some(id)) {
                     *o = None;
                 }
-                if let Some(s) = st.part.slots.get_mut(vm.slot) {
-                    *s = None;
-                }
+                st.part.iova.free(vm.window.0, vm.window.1);
             } else {
                 // Work of the VM may still be running: its slice, channels and DMA window
                 // are never handed to another VM (leaked rather than shared).
@@ -654,6 +662,20 @@ const SLICE_ALIGN: u64 = 1 << 20;
 const ARENA_ALIGN: u64 = 64 << 10;
 /// The host's USERD pages at the start of the physical BAR1.
 const HOST_BAR1_BYTES: u64 = pfifo::CHANNELS as u64 * userd::SIZE;
+/// The lowest IOVA a DMA window may use (IOVA 0 stays unmapped, so a zeroed SYSRAM PTE never
+/// reaches guest RAM).
+const IOVA_BASE: u64 = 1 << 20;
+/// The smallest DMA window.
+pub const MIN_DMA_WINDOW: u64 = 1 << 20;
+
+/// The DMA window [`GpuHost::create_vgpu_for_ram`] gives a VM whose RAM ends at guest-physical
+/// address `ram_end`: the next power of two, at least [`MIN_DMA_WINDOW`].
+pub fn dma_window_for(ram_end: u64) -> u64 {
+    ram_end
+        .max(MIN_DMA_WINDOW)
+        .checked_next_power_of_two()
+        .unwrap_or(u64::MAX)
+}
 
 impl GpuHost {
     /// Takes over `phys` (the host is its only driver), brings it up and reserves the
@@ -691,7 +713,8 @@ impl GpuHost {
         let layout = init::bring_up(&*phys, &mut hyp)?;
         let irq = Arc::new(IrqFlag::new());
         phys.set_irq_line(irq.clone());
-        let slots = (gf100::mmu::VA_LIMIT / cfg.iova_window - 1) as usize;
+        let iova = RangeAllocator::new(IOVA_BASE, gf100::mmu::VA_LIMIT - IOVA_BASE);
+        let slots = iova.aligned_fits(cfg.iova_window);
         let runtime = ChannelClock::new(&*phys);
         let state = HostState {
             hyp_baseline: hyp.used(),
@@ -700,7 +723,7 @@ impl GpuHost {
             part: Partition {
                 vram: RangeAllocator::new(hyp_size, vram - hyp_size),
                 chans: RangeAllocator::new(0, u64::from(pfifo::CHANNELS)),
-                slots: vec![None; slots],
+                iova,
                 bar1: RangeAllocator::new(HOST_BAR1_BYTES, BAR1_SIZE - HOST_BAR1_BYTES),
                 bar3: RangeAllocator::new(0, BAR3_SIZE),
                 owner: vec![None; pfifo::CHANNELS as usize],
@@ -723,7 +746,7 @@ impl GpuHost {
             next_id: 0,
         };
         log::info!(
-            "gpuvm host: {} MiB VRAM, {} MiB for the hypervisor, {} DMA window slots",
+            "gpuvm host: {} MiB VRAM, {} MiB for the hypervisor, room for {} default DMA windows",
             vram >> 20,
             hyp_size >> 20,
             slots
@@ -777,19 +800,50 @@ impl GpuHost {
         st.sched_stats(&*self.shared.phys)
     }
 
-    /// Creates a vGPU for `profile`, or says which resource is missing.
+    /// Creates a vGPU for `profile` with a DMA window of [`HostConfig::iova_window`] bytes, or
+    /// says which resource is missing.
     pub fn create_vgpu(&self, profile: &VgpuProfile) -> Result<Arc<Vgpu>, HostError> {
+        self.create_vgpu_with_window(profile, self.shared.cfg.iova_window)
+    }
+
+    /// Creates a vGPU for `profile` whose RAM will end at guest-physical address `ram_end`
+    /// (the highest RAM address + 1): its DMA window is [`dma_window_for`]`(ram_end)`, so that
+    /// small VMs take little IOVA space. RAM attached later must fit in that window.
+    pub fn create_vgpu_for_ram(
+        &self,
+        profile: &VgpuProfile,
+        ram_end: u64,
+    ) -> Result<Arc<Vgpu>, HostError> {
+        let window = dma_window_for(ram_end);
+        if window > gf100::mmu::VA_LIMIT / 2 {
+            return Err(HostError::Config(format!(
+                "guest RAM ending at {ram_end:#x} needs a DMA window above 2^39"
+            )));
+        }
+        self.create_vgpu_with_window(profile, window)
+    }
+
+    fn create_vgpu_with_window(
+        &self,
+        profile: &VgpuProfile,
+        window: u64,
+    ) -> Result<Arc<Vgpu>, HostError> {
         profile.validate()?;
         let cfg = &self.shared.cfg;
         let mut guard = self.shared.lock();
         let st = &mut *guard;
         let slice_size = profile.vram_bytes();
         let assignable = st.part.vram.size();
-        let Some(slot) = st.part.slots.iter().position(Option::is_none) else {
+        let Some(iova_base) = st.part.iova.alloc(window, window) else {
             return Err(HostError::NoDmaWindow {
-                max: st.part.slots.len(),
-                window: cfg.iova_window,
+                profile: profile.name.clone(),
+                window,
+                free: st.part.iova.size() - st.part.iova.used(),
+                vms: st.vms.len(),
             });
+        };
+        let release_iova = |st: &mut HostState| {
+            st.part.iova.free(iova_base, window);
         };
         let shadow_pool = st
             .hyp
@@ -797,11 +851,13 @@ impl GpuHost {
             .saturating_sub(st.hyp_baseline)
             .saturating_sub(SHADOW_INSTANCE_RESERVE);
         if (st.vms.len() as u64 + 1).saturating_mul(cfg.shadow_vram_per_vm) > shadow_pool {
+            release_iova(st);
             return Err(HostError::HypervisorVram {
                 what: "shadow page tables: every VM reserves shadow_vram_per_vm",
             });
         }
         let Some(base) = st.part.vram.alloc(slice_size, SLICE_ALIGN) else {
+            release_iova(st);
             return Err(HostError::NoVram {
                 profile: profile.name.clone(),
                 want: profile.vram_mib,
@@ -810,6 +866,7 @@ impl GpuHost {
         };
         let Some(chan_base) = st.part.chans.alloc(u64::from(profile.channels), 1) else {
             st.part.vram.free(base, slice_size);
+            release_iova(st);
             return Err(HostError::NoChannels {
                 profile: profile.name.clone(),
                 want: profile.channels,
@@ -825,17 +882,18 @@ impl GpuHost {
         let Some(bar1_arena) = arena(&mut st.part.bar1) else {
             st.part.vram.free(base, slice_size);
             st.part.chans.free(chan_base, u64::from(profile.channels));
+            release_iova(st);
             return Err(HostError::NoBarSpace { bar: "BAR1" });
         };
         let Some(bar3_arena) = arena(&mut st.part.bar3) else {
             st.part.vram.free(base, slice_size);
             st.part.chans.free(chan_base, u64::from(profile.channels));
             st.part.bar1.free(bar1_arena.0, bar1_arena.1);
+            release_iova(st);
             return Err(HostError::NoBarSpace { bar: "BAR3" });
         };
         let id = VmId(st.next_id);
         st.next_id += 1;
-        st.part.slots[slot] = Some(id);
         let chan_base = chan_base as u32;
         for o in &mut st.part.owner[chan_base as usize..(chan_base + profile.channels) as usize] {
             *o = Some(id);
@@ -847,14 +905,14 @@ impl GpuHost {
         let vm = VmState {
             id,
             profile: profile.clone(),
-            slot,
+            window: (iova_base, window),
             mem: VmMem {
                 slice: VramSlice {
                     base: HostVram(base),
                     size: slice_size,
                 },
                 ram: None,
-                iova_base: Iova((slot as u64 + 1) * cfg.iova_window),
+                iova_base: Iova(iova_base),
             },
             dma_windows: Vec::new(),
             chan_base,
@@ -893,13 +951,14 @@ impl GpuHost {
         st.acct.add_vm(id, profile.weight, now);
         st.vms.insert(id, vm);
         log::info!(
-            "{id} ('{}'): VRAM {:#x}+{:#x}, channels {}..{}, DMA window {:#x}, shadow {}",
+            "{id} ('{}'): VRAM {:#x}+{:#x}, channels {}..{}, DMA window {:#x}+{:#x}, shadow {}",
             profile.name,
             base,
             slice_size,
             chan_base,
             chan_base + profile.channels,
-            (slot as u64 + 1) * cfg.iova_window,
+            iova_base,
+            window,
             profile.shadow
         );
         drop(guard);
@@ -962,7 +1021,8 @@ impl GpuHost {
             hypervisor_vram_host: st.hyp_baseline,
             hypervisor_vram: st.hyp.size(),
             channels_free: (u64::from(pfifo::CHANNELS) - st.part.chans.used()) as u32,
-            dma_windows_free: st.part.slots.iter().filter(|s| s.is_none()).count(),
+            dma_windows_free: st.part.iova.aligned_fits(self.shared.cfg.iova_window),
+            iova_free: st.part.iova.size() - st.part.iova.used(),
             scheduler: st.sched.name().to_string(),
             queued: st.sched.queued(),
             inflight: st.inflight.len(),

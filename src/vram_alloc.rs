@@ -96,6 +96,24 @@ impl RangeAllocator {
         true
     }
 
+    /// How many more ranges of `size` bytes aligned to `size` (a power of two) would fit, as
+    /// repeated [`RangeAllocator::alloc`]`(size, size)` calls would find them.
+    pub fn aligned_fits(&self, size: u64) -> usize {
+        if !size.is_power_of_two() {
+            return 0;
+        }
+        self.free
+            .iter()
+            .map(|(&start, &len)| {
+                let end = start + len;
+                match start.checked_next_multiple_of(size) {
+                    Some(at) if at < end => ((end - at) / size) as usize,
+                    _ => 0,
+                }
+            })
+            .sum()
+    }
+
     /// Bytes currently allocated.
     pub fn used(&self) -> u64 {
         self.used
@@ -281,6 +299,23 @@ impl HypVram {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn aligned_fits_counts_what_repeated_allocs_find() {
+        let mut a = RangeAllocator::new(1 << 20, (1 << 30) - (1 << 20));
+        // Aligned 256 MiB blocks at 256, 512 and 768 MiB (the first 256 MiB start at 1 MiB).
+        assert_eq!(a.aligned_fits(256 << 20), 3);
+        let x = a.alloc(1 << 20, 1 << 20).unwrap();
+        assert_eq!(a.aligned_fits(1 << 20), 1022);
+        let mut n = 0;
+        while a.alloc(256 << 20, 256 << 20).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 3);
+        assert_eq!(a.aligned_fits(256 << 20), 0);
+        assert_eq!(a.aligned_fits(3), 0, "not a power of two");
+        assert!(a.free(x, 1 << 20));
+    }
 
     #[test]
     fn quarantined_frees_wait_for_every_channel() {

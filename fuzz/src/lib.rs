@@ -5,6 +5,7 @@
 
 pub mod pushbuf_decode;
 pub mod seeds;
+pub mod serve_control;
 pub mod shadow_walk;
 pub mod vgpu_mmio;
 
@@ -182,6 +183,34 @@ mod tests {
         assert_eq!(summary.ops, ops.len());
         assert!(summary.doorbells > 0, "{summary:?}");
         assert!(summary.completions > 0, "{summary:?}");
+    }
+
+    /// Reusing one rig gives an input the same result as a rig of its own, also after other
+    /// inputs ran on it (the reset between inputs is complete enough for the trace seed).
+    #[test]
+    fn vgpu_mmio_reuse_matches_a_fresh_rig() {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/traces/1vm-lazy/vm0.mmiotrace.xz");
+        let trace = gpuvm::trace::format::read_file(&path).expect("reading the trace");
+        let (bytes, _) = super::seeds::vgpu_mmio_seed(&trace);
+        let fresh = super::vgpu_mmio::run_fresh(&bytes);
+        for i in inputs("vgpu_mmio").iter().take(5) {
+            super::vgpu_mmio::run(i);
+        }
+        assert_eq!(super::vgpu_mmio::run(&bytes), fresh);
+        assert_eq!(super::vgpu_mmio::run(&bytes), fresh);
+    }
+
+    #[test]
+    fn serve_control() {
+        let mut handled = 0;
+        for i in super::serve_control::seeds()
+            .into_iter()
+            .chain(inputs("serve_control"))
+        {
+            handled += super::serve_control::run(&i);
+        }
+        assert!(handled >= 10, "{handled}");
     }
 
     #[test]

@@ -17,15 +17,15 @@ use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::vgpu::Vgpu;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
-use crate::{fnv, Input};
+use crate::Input;
 
 const VRAM: u64 = 1536 << 20;
 /// VM 1's (the victim's) slice and RAM.
 const SLICE_MIB: u64 = 64;
-const GUEST_RAM: usize = 1 << 20;
+const GUEST_RAM: usize = 64 << 10;
 /// VM 0's (the attacker's) slice and RAM: large enough for the recorded traces that seed the
 /// corpus (1 GiB slices, 18 MiB of RAM); both are allocated lazily.
-const ATTACKER_MIB: u64 = 1024;
+const ATTACKER_MIB: u64 = 128;
 const ATTACKER_RAM: usize = 32 << 20;
 /// Accesses per input at most (keeps one execution bounded; trace seeds use a few thousand).
 pub const MAX_OPS: usize = 16384;
@@ -50,27 +50,28 @@ fn vm(host: &GpuHost, p: &VgpuProfile, ram: usize) -> (Arc<Vgpu>, GuestMemoryMma
     (v, mem)
 }
 
-/// What VM 1 owns that VM 0 must not be able to change.
+/// What VM 1 owns that VM 0 must not be able to change: its sampled VRAM pages and its RAM,
+/// kept whole (compared with `==`, a memcmp, which is much cheaper than hashing per input).
 #[derive(Debug, PartialEq, Eq)]
 struct Victim {
-    vram: Vec<u64>,
-    ram: u64,
+    vram: Vec<Vec<u8>>,
+    ram: Vec<u8>,
     chans: Vec<(u32, u32)>,
 }
 
 fn snapshot(gpu: &SimGpu, v1: &Vgpu, ram1: &GuestMemoryMmap) -> Victim {
     let slice = v1.vram_slice();
     let step = slice.size / SAMPLES;
-    let mut page = vec![0u8; 4096];
     let vram = (0..=SAMPLES)
         .map(|i| {
             let off = (i * step).min(slice.size - 4096);
+            let mut page = vec![0u8; 4096];
             gpu.read_vram(HostVram(slice.base.raw() + off), &mut page);
-            fnv(&page)
+            page
         })
         .collect();
-    let mut buf = vec![0u8; GUEST_RAM];
-    ram1.read_slice(&mut buf, GuestAddress(0)).unwrap();
+    let mut ram = vec![0u8; GUEST_RAM];
+    ram1.read_slice(&mut ram, GuestAddress(0)).unwrap();
     let chans = v1
         .phys_channels()
         .map(|c| {
@@ -80,11 +81,7 @@ fn snapshot(gpu: &SimGpu, v1: &Vgpu, ram1: &GuestMemoryMmap) -> Victim {
             )
         })
         .collect();
-    Victim {
-        vram,
-        ram: fnv(&buf),
-        chans,
-    }
+    Victim { vram, ram, chans }
 }
 
 /// Fills VM 1's sampled pages and its RAM with a recognisable pattern.
@@ -302,119 +299,207 @@ pub struct RunSummary {
     pub completions: u64,
 }
 
-pub fn run(data: &[u8]) -> RunSummary {
-    let clock = Arc::new(SimClock::new());
-    let gpu = Arc::new(SimGpu::new(SimConfig {
-        vram_size: VRAM,
-        clock: clock.clone(),
-        cost: CostModel::instant(),
-        ..SimConfig::default()
-    }));
-    let host = GpuHost::new(
-        gpu.clone(),
-        HostConfig {
-            hypervisor_vram: 32 << 20,
-            ..HostConfig::default()
-        },
-    )
-    .expect("GpuHost::new");
-    let mut inp = Input::new(data);
-    let mode = ShadowMode::ALL[inp.u8() as usize % 4];
-    let (v0, ram0) = vm(
-        &host,
-        &profile("attacker", mode, ATTACKER_MIB, 16),
-        ATTACKER_RAM,
-    );
-    let (v1, ram1) = vm(
-        &host,
-        &profile("victim", ShadowMode::Lazy, SLICE_MIB, 4),
-        GUEST_RAM,
-    );
-    plant(&gpu, &v1, &ram1);
-    let before = snapshot(&gpu, &v1, &ram1);
+/// What the host holds with only the victim alive: every input must leave it exactly so.
+#[derive(Debug, PartialEq, Eq)]
+struct Baseline {
+    vms: usize,
+    vram_free: u64,
+    channels_free: u32,
+    iova_free: u64,
+    hypervisor_vram_used: u64,
+    pending: usize,
+}
 
-    let mut destroyed = false;
-    let mut summary = RunSummary::default();
-    while summary.ops < MAX_OPS {
-        let Some(op) = FuzzOp::decode(&mut inp) else {
-            break;
-        };
-        summary.ops += 1;
-        match op {
-            FuzzOp::Bar {
-                bar,
-                offset,
-                width,
-                write,
-                value,
-            } => access(
-                &v0,
-                bar,
-                offset,
-                write,
-                &value.to_le_bytes()[..width as usize],
-            ),
-            FuzzOp::Config {
-                offset,
-                width,
-                write,
-                value,
-            } => {
-                let w = width as usize;
-                if write {
-                    v0.config_write(offset, &value.to_le_bytes()[..w]);
-                } else {
-                    let mut b = [0u8; 4];
-                    v0.config_read(offset, &mut b[..w]);
+impl Baseline {
+    fn of(host: &GpuHost) -> Baseline {
+        let s = host.stats();
+        Baseline {
+            vms: s.vms,
+            vram_free: s.vram_free,
+            channels_free: s.channels_free,
+            iova_free: s.iova_free,
+            hypervisor_vram_used: s.hypervisor_vram_used,
+            pending: s.queued + s.inflight,
+        }
+    }
+}
+
+/// The host, the GPU and the victim, built once per process and reused by every input
+/// ([`run`]); only the attacker (VM 0) is created and destroyed per input.
+pub struct Rig {
+    clock: Arc<SimClock>,
+    gpu: Arc<SimGpu>,
+    host: GpuHost,
+    v1: Arc<Vgpu>,
+    ram1: GuestMemoryMmap,
+    before: Victim,
+    baseline: Baseline,
+}
+
+impl Rig {
+    /// A 1.5 GiB simulated GF100 with the instant cost model, a host and the victim (VM 1),
+    /// its sampled pages and RAM filled with a pattern.
+    pub fn new() -> Rig {
+        let clock = Arc::new(SimClock::new());
+        let gpu = Arc::new(SimGpu::new(SimConfig {
+            vram_size: VRAM,
+            clock: clock.clone(),
+            cost: CostModel::instant(),
+            ..SimConfig::default()
+        }));
+        let host = GpuHost::new(
+            gpu.clone(),
+            HostConfig {
+                hypervisor_vram: 32 << 20,
+                ..HostConfig::default()
+            },
+        )
+        .expect("GpuHost::new");
+        let (v1, ram1) = vm(
+            &host,
+            &profile("victim", ShadowMode::Lazy, SLICE_MIB, 4),
+            GUEST_RAM,
+        );
+        plant(&gpu, &v1, &ram1);
+        let before = snapshot(&gpu, &v1, &ram1);
+        let baseline = Baseline::of(&host);
+        Rig {
+            clock,
+            gpu,
+            host,
+            v1,
+            ram1,
+            before,
+            baseline,
+        }
+    }
+
+    /// One input: VM 0 (fresh, with fresh RAM) runs it, is destroyed, and the victim and the
+    /// host's allocators must be as before.
+    pub fn execute(&self, data: &[u8]) -> RunSummary {
+        let (clock, gpu, host) = (&self.clock, &self.gpu, &self.host);
+        let mut inp = Input::new(data);
+        let mode = ShadowMode::ALL[inp.u8() as usize % 4];
+        let (v0, ram0) = vm(
+            host,
+            &profile("attacker", mode, ATTACKER_MIB, 16),
+            ATTACKER_RAM,
+        );
+        let mut destroyed = false;
+        let mut summary = RunSummary::default();
+        while summary.ops < MAX_OPS {
+            let Some(op) = FuzzOp::decode(&mut inp) else {
+                break;
+            };
+            summary.ops += 1;
+            match op {
+                FuzzOp::Bar {
+                    bar,
+                    offset,
+                    width,
+                    write,
+                    value,
+                } => access(
+                    &v0,
+                    bar,
+                    offset,
+                    write,
+                    &value.to_le_bytes()[..width as usize],
+                ),
+                FuzzOp::Config {
+                    offset,
+                    width,
+                    write,
+                    value,
+                } => {
+                    let w = width as usize;
+                    if write {
+                        v0.config_write(offset, &value.to_le_bytes()[..w]);
+                    } else {
+                        let mut b = [0u8; 4];
+                        v0.config_read(offset, &mut b[..w]);
+                    }
                 }
-            }
-            FuzzOp::Advance { us } => {
-                clock.advance(u64::from(us) * 1000);
-                host.poll();
-            }
-            FuzzOp::RamWrite { gpa, value } => {
-                let gpa = u64::from(gpa) % (ATTACKER_RAM as u64 - 8);
-                ram0.write_obj(value, GuestAddress(gpa)).unwrap();
-            }
-            FuzzOp::Poll => v0.poll(),
-            FuzzOp::Destroy => {
-                if !destroyed {
-                    let s = v0.stats();
-                    summary.doorbells = s.doorbells;
-                    summary.completions = s.completions;
-                    host.destroy_vgpu(&v0).expect("destroy_vgpu");
-                    destroyed = true;
+                FuzzOp::Advance { us } => {
+                    clock.advance(u64::from(us) * 1000);
+                    host.poll();
+                }
+                FuzzOp::RamWrite { gpa, value } => {
+                    let gpa = u64::from(gpa) % (ATTACKER_RAM as u64 - 8);
+                    ram0.write_obj(value, GuestAddress(gpa)).unwrap();
+                }
+                FuzzOp::Poll => v0.poll(),
+                FuzzOp::Destroy => {
+                    if !destroyed {
+                        let s = v0.stats();
+                        summary.doorbells = s.doorbells;
+                        summary.completions = s.completions;
+                        host.destroy_vgpu(&v0).expect("destroy_vgpu");
+                        destroyed = true;
+                    }
                 }
             }
         }
-    }
-    // Let whatever VM 0 started run to completion (bounded), then check, destroy, check.
-    for _ in 0..64 {
-        match gpu.next_event_ns() {
-            Some(t) => clock.advance_to(t.max(clock.now_ns())),
-            None => break,
+        // Let whatever VM 0 started run to completion (bounded), then check, destroy, check.
+        for _ in 0..64 {
+            match gpu.next_event_ns() {
+                Some(t) => clock.advance_to(t.max(clock.now_ns())),
+                None => break,
+            }
+            host.poll();
         }
         host.poll();
+        assert!(
+            snapshot(gpu, &self.v1, &self.ram1) == self.before,
+            "VM 1 changed by VM 0's accesses"
+        );
+        if !destroyed {
+            let s = v0.stats();
+            summary.doorbells = s.doorbells;
+            summary.completions = s.completions;
+            host.destroy_vgpu(&v0).expect("destroy_vgpu");
+        }
+        host.poll();
+        assert!(
+            snapshot(gpu, &self.v1, &self.ram1) == self.before,
+            "VM 1 changed by VM 0's teardown"
+        );
+        // Freed shadow memory leaves the quarantine once the GPU is seen idle.
+        for _ in 0..8 {
+            if host.stats().hypervisor_vram_quarantined == 0 {
+                break;
+            }
+            clock.advance(1_000_000);
+            host.poll();
+        }
+        assert_eq!(
+            Baseline::of(host),
+            self.baseline,
+            "VM 0's destruction did not give everything back"
+        );
+        summary
     }
-    host.poll();
-    assert_eq!(
-        snapshot(&gpu, &v1, &ram1),
-        before,
-        "VM 1 changed by VM 0's accesses"
-    );
-    if !destroyed {
-        let s = v0.stats();
-        summary.doorbells = s.doorbells;
-        summary.completions = s.completions;
-        host.destroy_vgpu(&v0).expect("destroy_vgpu");
+}
+
+impl Default for Rig {
+    fn default() -> Self {
+        Rig::new()
     }
-    host.poll();
-    assert_eq!(
-        snapshot(&gpu, &v1, &ram1),
-        before,
-        "VM 1 changed by VM 0's teardown"
-    );
-    summary
+}
+
+thread_local! {
+    static RIG: Rig = Rig::new();
+}
+
+/// The fuzz entry point: one [`Rig`] per thread (libFuzzer runs one), reused by every input.
+pub fn run(data: &[u8]) -> RunSummary {
+    RIG.with(|rig| rig.execute(data))
+}
+
+/// The same input on a rig of its own (how every execution ran before the rig was reused; kept
+/// to measure the difference and to check that reuse does not change what an input does).
+pub fn run_fresh(data: &[u8]) -> RunSummary {
+    Rig::new().execute(data)
 }
 
 fn access(v: &Vgpu, bar: Bar, off: u64, write: bool, value: &[u8]) {

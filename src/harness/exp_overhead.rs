@@ -130,6 +130,8 @@ pub struct StagedReport {
     pub measured_wall_ns: u64,
     /// Host counters after every VM was destroyed.
     pub host: HostStats,
+    /// Host memory right after every VM finished (threads joined, VMs not yet destroyed).
+    pub mem_loaded: super::mem::MemSample,
 }
 
 impl StagedReport {
@@ -160,7 +162,8 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
         ..SimConfig::default()
     }));
     let phys: Arc<dyn PhysicalGpu> = sim.clone();
-    let host = GpuHost::new(phys, v.host.clone())?;
+    let host_cfg = super::virt::host_config_for(&v.host, v.vms);
+    let host = GpuHost::new(phys, host_cfg.clone())?;
     host.set_clock(clock.clone());
     if let Some(p) = opts.policy {
         host.set_scheduler(p.create(&opts.params))?;
@@ -171,7 +174,7 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
         v.guest_ram
     };
     let ram_len = usize::try_from(ram).map_err(|e| VirtError::GuestRam(ram, e.to_string()))?;
-    let avail = (v.phys_vram >> 20).saturating_sub(v.host.hypervisor_vram >> 20);
+    let avail = (v.phys_vram >> 20).saturating_sub(host_cfg.hypervisor_vram >> 20);
     let vram_mib = if v.vram_mib == 0 {
         (avail / v.vms as u64).min(1024)
     } else {
@@ -180,13 +183,16 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
     let mut vms = Vec::new();
     for i in 0..v.vms {
         let weight = opts.weights.get(i).copied().unwrap_or(1).max(1);
-        let vgpu = host.create_vgpu(&VgpuProfile {
-            name: format!("vm{i}"),
-            vram_mib,
-            channels: (128 / v.vms as u32).min(16),
-            weight,
-            shadow: v.shadow,
-        })?;
+        let vgpu = host.create_vgpu_for_ram(
+            &VgpuProfile {
+                name: format!("vm{i}"),
+                vram_mib,
+                channels: (128 / v.vms as u32).min(16),
+                weight,
+                shadow: v.shadow,
+            },
+            ram,
+        )?;
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram_len)])
             .map_err(|e| VirtError::GuestRam(ram, e.to_string()))?;
         vgpu.attach_guest_memory(mem.clone())?;
@@ -226,6 +232,7 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
             .collect()
     });
     let end_clock = clock.now_ns();
+    let mem_loaded = super::mem::MemSample::now(Some(&sim));
     for (vgpu, _, _) in &vms {
         host.destroy_vgpu(vgpu)?;
     }
@@ -238,6 +245,7 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
         clock_span_ns: (from_clock, end_clock),
         measured_wall_ns: from.elapsed().as_nanos() as u64,
         host: host.stats(),
+        mem_loaded,
     })
 }
 

@@ -7,7 +7,9 @@ pub mod exp_isolation;
 pub mod exp_lockhold;
 pub mod exp_overhead;
 pub mod hal;
+pub mod mem;
 pub mod native;
+pub mod soak;
 pub mod virt;
 
 pub use exp_isolation::{run_isolation, IsolationOptions, IsolationReport};

@@ -168,7 +168,20 @@ fn guest_ram_for(size: u32) -> u64 {
     (matrix * 8 + (16 << 20)).next_multiple_of(2 << 20)
 }
 
-/// Creates the host and one profile per VM.
+/// `cfg` with enough hypervisor VRAM for `vms` VMs' shadow reservations
+/// ([`HostConfig::shadow_vram_per_vm`] each, plus 16 MiB for the host's own structures and the
+/// shadow instance blocks): with the default 256 MiB and 8 MiB per VM, at most ~30 VMs fit, so
+/// a run of more VMs takes more of the GPU's VRAM for the hypervisor (64 VMs: 528 MiB) rather
+/// than shrinking any VM's reservation.
+pub fn host_config_for(cfg: &HostConfig, vms: usize) -> HostConfig {
+    let needed = (16 << 20) + (vms as u64).saturating_mul(cfg.shadow_vram_per_vm);
+    HostConfig {
+        hypervisor_vram: cfg.hypervisor_vram.max(needed.next_multiple_of(1 << 20)),
+        ..cfg.clone()
+    }
+}
+
+/// One profile per VM: VRAM and channels split equally unless given.
 fn profiles(opts: &VirtOptions) -> Result<Vec<VgpuProfile>, VirtError> {
     if opts.vms == 0 || opts.vms > 128 {
         return Err(VirtError::Options(format!(
@@ -176,7 +189,7 @@ fn profiles(opts: &VirtOptions) -> Result<Vec<VgpuProfile>, VirtError> {
             opts.vms
         )));
     }
-    let hyp = opts.host.hypervisor_vram >> 20;
+    let hyp = host_config_for(&opts.host, opts.vms).hypervisor_vram >> 20;
     let avail = (opts.phys_vram >> 20).saturating_sub(hyp);
     let vram_mib = if opts.vram_mib == 0 {
         (avail / opts.vms as u64).min(1024)
@@ -208,7 +221,7 @@ pub fn run_vms(opts: &VirtOptions) -> Result<VirtReport, VirtError> {
         ..SimConfig::default()
     }));
     let phys: Arc<dyn PhysicalGpu> = sim.clone();
-    let host = GpuHost::new(phys, opts.host.clone())?;
+    let host = GpuHost::new(phys, host_config_for(&opts.host, opts.vms))?;
     host.set_clock(clock.clone());
     let ram = if opts.guest_ram == 0 {
         guest_ram_for(opts.size)
@@ -218,7 +231,7 @@ pub fn run_vms(opts: &VirtOptions) -> Result<VirtReport, VirtError> {
     let ram_len = usize::try_from(ram).map_err(|e| VirtError::GuestRam(ram, e.to_string()))?;
     let mut vms = Vec::new();
     for p in profiles(opts)? {
-        let vgpu = host.create_vgpu(&p)?;
+        let vgpu = host.create_vgpu_for_ram(&p, ram)?;
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ram_len)])
             .map_err(|e| VirtError::GuestRam(ram, e.to_string()))?;
         vgpu.attach_guest_memory(mem.clone())?;

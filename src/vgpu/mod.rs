@@ -176,8 +176,8 @@ impl fmt::Debug for LineSlot {
 pub(crate) struct VmState {
     pub id: VmId,
     pub profile: VgpuProfile,
-    /// IOVA window slot.
-    pub slot: usize,
+    /// The DMA window in the IOVA space: (base, size).
+    pub window: (u64, u64),
     pub mem: VmMem,
     /// DMA windows registered for the VM's RAM regions.
     pub dma_windows: Vec<Iova>,
@@ -516,7 +516,8 @@ impl Vgpu {
     pub fn attach_guest_memory(&self, mem: GuestMemoryMmap) -> Result<(), VgpuError> {
         self.shared
             .access(self.id, |cx| {
-                attach_memory(cx, self.shared.cfg.iova_window, mem)
+                let window = cx.vm.window.1;
+                attach_memory(cx, window, mem)
             })
             .unwrap_or(Err(VgpuError::Destroyed))
     }

@@ -837,6 +837,104 @@ fn partitions_are_refused_when_they_do_not_fit() {
 }
 
 #[test]
+fn dma_windows_sized_from_ram_let_64_vms_share_the_iova_space() {
+    // With the default 32 GiB window only 31 VMs fit below 2^40; windows sized from a 4 MiB
+    // RAM leave room for far more, and each VM's window is disjoint from the others'.
+    let gpu: Arc<dyn PhysicalGpu> = Arc::new(SimGpu::new(SimConfig {
+        vram_size: 8 << 30,
+        ..SimConfig::default()
+    }));
+    let host = GpuHost::new(
+        gpu,
+        HostConfig {
+            hypervisor_vram: 256 << 20,
+            shadow_vram_per_vm: 1 << 20,
+            ..HostConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(host.stats().dma_windows_free, 31);
+    let small = VgpuProfile {
+        channels: 2,
+        ..profile(ShadowMode::Lazy)
+    };
+    let vms: Vec<_> = (0..64)
+        .map(|i| {
+            let v = host.create_vgpu_for_ram(&small, GUEST_RAM).unwrap();
+            let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), GUEST_RAM as usize)])
+                .unwrap();
+            v.attach_guest_memory(mem)
+                .unwrap_or_else(|e| panic!("vm {i}: {e}"));
+            v
+        })
+        .collect();
+    let s = host.stats();
+    assert_eq!(s.vms, 64);
+    assert_eq!(s.channels_free, 0);
+    assert_eq!(
+        (1u64 << 40) - (1 << 20) - s.iova_free,
+        64 * GUEST_RAM,
+        "each VM holds a window of its RAM's size"
+    );
+    // RAM larger than the window it was created for is refused with a clear error.
+    host.destroy_vgpu(&vms[0]).unwrap();
+    let v = host.create_vgpu_for_ram(&small, GUEST_RAM).unwrap();
+    let big =
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 2 * GUEST_RAM as usize)]).unwrap();
+    assert!(matches!(
+        v.attach_guest_memory(big),
+        Err(crate::vgpu::VgpuError::RamTooLarge { .. })
+    ));
+    drop(v);
+    drop(vms);
+    let s = host.stats();
+    assert_eq!((s.vms, s.iova_free), (0, (1u64 << 40) - (1 << 20)));
+    assert_eq!(s.dma_windows_free, 31);
+}
+
+#[test]
+fn an_exhausted_iova_space_is_a_clear_error() {
+    let gpu: Arc<dyn PhysicalGpu> = Arc::new(SimGpu::new(SimConfig {
+        vram_size: 1 << 30,
+        ..SimConfig::default()
+    }));
+    let host = GpuHost::new(
+        gpu,
+        HostConfig {
+            hypervisor_vram: HYP,
+            ..HostConfig::default()
+        },
+    )
+    .unwrap();
+    // Two 2^38-byte windows (RAM sized) and one default 32 GiB window; then a 2^39 window
+    // no longer fits.
+    let a = host
+        .create_vgpu_for_ram(&profile(ShadowMode::Lazy), 1 << 38)
+        .unwrap();
+    let b = host
+        .create_vgpu_for_ram(&profile(ShadowMode::Lazy), (1 << 37) + 1)
+        .unwrap();
+    let c = host.create_vgpu(&profile(ShadowMode::Lazy)).unwrap();
+    let e = host
+        .create_vgpu_for_ram(&profile(ShadowMode::Lazy), 1 << 39)
+        .unwrap_err();
+    assert!(matches!(e, HostError::NoDmaWindow { window, vms: 3, .. } if window == 1 << 39));
+    let msg = e.to_string();
+    assert!(
+        msg.contains("no DMA window left") && msg.contains("create_vgpu_for_ram"),
+        "{msg}"
+    );
+    assert!(matches!(
+        host.create_vgpu_for_ram(&profile(ShadowMode::Lazy), (1 << 39) + 1),
+        Err(HostError::Config(_))
+    ));
+    drop((a, b, c));
+    assert!(host
+        .create_vgpu_for_ram(&profile(ShadowMode::Lazy), 1 << 39)
+        .is_ok());
+}
+
+#[test]
 fn is_shareable_between_threads() {
     fn check<T: Send + Sync>() {}
     check::<Vgpu>();

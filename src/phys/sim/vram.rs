@@ -188,14 +188,17 @@ impl Vram {
     }
 
     /// Fills `len` bytes from `addr` with `byte`; bytes beyond the end of VRAM are dropped.
-    /// Filling with zero punches a hole: the pages it covers entirely go back to the kernel
-    /// (and read as zero), partial pages at either end are zeroed in place.
+    /// Filling at least a chunk (64 KiB) with zero punches a hole: the pages it covers entirely
+    /// go back to the kernel (and read as zero), partial pages at either end are zeroed in place.
     pub(crate) fn fill(&mut self, addr: u64, len: u64, byte: u8) {
         let end = addr.saturating_add(len).min(self.size);
         if addr >= end {
             return;
         }
-        if byte == 0 {
+        // Zeroing less than a chunk in place is much cheaper than a hole punch (a syscall that
+        // also walks the mapping's page tables): shadow page tables and other small hypervisor
+        // allocations are scrubbed this way. Large ranges (slices) are punched.
+        if byte == 0 && end - addr >= CHUNK_SIZE {
             let punched = fallocate(
                 &*self.file,
                 FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,

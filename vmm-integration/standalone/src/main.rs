@@ -19,6 +19,7 @@ mod regs;
 mod run;
 mod scale;
 mod serve;
+mod soak;
 mod table;
 mod top;
 mod trace;
@@ -106,6 +107,13 @@ enum Command {
     /// (a: enumerated ... l: compute). `--json` adds the first failure's log lines and the
     /// BAR0 registers nouveau touched that the model does not implement. See docs/nouveau.md.
     Nouveau(nouveau::NouveauArgs),
+    /// VMs with churn for a given time — in-process VMs created, run, destroyed, recreated and
+    /// killed mid-run, and vfio-user client processes connecting, leaving and being killed
+    /// mid-submission — then the checks: every completed workload verified, allocators back
+    /// to baseline, RSS flat (slope reported), no VM starved, no unexpected violation. A
+    /// progress bar on a terminal; `--json`, `--svg FILE`. Exit status 1 if a check failed.
+    /// See docs/experiments.md "Soak".
+    Soak(soak::SoakArgs),
     /// Control a running `gpuvm serve`: list, add, remove, weight, cap, stop (docs/serve.md).
     Ctl(top::CtlArgs),
     /// Per-VM usage of a running `gpuvm serve`, once (`--json` for machines).
@@ -126,6 +134,7 @@ fn main() {
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Soak(args) => soak::run(&args),
         Command::Nouveau(args) => nouveau::run(&args),
         Command::Ctl(args) => top::ctl(&args),
         Command::Stat(args) => top::stat(&args),

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::Args;
 use gpuvm::clock::ClockKind;
 use gpuvm::harness::exp_overhead::{run_staged, StagedOptions};
+use gpuvm::harness::mem::{slope, MemSample};
 use gpuvm::harness::VirtOptions;
 use gpuvm::profile::ShadowMode;
 use gpuvm::sched::{Policy, SchedParams};
@@ -86,6 +87,11 @@ pub struct ScalePoint {
     /// VMs), ns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bring_up_ns: Option<u64>,
+    /// In-process: this process's memory with every VM of the point alive and finished (before
+    /// they are destroyed). `rss_anon` holds the device model and guest RAM, `rss_shmem` and
+    /// `vram_resident` the simulated VRAM (`gpuvm::harness::mem`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem: Option<MemSample>,
 }
 
 /// The report.
@@ -111,6 +117,16 @@ pub struct ScaleReport {
     pub points: Vec<ScalePoint>,
     /// Plot written, if any.
     pub svg: Option<String>,
+    /// In-process: this process's memory before the first point.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_start: Option<MemSample>,
+    /// In-process: host memory per added VM excluding its VRAM, bytes — the least-squares
+    /// slope of `rss_anon` against the VM count over the points (needs two VM counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_anon_per_vm: Option<f64>,
+    /// The same for the simulated VRAM resident in memory, bytes per VM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vram_resident_per_vm: Option<f64>,
 }
 
 /// Measures one VM count.
@@ -163,6 +179,7 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
         runs: vms * a.repeat,
         verified: r.all_verified() && r.vms.len() == vms as usize,
         bring_up_ns: None,
+        mem: Some(r.mem_loaded),
     })
 }
 
@@ -172,6 +189,7 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
     for &v in &a.vms {
         anyhow::ensure!((1..=64).contains(&v), "--vms: {v} is not in 1..=64");
     }
+    let mem_start = (!a.kvm).then(|| MemSample::now(None));
     let mut points = Vec::new();
     for &v in &a.vms {
         if !a.json {
@@ -193,8 +211,11 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
         scheduler: a.sched.name().to_string(),
         clock: if a.kvm { ClockKind::Real } else { a.clock },
         exit_ns: a.exit_ns,
-        points,
         svg: None,
+        mem_start,
+        rss_anon_per_vm: per_vm(&points, |m| m.rss_anon),
+        vram_resident_per_vm: per_vm(&points, |m| m.vram_resident),
+        points,
     };
     if let Some(p) = &a.svg {
         write_svg(&report, p).with_context(|| format!("writing {}", p.display()))?;
@@ -207,6 +228,15 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
         print!("{}", render(&report));
     }
     Ok(ok)
+}
+
+/// Least-squares slope of a memory figure against the VM count, bytes per VM.
+fn per_vm(points: &[ScalePoint], f: fn(&MemSample) -> u64) -> Option<f64> {
+    let xy: Vec<(f64, f64)> = points
+        .iter()
+        .filter_map(|p| p.mem.as_ref().map(|m| (f64::from(p.vms), f(m) as f64)))
+        .collect();
+    slope(&xy)
 }
 
 /// The table. With KVM guests there is no modeled time (the exits are real) but a bring-up
@@ -247,6 +277,9 @@ pub fn render(r: &ScaleReport) -> String {
         if kvm { "MMIO exits" } else { "exits" },
         "verified",
     ]);
+    if !kvm {
+        head.extend(["RssAnon", "VRAM resident"]);
+    }
     let mut t = Table::new(head);
     for p in &r.points {
         let mut row = vec![p.vms.to_string()];
@@ -271,13 +304,28 @@ pub fn render(r: &ScaleReport) -> String {
                 "NO".to_string()
             },
         ]);
+        if let Some(m) = &p.mem {
+            row.push(mib(m.rss_anon as f64));
+            row.push(mib(m.vram_resident as f64));
+        }
         t.row(row);
     }
     out += &t.render();
+    if let (Some(a), Some(v)) = (r.rss_anon_per_vm, r.vram_resident_per_vm) {
+        out += &format!(
+            "host memory per added VM (slope over the points): {} excluding VRAM (RssAnon: device model + guest RAM touched), {} of simulated VRAM\n",
+            mib(a),
+            mib(v)
+        );
+    }
     if let Some(p) = &r.svg {
         out += &format!("plot: {p}\n");
     }
     out
+}
+
+fn mib(b: f64) -> String {
+    format!("{:.1} MiB", b / f64::from(1u32 << 20))
 }
 
 /// A value of a point to plot.

@@ -422,3 +422,52 @@ fn exp_isolation_compares_gdevs_band_with_the_adaptive_one() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("band-gdev"));
 }
+
+/// The soak with its vfio-user part: a client process drives a vGPU served in-process while
+/// in-process VMs churn (killed mid-run included). The in-process checks must pass and no
+/// client may fail; whether every client finished in time is timing and not asserted here
+/// (docs/experiments.md "Soak" reports long runs).
+#[test]
+fn soak_with_vfio_user_clients_passes_its_checks() {
+    let out = gpuvm(&[
+        "soak",
+        "--duration",
+        "6",
+        "--vms",
+        "2",
+        "--vfio-user-vms",
+        "1",
+        "--kill-one-in",
+        "2",
+        "--size",
+        "32",
+        "--sample-every",
+        "0.5",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "no JSON ({e}); stderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    for c in v["soak"]["checks"].as_array().expect("checks") {
+        assert_eq!(c[1], true, "check failed: {}; report: {v}", c[0]);
+    }
+    let clients = &v["clients"];
+    assert!(clients["started"].as_u64().unwrap() >= 1, "{clients}");
+    assert_eq!(clients["failed"], 0, "{clients}");
+    let killed: u64 = v["soak"]["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["killed"].as_u64().unwrap())
+        .sum();
+    assert!(killed > 0, "lives were killed mid-run: {v}");
+    assert!(bad_soak_arguments_are_refused());
+}
+
+fn bad_soak_arguments_are_refused() -> bool {
+    let out = gpuvm(&["soak", "--duration", "0"]);
+    out.status.code() == Some(2) && String::from_utf8_lossy(&out.stderr).contains("--duration")
+}

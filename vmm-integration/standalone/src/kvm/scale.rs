@@ -99,5 +99,6 @@ pub fn point(
         runs: vms * repeat,
         verified: r.all_verified() && r.vms.len() == vms as usize && r.gate_open_ns.is_some(),
         bring_up_ns: r.gate_open_ns,
+        mem: None,
     })
 }
