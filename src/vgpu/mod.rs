@@ -56,7 +56,7 @@ use crate::shadow_pt::{ShadowCtx, ShadowPt};
 use crate::vram_alloc::HypVram;
 
 pub use direct_map::{DirectMap, DirectRun};
-pub use stats::{VgpuStats, ViolationKind};
+pub use stats::{PciCounts, VgpuStats, ViolationKind};
 pub use tap::AccessTap;
 
 use aperture::GuestBars;
@@ -384,9 +384,47 @@ impl Vgpu {
     }
 
     /// Writes PCI configuration space (BAR sizing, command register, MSI as on hardware).
+    /// The command register is honoured: with memory decoding off every BAR reads all-ones and
+    /// drops writes (and the direct-map plans are empty); with bus mastering off the VM's DMA
+    /// windows are unmapped, so its GPU work reaches none of its RAM (see [`PciCounts`]).
     pub fn config_write(&self, offset: u16, data: &[u8]) {
-        self.shared
-            .access(self.id, |cx| cx.vm.pci.write(offset, data));
+        self.shared.access(self.id, |cx| {
+            let (mem0, bm0) = (cx.vm.pci.memory_enabled(), cx.vm.pci.bus_master());
+            cx.vm.pci.write(offset, data);
+            let (mem1, bm1) = (cx.vm.pci.memory_enabled(), cx.vm.pci.bus_master());
+            if mem0 != mem1 {
+                cx.vm.map_gen += 1;
+            }
+            if bm0 != bm1 {
+                if bm1 {
+                    map_windows(cx);
+                } else {
+                    cx.vm.stats.pci.bus_master_off += 1;
+                    unmap_windows(cx);
+                }
+            }
+        });
+    }
+
+    /// Reads `data` (any length) of the expansion ROM at `offset`: the generated VBIOS
+    /// ([`vbios`]), zero past the image, all-ones beyond the 512 KiB BAR or while the ROM BAR
+    /// does not decode (enable bit or memory decoding off; counted).
+    pub fn rom_read(&self, offset: u64, data: &mut [u8]) {
+        let done = self.shared.access(self.id, |cx| {
+            let inside = offset
+                .checked_add(data.len() as u64)
+                .is_some_and(|end| end <= gf100::pci::ROM_SIZE);
+            if !cx.vm.pci.rom_enabled() || !inside {
+                cx.vm.stats.pci.rom_refused += 1;
+                data.fill(0xff);
+                return;
+            }
+            cx.vm.stats.pci.rom_reads += 1;
+            cx.vm.regs.board.rom(offset as usize, data);
+        });
+        if done.is_none() {
+            data.fill(0xff);
+        }
     }
 
     /// The MSI message the guest programmed (a VMM that delivers MSIs routes the interrupt line
@@ -407,6 +445,10 @@ impl Vgpu {
 
     fn bar_read_direct(&self, bar: Bar, offset: u64, data: &mut [u8]) {
         let done = self.shared.access(self.id, |cx| match bar {
+            _ if !cx.vm.pci.memory_enabled() => {
+                cx.vm.stats.pci.decode_off.count(false);
+                data.fill(0xff);
+            }
             Bar::Bar0 => {
                 cx.vm.stats.exits.bar0.count(false);
                 bar0::read(cx, offset, data)
@@ -430,6 +472,7 @@ impl Vgpu {
 
     fn bar_write_direct(&self, bar: Bar, offset: u64, data: &[u8]) {
         self.shared.access(self.id, |cx| match bar {
+            _ if !cx.vm.pci.memory_enabled() => cx.vm.stats.pci.decode_off.count(true),
             Bar::Bar0 => {
                 cx.vm.stats.exits.bar0.count(true);
                 bar0::write(cx, offset, data)
@@ -564,8 +607,8 @@ fn attach_memory(cx: &mut VmCx, window: u64, mem: GuestMemoryMmap) -> Result<(),
     if cx.vm.mem.ram.is_some() {
         return Err(VgpuError::AlreadyAttached);
     }
-    let regions: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
-    for &(gpa, len) in &regions {
+    for r in mem.iter() {
+        let (gpa, len) = (r.start_addr().0, r.len());
         let fits = matches!(gpa.checked_add(len), Some(end) if end <= window);
         if !fits {
             return Err(VgpuError::RamTooLarge {
@@ -576,10 +619,36 @@ fn attach_memory(cx: &mut VmCx, window: u64, mem: GuestMemoryMmap) -> Result<(),
         }
     }
     let base = cx.vm.mem.iova_base;
+    cx.vm.mem.ram = Some(GuestRam {
+        mem,
+        iova_base: base,
+    });
+    // With bus mastering off the RAM is attached but not mapped: the windows appear when the
+    // guest turns it on.
+    if cx.vm.pci.bus_master() {
+        if let Err(e) = try_map_windows(cx) {
+            cx.vm.mem.ram = None;
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Maps each region of the VM's RAM into its IOVA window with the physical GPU's `map_dma`
+/// (GPA `g` at IOVA `window base + g`); on failure nothing stays mapped.
+fn try_map_windows(cx: &mut VmCx) -> Result<(), VgpuError> {
+    let Some(ram) = cx.vm.mem.ram.as_ref() else {
+        return Ok(());
+    };
+    if !cx.vm.dma_windows.is_empty() {
+        return Ok(());
+    }
+    let base = ram.iova_base;
     let mut mapped = Vec::new();
-    for &(gpa, len) in &regions {
+    for r in ram.mem.iter() {
+        let (gpa, len) = (r.start_addr().0, r.len());
         let iova = base.offset(gpa);
-        if let Err(e) = cx.phys.map_dma(iova, len, mem.clone(), Gpa(gpa)) {
+        if let Err(e) = cx.phys.map_dma(iova, len, ram.mem.clone(), Gpa(gpa)) {
             for m in mapped {
                 let _ = cx.phys.unmap_dma(m);
             }
@@ -588,19 +657,28 @@ fn attach_memory(cx: &mut VmCx, window: u64, mem: GuestMemoryMmap) -> Result<(),
         mapped.push(iova);
     }
     cx.vm.dma_windows = mapped;
-    cx.vm.mem.ram = Some(GuestRam {
-        mem,
-        iova_base: base,
-    });
     Ok(())
 }
 
-fn detach_memory(cx: &mut VmCx) {
+/// Bus mastering turned on: the VM's RAM becomes reachable by its GPU work again.
+fn map_windows(cx: &mut VmCx) {
+    if let Err(e) = try_map_windows(cx) {
+        log::warn!("{}: remapping DMA windows: {e}", cx.vm.id);
+    }
+}
+
+/// Bus mastering turned off (or RAM detached): the GPU's accesses to the VM's RAM hit no window
+/// and master-abort (reads all-ones, writes dropped, counted by the physical GPU).
+fn unmap_windows(cx: &mut VmCx) {
     for w in cx.vm.dma_windows.drain(..) {
         if let Err(e) = cx.phys.unmap_dma(w) {
             log::warn!("{}: unmapping DMA window {w}: {e}", cx.vm.id);
         }
     }
+}
+
+fn detach_memory(cx: &mut VmCx) {
+    unmap_windows(cx);
     cx.vm.mem.ram = None;
 }
 
