@@ -30,7 +30,7 @@ pub(crate) mod submit;
 pub mod tap;
 pub mod vbios;
 mod vboard;
-mod vpgraph;
+pub(crate) mod vpgraph;
 mod vpmu;
 pub(crate) mod vregs;
 

@@ -223,6 +223,8 @@ pub struct VgpuStats {
     pub channel_binds: u64,
     /// Shadow instance blocks refreshed after a guest write to the guest's block.
     pub instance_refreshes: u64,
+    /// Host-owned GR contexts created for the VM's channels (`crate::channels::grctx`).
+    pub gr_contexts: u64,
     /// Guest runlist submissions.
     pub runlist_submits: u64,
     /// Para-virtual batches submitted.
