@@ -215,3 +215,28 @@ fn expansion_rom_bar_offers_the_vbios_only_while_enabled() {
     let s = v.stats().pci;
     assert_eq!((s.rom_reads, s.rom_refused), (4, 4));
 }
+
+#[test]
+fn bar_fill_writes_what_the_pieces_would_and_honours_decoding() {
+    let r = rig();
+    let v = r.vm(ShadowMode::Lazy);
+    wr(&v, pbus::PMEM, pbus::pmem_encode(0, Target::Vram));
+    let base = u64::from(pbus::PRAMIN_BASE);
+    // An unaligned fill across a FILL_CHUNK boundary, through the PRAMIN window.
+    let (start, len) = (0x0ffe_u64, 0x1006_u64);
+    v.bar_fill(Bar::Bar0, base + start, len, 0xa5);
+    let byte = |a: u64| (pramin_rd(&v, a & !3) >> (8 * (a & 3))) as u8;
+    assert_eq!(byte(start - 1), 0, "before the fill");
+    assert_eq!(byte(start), 0xa5);
+    assert_eq!(byte(0x1000), 0xa5, "across the chunk boundary");
+    assert_eq!(byte(start + len - 1), 0xa5);
+    assert_eq!(byte(start + len), 0, "after the fill");
+    // Decoding off: nothing written, every piece counted.
+    command(&v, MASTER);
+    v.bar_fill(Bar::Bar0, base, 16, 0x11);
+    assert_eq!(v.stats().pci.decode_off.writes, 2);
+    command(&v, MEM | MASTER);
+    assert_eq!(pramin_rd(&v, 0), 0);
+    // A fill that would wrap does nothing.
+    v.bar_fill(Bar::Bar1, u64::MAX - 3, 16, 0xff);
+}

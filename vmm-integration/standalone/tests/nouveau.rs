@@ -76,9 +76,11 @@ fn nouveau_runs_a_userspace_channel_with_acceleration_while_the_second_vm_verifi
         .map(|r| r["id"].as_str().unwrap())
         .collect();
     println!("rungs reached: {reached:?}");
-    // Acceleration on: FIFO and GR through the virtual PGRAPH (h), the DRM device (i), and the
-    // test program's channel doing semaphore work in VRAM and GART, verified (j).
-    for id in ["a", "b", "c", "d", "e", "h", "i", "j"] {
+    // Every rung up to (j), acceleration on: the subdevices' `init completed` lines (f, g; from
+    // the `nouveau.debug` trace argument), FIFO and GR through the virtual PGRAPH (h), the DRM
+    // device (i), and the test program's channel doing semaphore work in VRAM and GART,
+    // verified (j).
+    for id in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
         assert!(reached.contains(&id), "rung ({id}) not reached: {text}");
     }
     let n = &v["neighbour"];
