@@ -155,7 +155,7 @@ pub const SUBDEV_TRACE: &str =
     "PMU=trace,LTC=trace,THERM=trace,CLK=trace,VOLT=trace,GPIO=trace,I2C=trace,IMEM=trace,MMU=trace,BAR=trace";
 /// How long UML's virt-pci waits for the back end's answer to a read, in udelay(1) spins
 /// (its default is 40,000).
-pub const VIRT_PCI_MAX_DELAY_US: u32 = 10_000_000;
+pub const VIRT_PCI_MAX_DELAY_US: u32 = 2_000_000;
 /// Rung (f): these subdevices' init completed.
 const RUNG_F: [&str; 6] = ["pmu", "ltc", "therm", "clk", "gpio", "i2c"];
 /// Rung (g): these subdevices' init completed (and nouveau's TTM saw VRAM and GART, no BAR
