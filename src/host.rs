@@ -929,7 +929,7 @@ impl GpuHost {
             runlist: Vec::new(),
             inst_pages: Default::default(),
             map_gen: 0,
-            pci: PciConfig::quadro6000(),
+            pci: PciConfig::firmware_enabled(),
             line: line.clone(),
             line_level: false,
             line_seq: 0,

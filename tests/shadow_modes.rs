@@ -41,8 +41,10 @@ const N: Target = Target::SysNonCoherent;
 
 /// Where the guest keeps its page directory (one per case).
 const PDS: [(u64, Target); 2] = [(0, V), (0x1_0000, S)];
-/// The PDEs the sequences use (VA 0, 128 MiB, 256 MiB and the top of the 40-bit space).
-const PDES: [u64; 4] = [0, 1, 2, 8191];
+/// The PDEs the sequences use (VA 0, 128 MiB, 256 MiB and the highest one a guest may use).
+// The last guest-usable PDE is 8190: 8191 is the hypervisor's in every shadow directory
+// (`gpuvm::shadow_pt::hyp::HYP_PDE`, never shadowed from the guest; `src/vgpu/tests/grctx.rs`).
+const PDES: [u64; 4] = [0, 1, 2, gpuvm::shadow_pt::hyp::HYP_PDE as u64 - 1];
 /// Small-page table slots; none overlaps another slot or a directory. Slot 3 fits in the slice
 /// only with PT_SIZE 1/8, slot 4 in RAM only with 1/4 or 1/8, slot 5 is in the RAM hole.
 const SPTS: [(u64, Target); 6] = [

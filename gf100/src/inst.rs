@@ -93,6 +93,17 @@ pub const LIMIT_HI: u64 = 0x20c;
 /// PGRAPH context pointer (`lo = va | 4`, `hi`; NV-FIFO-OLD `gf100_fifo_context_attach`,
 /// NV-FIFO-NEW `gf100_ectx_bind`; bit 2 as "valid" is inferred).
 pub const GR_CTX: u64 = 0x210;
+/// [`GR_CTX`] low word: the pointer is valid (bit 2, inferred as above).
+pub const GR_CTX_VALID: u32 = 1 << 2;
+/// GR context image header, built-in firmware layout (`shared/research/gf100-pgraph-ctxsw.md`
+/// §4.1 step 4 and §4.3, from nouveau `gf100_gr_chan_new` and the HUB `ctx_load`): word 0 is
+/// the number of (address, value) pairs of the patch ("mmio") list FECS writes on the next
+/// load, word 1 the list's VA >> 8; the header is 256 bytes.
+pub const GRCTX_MMIO_COUNT: u64 = 0x0;
+/// GR context header word 1: patch-list VA >> 8.
+pub const GRCTX_MMIO_LIST: u64 = 0x4;
+/// Size of the GR context header.
+pub const GRCTX_HEADER_SIZE: u64 = 0x100;
 /// PCOPY0 context pointer (nouveau `0x230 + ce * 0x10`).
 pub const CE0_CTX: u64 = 0x230;
 /// PCOPY1 context pointer (nouveau `0x230 + ce * 0x10`).

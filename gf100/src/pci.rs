@@ -24,6 +24,9 @@ pub const BAR1_SIZE: u64 = 128 << 20;
 pub const BAR3_SIZE: u64 = 64 << 20;
 /// BAR5: 128-byte I/O window (indirect register access).
 pub const BAR5_SIZE: u64 = 0x80;
+/// Expansion ROM BAR: 512 KiB ("Expansion ROM at db000000 [size=512K]" in the `lspci -vvv` of
+/// the GPUvm authors' card, GXEN `nvc0_main.c`).
+pub const ROM_SIZE: u64 = 512 << 10;
 /// Capability offsets in config space: PM at 0x60, MSI (64-bit) at 0x68, PCI Express at 0x78.
 pub const CAP_PM: u8 = 0x60;
 /// MSI capability offset.

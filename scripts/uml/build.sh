@@ -9,7 +9,15 @@
 # (their hash is kept in $TARGET/uml/stamp). Also builds the guest test program
 # (gpuvm-nvtest.c, static) into $TARGET/uml/rootfs/, the host directory UML mounts as its root.
 # Installs linux-source-6.12 and the build tools with apt-get when missing (needs root).
+# Concurrent runs on one target directory (two test binaries, `gpuvm nouveau --build`) are
+# serialized by an flock(1) on $TARGET/uml.lock: the second waits, then finds the kernel
+# up to date.
 set -euo pipefail
+
+fail() {
+    echo "uml build: FAILED: $*" >&2
+    exit 1
+}
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -17,6 +25,14 @@ target="${CARGO_TARGET_DIR:-$repo/target}"
 out="$target/uml"
 pkg=linux-source-6.12
 tarball=/usr/src/linux-source-6.12.tar.xz
+
+mkdir -p "$target"
+command -v flock >/dev/null || fail "flock(1) (util-linux) is needed to serialize builders"
+exec 9>"$target/uml.lock"
+if ! flock -n 9; then
+    echo "uml build: another build holds $target/uml.lock; waiting for it" >&2
+    flock 9
+fi
 
 need_apt=()
 dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || need_apt+=("$pkg")
@@ -29,10 +45,18 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
         case "$p" in xz) pkgs+=(xz-utils) ;; *) pkgs+=("$p") ;; esac
     done
     echo "uml build: installing ${pkgs[*]}" >&2
+    command -v apt-get >/dev/null ||
+        fail "missing ${pkgs[*]} and no apt-get to install them (a Debian/Ubuntu host is needed, or install them by hand)"
+    [ "$(id -u)" = 0 ] || command -v sudo >/dev/null ||
+        fail "missing ${pkgs[*]}: installing them with apt-get needs root"
+    sudo=()
+    [ "$(id -u)" = 0 ] || sudo=(sudo -n)
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2 || true
-    apt-get install -y -qq "${pkgs[@]}" >&2
+    "${sudo[@]}" apt-get update -qq >&2 || echo "uml build: apt-get update failed; trying the install anyway" >&2
+    "${sudo[@]}" apt-get install -y -qq "${pkgs[@]}" >&2 ||
+        fail "apt-get install ${pkgs[*]} failed (is the Debian archive reachable? does it carry $pkg?)"
 fi
+[ -f "$tarball" ] || fail "$pkg is installed but $tarball is missing"
 
 version="$(dpkg-query -W -f='${Version}' "$pkg")"
 stamp="$( {

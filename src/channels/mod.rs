@@ -6,9 +6,9 @@
 //! block is copied into a hypervisor-owned page and patched — RAMFC USERD points at the
 //! hypervisor's USERD page of the physical channel, the page-directory base at the shadow page
 //! directory ([`crate::shadow_pt::ShadowPt::attach`]; an invalid guest PDB gets the host's
-//! empty page directory, so the channel only faults), the VM limit is clamped to 2^40 - 1, and
-//! everything past the limit (engine context pointers) is zeroed. The physical channel is bound
-//! to the copy. The guest page is write-tracked: any later guest write to it (PRAMIN, BAR1,
+//! empty page directory, so the channel only faults), the VM limit is clamped to 2^40 - 1, the
+//! GR context pointer names a context the host owns ([`grctx`]), never the guest's, and every
+//! other engine context pointer is zeroed. The physical channel is bound to the copy. The guest page is write-tracked: any later guest write to it (PRAMIN, BAR1,
 //! BAR3) refreshes the copy, as GPUvm's "barrier" table does. Unbinding first gets the channel
 //! off the GPU ([`preempt::stop`]: disable, preempt, reset the engine if it still runs the
 //! channel's operation), then detaches the shadow page directory and frees the copy.
@@ -30,6 +30,7 @@
 //! the submission path in [`cmdscan`].
 
 pub mod cmdscan;
+pub(crate) mod grctx;
 pub(crate) mod preempt;
 pub(crate) mod runlist;
 pub(crate) mod userd;
@@ -56,8 +57,11 @@ pub(crate) struct BoundChan {
     pub ib_order: u32,
     /// Pushbuffer scan state carried between submissions.
     pub scan: ScanState,
-    /// The part of the guest's block the shadow was built from (RAMFC, PDB, limit).
+    /// The part of the guest's block the shadow was built from (RAMFC, PDB, limit, the GR
+    /// context pointer).
     pub guest: Vec<u8>,
+    /// The host-owned GR context of the channel ([`grctx`]), once the guest named one.
+    pub grctx: Option<HostVram>,
 }
 
 /// A shadow instance block that was freed while the GPU may still report faults for it.
@@ -71,8 +75,9 @@ pub(crate) struct RetiredInst {
     pub guest_word: u32,
 }
 
-/// Bytes of a guest instance block the shadow depends on: RAMFC, the PDB and the limit.
-const INST_USED: usize = (inst::LIMIT_HI + 4) as usize;
+/// Bytes of a guest instance block the shadow depends on: RAMFC, the PDB, the limit and the GR
+/// context pointer (only whether it is valid matters).
+const INST_USED: usize = (inst::GR_CTX + 8) as usize;
 
 /// One guest channel.
 #[derive(Debug, Clone, Default)]
@@ -225,6 +230,7 @@ fn chan_write(cx: &mut VmCx, g: u32, value: u32) {
         ib_order: 0,
         scan: ScanState::default(),
         guest: Vec::new(),
+        grctx: None,
     });
     cx.vm.chans[gi].gp_put = 0;
     cx.vm.chans[gi].phys_put = 0;
@@ -330,7 +336,13 @@ fn write_shadow(cx: &mut VmCx, g: u32, block: &[u8]) {
         inst::PDB_LO,
         inst::pdb_encode(pd.raw(), Target::Vram),
     );
-    let limit = rd_u64(block, inst::LIMIT_LO).min(mmu::VA_LIMIT - 1);
+    // The GR context pointer is the host's (grctx); every other engine pointer stays 0.
+    let host_ctx = grctx::shadow_pointer(cx, g, block, &mut sh);
+    let limit = if host_ctx {
+        mmu::VA_LIMIT - 1
+    } else {
+        rd_u64(block, inst::LIMIT_LO).min(mmu::VA_LIMIT - 1)
+    };
     wr_u64(&mut sh, inst::LIMIT_LO, limit);
     let (ib_base, ib_order) = inst::ib_config_decode(
         rd_u32(block, inst::RAMFC_IB_BASE_LO),
@@ -408,6 +420,7 @@ pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
         );
     }
     cx.phys.write_reg(pfifo::chan_table(p), 0);
+    grctx::release(cx, g, b.grctx);
     if let Some(pdb) = b.pdb {
         let (sh, mut scx) = cx.shadow();
         sh.detach(&mut scx, pdb);

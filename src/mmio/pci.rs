@@ -10,7 +10,10 @@
 //! bits software may write; everything else is read-only zero. A write changes only writable
 //! bits, which is also what makes BAR sizing work as on hardware (writing all-ones to a BAR reads
 //! back its size mask, because the address bits below the size are read-only zero and the low type
-//! bits are read-only). Three registers have side rules on top of the mask, as the specifications
+//! bits are read-only). The expansion ROM BAR sizes the same way (512 KiB, as on the real card)
+//! and decodes only while its enable bit and memory decoding are both on
+//! ([`PciConfig::rom_enabled`]); what it decodes is the generated VBIOS (`crate::vgpu::vbios`).
+//! Three registers have side rules on top of the mask, as the specifications
 //! require: MSI multiple-message-enable is clamped to what is advertised, the PM power state
 //! discards writes of the unsupported D1/D2, and each BAR remembers whether it is being sized.
 //!
@@ -124,6 +127,11 @@ const BAR_MEM_64: u32 = 0b100;
 const BAR_PREFETCH: u32 = 0b1000;
 /// I/O BAR indicator bit.
 const BAR_IO: u32 = 0b1;
+/// Expansion ROM BAR: address decode enable (PCI Local Bus 3.0 §6.2.5.2).
+pub const ROM_ENABLE: u32 = 1;
+/// Expansion ROM BAR: writable address bits for a ROM of [`id::ROM_SIZE`] bytes (bits 31:11
+/// hold the address; 10:1 are reserved, read-only zero).
+const ROM_ADDR_MASK: u32 = (!(id::ROM_SIZE - 1)) as u32 & 0xffff_f800;
 
 /// Writable bits of the low dword of a memory BAR of `size` bytes (a power of two).
 const fn mem_bar_lo_mask(size: u64) -> u32 {
@@ -237,11 +245,15 @@ pub static LAYOUT: &[ConfigReg] = &[
         "Subsystem Vendor ID",
     ),
     r(SUBSYS_ID, 2, id::SUBSYSTEM_ID as u32, 0, "Subsystem ID"),
-    // Expansion ROM: none. The real card has a 512 KiB ROM BAR, but what it decodes is NVIDIA's
-    // VBIOS — firmware we may not ship, and that the device model does not need (the guest
-    // driver does not POST the GPU). A read-only-zero ROM BAR sizes to 0, which software reads
-    // as "no expansion ROM".
-    r(ROM, 4, 0, 0, "Expansion ROM Base Address (none)"),
+    // Expansion ROM: 512 KiB as on the real card. It decodes the VBIOS the project generates
+    // from documented structures (`crate::vgpu::vbios`), not NVIDIA's image.
+    r(
+        ROM,
+        4,
+        0,
+        ROM_ADDR_MASK | ROM_ENABLE,
+        "Expansion ROM Base Address (512 KiB)",
+    ),
     r(CAP_PTR, 1, id::CAP_PM as u32, 0, "Capabilities Pointer"),
     r(INT_LINE, 1, 0, 0xff, "Interrupt Line"),
     r(INT_PIN, 1, 1, 0, "Interrupt Pin (INTA#)"),
@@ -406,6 +418,9 @@ pub struct PciConfigState {
     pub pcie_device_control: u16,
     /// PCI Express Link Control.
     pub pcie_link_control: u16,
+    /// Expansion ROM Base Address (absent in snapshots older than the ROM BAR: 0, disabled).
+    #[serde(default)]
+    pub rom: u32,
 }
 
 /// The configuration space of one vGPU.
@@ -518,6 +533,29 @@ impl PciConfig {
         (addr != 0).then_some(addr)
     }
 
+    /// Address the guest programmed into the expansion ROM BAR (`None` while 0 or being sized),
+    /// whether or not it is enabled.
+    pub fn rom_address(&self) -> Option<u64> {
+        let v = self.reg32(ROM) & ROM_ADDR_MASK;
+        (v != 0 && v != ROM_ADDR_MASK).then_some(u64::from(v))
+    }
+
+    /// The device decodes its expansion ROM: the ROM BAR's enable bit and memory decoding both
+    /// on (PCI Local Bus 3.0 §6.2.5.2).
+    pub fn rom_enabled(&self) -> bool {
+        self.reg32(ROM) & ROM_ENABLE != 0 && self.memory_enabled()
+    }
+
+    /// A Quadro 6000 as platform firmware hands over a boot GPU it has POSTed: memory
+    /// decoding and bus mastering on, everything else at its reset value (BARs unassigned).
+    /// An in-process VMM that addresses BARs by offset needs nothing more; a guest kernel that
+    /// enumerates the device turns decoding off and on again as it sizes the BARs.
+    pub fn firmware_enabled() -> PciConfig {
+        let mut c = PciConfig::quadro6000();
+        c.write(COMMAND, &(CMD_MEMORY | CMD_BUS_MASTER).to_le_bytes());
+        c
+    }
+
     /// The command register.
     pub fn command(&self) -> u16 {
         self.reg16(COMMAND)
@@ -582,6 +620,7 @@ impl PciConfig {
             msi_data: self.reg16(MSI_DATA),
             pcie_device_control: self.reg16(PCIE_DEVCTL),
             pcie_link_control: self.reg16(PCIE_LINKCTL),
+            rom: self.reg32(ROM),
         }
     }
 
@@ -602,6 +641,7 @@ impl PciConfig {
         c.write(MSI_DATA, &state.msi_data.to_le_bytes());
         c.write(PCIE_DEVCTL, &state.pcie_device_control.to_le_bytes());
         c.write(PCIE_LINKCTL, &state.pcie_link_control.to_le_bytes());
+        c.write(ROM, &state.rom.to_le_bytes());
         c
     }
 
@@ -679,7 +719,7 @@ mod tests {
             r32(c, 0x08),
             u32::from(r8(c, HEADER_TYPE)),
             r32(c, SUBSYS_VENDOR),
-            r32(c, ROM),
+            r32(c, ROM) & !(ROM_ADDR_MASK | ROM_ENABLE),
             u32::from(r8(c, CAP_PTR)),
             u32::from(r8(c, INT_PIN)),
             r32(c, PM),
@@ -712,11 +752,9 @@ mod tests {
         assert_eq!(r16(&c, STATUS), 0x0010, "capabilities list");
         assert_eq!(r8(&c, INT_PIN), 1, "INTA#");
         assert_eq!(r16(&c, COMMAND), 0);
-        // No expansion ROM: reads 0 and sizes to 0.
+        // Expansion ROM: unassigned and disabled after reset.
         assert_eq!(r32(&c, ROM), 0);
-        let mut c2 = c.clone();
-        w32(&mut c2, ROM, 0xffff_ffff);
-        assert_eq!(r32(&c2, ROM), 0);
+        assert!(!c.rom_enabled() && c.rom_address().is_none());
         // Extended space: empty header, zeros; beyond it, all-ones.
         assert_eq!(r32(&c, 0x100), 0);
         assert_eq!(r32(&c, 0xffc), 0);
@@ -845,6 +883,51 @@ mod tests {
         w16(&mut c, 0x12, 0xffff);
         assert_eq!(r32(&c, 0x10), 0xfe00_0000);
         assert_eq!(c.bar_address(0), None);
+    }
+
+    #[test]
+    fn expansion_rom_bar_sizes_to_512k_and_decodes_only_when_enabled() {
+        let mut c = PciConfig::quadro6000();
+        // Sizing as Linux `pci_read_bases` does for the ROM: all-ones except the enable bit.
+        w32(&mut c, ROM, !ROM_ENABLE);
+        let mask = r32(&c, ROM);
+        assert_eq!(
+            mask, 0xfff8_0000,
+            "address bits 31:19, reserved 10:1 read 0"
+        );
+        assert_eq!(
+            u64::from((!(mask & 0xffff_f800)).wrapping_add(1)),
+            512 << 10
+        );
+        assert_eq!(c.rom_address(), None, "being sized");
+        // Assigned but not enabled: no decoding.
+        w32(&mut c, ROM, 0xdb00_0000);
+        assert_eq!(c.rom_address(), Some(0xdb00_0000));
+        assert!(!c.rom_enabled());
+        // Low bits below 512 KiB are read-only zero.
+        w32(&mut c, ROM, 0xdb01_2345 | ROM_ENABLE);
+        assert_eq!(r32(&c, ROM), 0xdb00_0001);
+        // Enabled, but memory decoding off: still no decoding (PCI 3.0 6.2.5.2).
+        assert!(!c.rom_enabled());
+        w16(&mut c, COMMAND, CMD_MEMORY);
+        assert!(c.rom_enabled());
+        // Clearing the enable bit stops it; the address stays.
+        w32(&mut c, ROM, 0xdb00_0000);
+        assert!(!c.rom_enabled());
+        assert_eq!(c.rom_address(), Some(0xdb00_0000));
+        // The snapshot keeps it.
+        w32(&mut c, ROM, 0xdb00_0001);
+        let d = PciConfig::from_state(c.state());
+        assert!(d.rom_enabled());
+        assert_eq!(d.rom_address(), Some(0xdb00_0000));
+    }
+
+    #[test]
+    fn firmware_enabled_state_decodes_and_masters() {
+        let c = PciConfig::firmware_enabled();
+        assert!(c.memory_enabled() && c.bus_master());
+        assert!(!c.io_enabled() && !c.rom_enabled());
+        assert_eq!(identity(&c), identity(&PciConfig::quadro6000()));
     }
 
     #[test]

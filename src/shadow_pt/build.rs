@@ -31,7 +31,7 @@ use super::{GuestPdb, ShadowCtx, ShadowStats};
 use crate::addr::HostVram;
 
 /// PDE bits that name tables (LPT target 1:0, SPT target 33:32).
-const PDE_TABLE_BITS: u64 = 0x3 | 0x3 << 32;
+pub(crate) const PDE_TABLE_BITS: u64 = 0x3 | 0x3 << 32;
 
 /// Alignment and granule of shadow allocations.
 const SHADOW_ALIGN: u64 = gf100::PAGE_SIZE;
@@ -114,6 +114,8 @@ pub(crate) struct Books {
     pub tracking: bool,
     /// Tracked guest pages.
     pub tracker: Tracker,
+    /// The hypervisor's table at the reserved PDE (`super::hyp`).
+    pub hyp: super::hyp::HypTable,
     /// Guest entries read.
     pub input: Scratch,
     /// Shadow entries to write.
@@ -133,6 +135,7 @@ impl Books {
             limit,
             tracking,
             tracker: Tracker::default(),
+            hyp: Default::default(),
             input: Scratch::default(),
             output: Scratch::default(),
         }
@@ -140,6 +143,16 @@ impl Books {
 
     /// Allocates `bytes` (a multiple of 4 KiB) of hypervisor VRAM within the VM's limit.
     pub(crate) fn alloc(&mut self, cx: &mut ShadowCtx, bytes: u64) -> Option<u64> {
+        self.alloc_aligned(cx, bytes, SHADOW_ALIGN)
+    }
+
+    /// [`Books::alloc`] with an alignment of `align` (a power of two, at least 4 KiB).
+    pub(crate) fn alloc_aligned(
+        &mut self,
+        cx: &mut ShadowCtx,
+        bytes: u64,
+        align: u64,
+    ) -> Option<u64> {
         let fits = self
             .stats
             .shadow_bytes
@@ -147,7 +160,7 @@ impl Books {
             .and_then(|b| b.checked_add(bytes))
             .is_some_and(|total| total <= self.limit);
         let addr = if fits {
-            cx.hyp.alloc(bytes, SHADOW_ALIGN)
+            cx.hyp.alloc(bytes, align.max(SHADOW_ALIGN))
         } else {
             None
         };
@@ -366,6 +379,9 @@ pub(crate) fn set_pde(
     raw: u64,
     rewalk: bool,
 ) -> u64 {
+    if let Some(host) = super::hyp::reserved(books, pdb, idx, raw) {
+        return host;
+    }
     let new = mmu::Pde::decode(raw);
     let (old_small, old_large) = match space.pdes.remove(&idx) {
         Some(p) => (p.small, p.large),
@@ -402,7 +418,8 @@ pub(crate) fn rebuild(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, spac
     {
         let idx = i as u16;
         let raw = walk::le64(g);
-        if raw & PDE_TABLE_BITS == 0 && !space.pdes.contains_key(&idx) {
+        if raw & PDE_TABLE_BITS == 0 && !space.pdes.contains_key(&idx) && idx != super::hyp::HYP_PDE
+        {
             continue;
         }
         let v = set_pde(cx, books, pdb, space, idx, raw, true);

@@ -41,6 +41,7 @@
 //!   [`DEFAULT_SHADOW_LIMIT`]); a table that does not fit is left absent and counted.
 
 mod build;
+pub mod hyp;
 mod pv;
 
 pub use pv::WALK_BUDGET;
@@ -104,8 +105,12 @@ pub struct ShadowStats {
     pub ptes_shadowed: u64,
     /// Single shadow entries (PDEs or PTEs) updated by incremental writes and PV ops.
     pub entry_updates: u64,
-    /// Guest entries rejected (outside the slice or guest RAM, invalid target).
+    /// Guest entries rejected (outside the slice or guest RAM, invalid target, a table at the
+    /// hypervisor's PDE).
     pub violations: u64,
+    /// Of those: guest tables named at the hypervisor's reserved PDE (`hyp::HYP_PDE`), never
+    /// shadowed.
+    pub hyp_pde_refused: u64,
     /// PV batches applied.
     pub pv_batches: u64,
     /// Guest pages currently write-tracked.
@@ -353,6 +358,9 @@ impl ShadowPt {
     pub fn destroy(&mut self, cx: &mut ShadowCtx) {
         for (pdb, space) in std::mem::take(&mut self.spaces) {
             build::teardown(cx, &mut self.books, pdb, space);
+        }
+        if let Some(t) = self.books.hyp.lpt.take() {
+            self.books.free(cx, t, mmu::LPT_SIZE);
         }
         self.books.tracker.clear();
     }

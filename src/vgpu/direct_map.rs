@@ -93,7 +93,9 @@ pub(crate) fn plan(cx: &mut VmCx, bar: Bar) -> DirectMap {
         generation: generation(cx.vm),
         runs: Vec::new(),
     };
-    if bar == Bar::Bar0 {
+    // BAR0 has no plan; with memory decoding off no page may be mapped (every access must
+    // reach the device model, which answers all-ones).
+    if bar == Bar::Bar0 || !cx.vm.pci.memory_enabled() {
         return out;
     }
     let userd = if bar == Bar::Bar1 {

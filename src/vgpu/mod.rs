@@ -30,7 +30,7 @@ pub(crate) mod submit;
 pub mod tap;
 pub mod vbios;
 mod vboard;
-mod vpgraph;
+pub(crate) mod vpgraph;
 mod vpmu;
 pub(crate) mod vregs;
 
@@ -56,7 +56,7 @@ use crate::shadow_pt::{ShadowCtx, ShadowPt};
 use crate::vram_alloc::HypVram;
 
 pub use direct_map::{DirectMap, DirectRun};
-pub use stats::{VgpuStats, ViolationKind};
+pub use stats::{PciCounts, VgpuStats, ViolationKind};
 pub use tap::AccessTap;
 
 use aperture::GuestBars;
@@ -392,9 +392,47 @@ impl Vgpu {
     }
 
     /// Writes PCI configuration space (BAR sizing, command register, MSI as on hardware).
+    /// The command register is honoured: with memory decoding off every BAR reads all-ones and
+    /// drops writes (and the direct-map plans are empty); with bus mastering off the VM's DMA
+    /// windows are unmapped, so its GPU work reaches none of its RAM (see [`PciCounts`]).
     pub fn config_write(&self, offset: u16, data: &[u8]) {
-        self.shared
-            .access(self.id, |cx| cx.vm.pci.write(offset, data));
+        self.shared.access(self.id, |cx| {
+            let (mem0, bm0) = (cx.vm.pci.memory_enabled(), cx.vm.pci.bus_master());
+            cx.vm.pci.write(offset, data);
+            let (mem1, bm1) = (cx.vm.pci.memory_enabled(), cx.vm.pci.bus_master());
+            if mem0 != mem1 {
+                cx.vm.map_gen += 1;
+            }
+            if bm0 != bm1 {
+                if bm1 {
+                    map_windows(cx);
+                } else {
+                    cx.vm.stats.pci.bus_master_off += 1;
+                    unmap_windows(cx);
+                }
+            }
+        });
+    }
+
+    /// Reads `data` (any length) of the expansion ROM at `offset`: the generated VBIOS
+    /// ([`vbios`]), zero past the image, all-ones beyond the 512 KiB BAR or while the ROM BAR
+    /// does not decode (enable bit or memory decoding off; counted).
+    pub fn rom_read(&self, offset: u64, data: &mut [u8]) {
+        let done = self.shared.access(self.id, |cx| {
+            let inside = offset
+                .checked_add(data.len() as u64)
+                .is_some_and(|end| end <= gf100::pci::ROM_SIZE);
+            if !cx.vm.pci.rom_enabled() || !inside {
+                cx.vm.stats.pci.rom_refused += 1;
+                data.fill(0xff);
+                return;
+            }
+            cx.vm.stats.pci.rom_reads += 1;
+            cx.vm.regs.board.rom(offset as usize, data);
+        });
+        if done.is_none() {
+            data.fill(0xff);
+        }
     }
 
     /// The MSI message the guest programmed (a VMM that delivers MSIs routes the interrupt line
@@ -415,6 +453,10 @@ impl Vgpu {
 
     fn bar_read_direct(&self, bar: Bar, offset: u64, data: &mut [u8]) {
         let done = self.shared.access(self.id, |cx| match bar {
+            _ if !cx.vm.pci.memory_enabled() => {
+                cx.vm.stats.pci.decode_off.count(false);
+                data.fill(0xff);
+            }
             Bar::Bar0 => {
                 cx.vm.stats.exits.bar0.count(false);
                 bar0::read(cx, offset, data)
@@ -438,12 +480,49 @@ impl Vgpu {
 
     fn bar_write_direct(&self, bar: Bar, offset: u64, data: &[u8]) {
         self.shared.access(self.id, |cx| match bar {
+            _ if !cx.vm.pci.memory_enabled() => cx.vm.stats.pci.decode_off.count(true),
             Bar::Bar0 => {
                 cx.vm.stats.exits.bar0.count(true);
                 bar0::write(cx, offset, data)
             }
             Bar::Bar1 | Bar::Bar3 => aperture::bar_write(cx, bar, offset, data),
         });
+    }
+
+    /// Fills `len` bytes of `bar` from `offset` with `value` (a guest `memset_io`), as the
+    /// naturally aligned 8/4/2/1-byte writes [`Vgpu::bar_write`] takes, with the same effect;
+    /// but at most [`FILL_CHUNK`] bytes per acquisition of the host lock, so a transport need
+    /// not pay one lock round trip and GPU service per 8 bytes of a large memset. With an
+    /// access tap installed every piece goes through [`Vgpu::bar_write`] (the tap sees it).
+    pub fn bar_fill(&self, bar: Bar, offset: u64, len: u64, value: u8) {
+        let fill = [value; 8];
+        let Some(end) = offset.checked_add(len) else {
+            return;
+        };
+        if self.tap.get().is_some() {
+            for (off, n) in aligned_pieces(offset, end) {
+                self.bar_write(bar, off, &fill[..n]);
+            }
+            return;
+        }
+        let mut at = offset;
+        while at < end {
+            let stop = end.min((at / FILL_CHUNK + 1) * FILL_CHUNK);
+            self.shared.access(self.id, |cx| {
+                for (off, n) in aligned_pieces(at, stop) {
+                    let data = &fill[..n];
+                    match bar {
+                        _ if !cx.vm.pci.memory_enabled() => cx.vm.stats.pci.decode_off.count(true),
+                        Bar::Bar0 => {
+                            cx.vm.stats.exits.bar0.count(true);
+                            bar0::write(cx, off, data)
+                        }
+                        Bar::Bar1 | Bar::Bar3 => aperture::bar_write(cx, bar, off, data),
+                    }
+                }
+            });
+            at = stop;
+        }
     }
 
     /// Installs a hook that sees and performs every later BAR access (see [`tap`]); a vGPU
@@ -561,6 +640,27 @@ impl Drop for Vgpu {
     }
 }
 
+/// Bytes of a [`Vgpu::bar_fill`] done per acquisition of the host lock.
+pub const FILL_CHUNK: u64 = 4096;
+
+/// `[start, end)` as naturally aligned pieces of 8, 4, 2 or 1 bytes, largest first.
+fn aligned_pieces(start: u64, end: u64) -> impl Iterator<Item = (u64, usize)> {
+    let mut off = start;
+    std::iter::from_fn(move || {
+        if off >= end {
+            return None;
+        }
+        let left = end - off;
+        let n = [8u64, 4, 2, 1]
+            .into_iter()
+            .find(|&s| off % s == 0 && s <= left)
+            .unwrap_or(1);
+        let piece = (off, n as usize);
+        off += n;
+        Some(piece)
+    })
+}
+
 /// What a BAR access reads when the vGPU is gone.
 fn fill_dead(bar: Bar, data: &mut [u8]) {
     match bar {
@@ -573,8 +673,8 @@ fn attach_memory(cx: &mut VmCx, window: u64, mem: GuestMemoryMmap) -> Result<(),
     if cx.vm.mem.ram.is_some() {
         return Err(VgpuError::AlreadyAttached);
     }
-    let regions: Vec<(u64, u64)> = mem.iter().map(|r| (r.start_addr().0, r.len())).collect();
-    for &(gpa, len) in &regions {
+    for r in mem.iter() {
+        let (gpa, len) = (r.start_addr().0, r.len());
         let fits = matches!(gpa.checked_add(len), Some(end) if end <= window);
         if !fits {
             return Err(VgpuError::RamTooLarge {
@@ -585,10 +685,36 @@ fn attach_memory(cx: &mut VmCx, window: u64, mem: GuestMemoryMmap) -> Result<(),
         }
     }
     let base = cx.vm.mem.iova_base;
+    cx.vm.mem.ram = Some(GuestRam {
+        mem,
+        iova_base: base,
+    });
+    // With bus mastering off the RAM is attached but not mapped: the windows appear when the
+    // guest turns it on.
+    if cx.vm.pci.bus_master() {
+        if let Err(e) = try_map_windows(cx) {
+            cx.vm.mem.ram = None;
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Maps each region of the VM's RAM into its IOVA window with the physical GPU's `map_dma`
+/// (GPA `g` at IOVA `window base + g`); on failure nothing stays mapped.
+fn try_map_windows(cx: &mut VmCx) -> Result<(), VgpuError> {
+    let Some(ram) = cx.vm.mem.ram.as_ref() else {
+        return Ok(());
+    };
+    if !cx.vm.dma_windows.is_empty() {
+        return Ok(());
+    }
+    let base = ram.iova_base;
     let mut mapped = Vec::new();
-    for &(gpa, len) in &regions {
+    for r in ram.mem.iter() {
+        let (gpa, len) = (r.start_addr().0, r.len());
         let iova = base.offset(gpa);
-        if let Err(e) = cx.phys.map_dma(iova, len, mem.clone(), Gpa(gpa)) {
+        if let Err(e) = cx.phys.map_dma(iova, len, ram.mem.clone(), Gpa(gpa)) {
             for m in mapped {
                 let _ = cx.phys.unmap_dma(m);
             }
@@ -597,19 +723,28 @@ fn attach_memory(cx: &mut VmCx, window: u64, mem: GuestMemoryMmap) -> Result<(),
         mapped.push(iova);
     }
     cx.vm.dma_windows = mapped;
-    cx.vm.mem.ram = Some(GuestRam {
-        mem,
-        iova_base: base,
-    });
     Ok(())
 }
 
-fn detach_memory(cx: &mut VmCx) {
+/// Bus mastering turned on: the VM's RAM becomes reachable by its GPU work again.
+fn map_windows(cx: &mut VmCx) {
+    if let Err(e) = try_map_windows(cx) {
+        log::warn!("{}: remapping DMA windows: {e}", cx.vm.id);
+    }
+}
+
+/// Bus mastering turned off (or RAM detached): the GPU's accesses to the VM's RAM hit no window
+/// and master-abort (reads all-ones, writes dropped, counted by the physical GPU).
+fn unmap_windows(cx: &mut VmCx) {
     for w in cx.vm.dma_windows.drain(..) {
         if let Err(e) = cx.phys.unmap_dma(w) {
             log::warn!("{}: unmapping DMA window {w}: {e}", cx.vm.id);
         }
     }
+}
+
+fn detach_memory(cx: &mut VmCx) {
+    unmap_windows(cx);
     cx.vm.mem.ram = None;
 }
 

@@ -169,9 +169,26 @@ impl Violations {
     }
 }
 
+/// What the PCI command register and the expansion ROM BAR did to the VM's accesses
+/// (`crate::mmio::pci`: decoding and bus mastering as the guest programmed them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PciCounts {
+    /// BAR accesses while memory decoding was off (reads answered all-ones, writes dropped).
+    pub decode_off: RwCount,
+    /// Expansion ROM reads answered with the VBIOS.
+    pub rom_reads: u64,
+    /// Expansion ROM reads while the ROM BAR was not decoding (answered all-ones).
+    pub rom_refused: u64,
+    /// Times the guest turned bus mastering off (its DMA windows unmapped: the GPU's accesses
+    /// to the VM's RAM master-abort until it is turned on again).
+    pub bus_master_off: u64,
+}
+
 /// Counters of one vGPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct VgpuStats {
+    /// PCI command-register and ROM BAR effects.
+    pub pci: PciCounts,
     /// Exits by BAR.
     pub exits: BarExits,
     /// Exits by trap class.
@@ -206,6 +223,8 @@ pub struct VgpuStats {
     pub channel_binds: u64,
     /// Shadow instance blocks refreshed after a guest write to the guest's block.
     pub instance_refreshes: u64,
+    /// Host-owned GR contexts created for the VM's channels (`crate::channels::grctx`).
+    pub gr_contexts: u64,
     /// Guest runlist submissions.
     pub runlist_submits: u64,
     /// Para-virtual batches submitted.

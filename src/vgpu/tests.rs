@@ -1300,3 +1300,6 @@ fn direct_map_generation_moves_when_the_plan_may() {
     );
     assert!(w.stats().shadow.tracked_pages > 0);
 }
+
+mod grctx;
+mod pci;

@@ -57,6 +57,17 @@ impl VBoard {
         super::vbios::prom_word(&self.vbios, rel)
     }
 
+    /// Bytes of the expansion ROM at `off` (the same image; zero past it).
+    pub fn rom(&self, off: usize, out: &mut [u8]) {
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = off
+                .checked_add(i)
+                .and_then(|a| self.vbios.get(a))
+                .copied()
+                .unwrap_or(0);
+        }
+    }
+
     /// A read of a board register; `None` if this module does not implement it.
     pub fn read(&mut self, off: u32) -> Option<u32> {
         if VPmu::contains(off) {

@@ -149,6 +149,19 @@ pub fn build_kernel() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(path))
 }
 
+/// Subdevices whose `init completed` lines (nvkm trace level, compiled in with
+/// `CONFIG_NOUVEAU_DEBUG=5`) are the evidence of rungs (f) and (g).
+pub const SUBDEV_TRACE: &str =
+    "PMU=trace,LTC=trace,THERM=trace,CLK=trace,VOLT=trace,GPIO=trace,I2C=trace,IMEM=trace,MMU=trace,BAR=trace";
+/// How long UML's virt-pci waits for the back end's answer to a read, in udelay(1) spins
+/// (its default is 40,000).
+pub const VIRT_PCI_MAX_DELAY_US: u32 = 2_000_000;
+/// Rung (f): these subdevices' init completed.
+const RUNG_F: [&str; 6] = ["pmu", "ltc", "therm", "clk", "gpio", "i2c"];
+/// Rung (g): these subdevices' init completed (and nouveau's TTM saw VRAM and GART, no BAR
+/// flush timed out).
+const RUNG_G: [&str; 3] = ["imem", "mmu", "bar"];
+
 /// The kernel arguments for a boot against `socket` with `rootfs` as the root directory.
 pub fn kernel_args(args: &NouveauArgs, socket: &Path, rootfs: &Path) -> Vec<String> {
     let mut v = vec![
@@ -161,6 +174,11 @@ pub fn kernel_args(args: &NouveauArgs, socket: &Path, rootfs: &Path) -> Vec<Stri
         "init=/gpuvm-nvtest".into(),
         "log_buf_len=32M".into(),
         "nouveau.modeset=2".into(),
+        format!("nouveau.debug={SUBDEV_TRACE}"),
+        // UML gives up on a non-posted command (a config or BAR read) after 40,000 udelay(1)
+        // spins ("um virt-pci delay", WARNING at virt-pci.c:203) and reads all-ones; on a loaded
+        // host the back end (sharing the host lock with the second VM) answers later than that.
+        format!("virt_pci.max_delay_us={VIRT_PCI_MAX_DELAY_US}"),
         "con0=null,fd:1".into(),
         "con=null".into(),
     ];
@@ -230,15 +248,35 @@ pub fn rungs(log: &str, noaccel: bool) -> Vec<Rung> {
     let e = find(&|l: &str| l.contains("nouveau") && l.contains("fb:") && l.contains("MiB"));
     let d = if ctor_fail.is_none() { e.clone() } else { None };
     let init_fail = nv("init failed");
-    let vram = nv("DRM: VRAM:");
-    let gart = nv("DRM: GART:");
+    // nvkm_subdev_init at trace level: "nouveau 0000:00:00.0: pmu: init completed in 12us".
+    let done = |sub: &str| {
+        let pat = format!(" {sub}: init completed");
+        find(&|l: &str| l.contains("nouveau") && l.contains(&pat))
+    };
+    let all_done = |subs: &[&str]| -> Option<String> {
+        let lines: Option<Vec<String>> = subs.iter().map(|s| done(s)).collect();
+        lines.map(|l| l.join(" | "))
+    };
+    let drm = |s: &str| {
+        find(&|l: &str| {
+            l.contains("nouveau") && l.to_ascii_lowercase().contains(&format!("drm: {s}"))
+        })
+    };
+    let (vram, gart) = (drm("vram:"), drm("gart:"));
     let f = if init_fail.is_none() {
-        vram.clone()
+        all_done(&RUNG_F)
     } else {
         None
     };
-    let g = match (&vram, &gart) {
-        (Some(_), Some(gt)) if has("g84_bar_flush").is_none() => Some(gt.clone()),
+    // BAR flush timeouts count until the DRM device is up (after the test program, UML powers
+    // off and the disconnected device reads all-ones: nouveau's teardown then times out).
+    let up_to_drm = match log.find("Initialized nouveau") {
+        Some(i) => &log[..i],
+        None => log,
+    };
+    let flush_timeout = up_to_drm.contains("g84_bar_flush");
+    let g = match (all_done(&RUNG_G), &vram, &gart) {
+        (Some(subs), Some(v), Some(gt)) if !flush_timeout => Some(format!("{subs} | {v} | {gt}")),
         _ => None,
     };
     let accel_fail = nv("failed to create kernel channel")
@@ -485,13 +523,39 @@ pci 0000:00:00.0: BAR 0 [mem 0xf0000000-0xf1ffffff]: assigned
 nouveau 0000:00:00.0: NVIDIA GF100 (0c0c00a3)
 nouveau 0000:00:00.0: bios: version 70.c0.00.01.00
 nouveau 0000:00:00.0: fb: 512 MiB of unknown memory type
-nouveau 0000:00:00.0: DRM: VRAM: 512 MiB
-nouveau 0000:00:00.0: DRM: GART: 1048576 MiB
+nouveau 0000:00:00.0: pmu: init completed in 40us
+nouveau 0000:00:00.0: ltc: init completed in 3us
+nouveau 0000:00:00.0: therm: init completed in 9us
+nouveau 0000:00:00.0: clk: init completed in 1us
+nouveau 0000:00:00.0: gpio: init completed in 2us
+nouveau 0000:00:00.0: i2c: init completed in 5us
+nouveau 0000:00:00.0: imem: init completed in 7us
+nouveau 0000:00:00.0: mmu: init completed in 0us
+nouveau 0000:00:00.0: bar: init completed in 90us
+nouveau 0000:00:00.0: drm: VRAM: 512 MiB
+nouveau 0000:00:00.0: drm: GART: 1048576 MiB
 [drm] Initialized nouveau 1.4.0 20120801 for 0000:00:00.0 on minor 0
 ";
         let r = rungs(log, true);
         let got: String = r.iter().filter(|r| r.reached).map(|r| r.id).collect();
         assert_eq!(got, "abcdefgi");
+        assert!(r[5]
+            .evidence
+            .as_deref()
+            .unwrap_or("")
+            .contains("pmu: init completed"));
+        // Without a subdevice's line (or with a BAR flush timeout) the rung is not reached.
+        let r = rungs(&log.replace("ltc: init", "ltc: oneinit"), true);
+        assert!(!r[5].reached && r[6].reached);
+        let flush = "WARNING: at g84_bar_flush\n";
+        let r = rungs(
+            &log.replace("[drm] Initialized", &format!("{flush}[drm] Initialized")),
+            true,
+        );
+        assert!(!r[6].reached);
+        // After the DRM device is up (UML powering off) it does not count.
+        let r = rungs(&format!("{log}reboot: Power down\n{flush}"), true);
+        assert!(r[6].reached);
         assert!(!r[7].reached, "noaccel: no FIFO/GR rung");
         // A constructor failure stops the ladder at (d).
         let bad = log.replace("fb: 512", "bios ctor failed: -22\nnouveau x: fb: 512");

@@ -289,10 +289,10 @@ impl PciBackend {
                 value,
             } => {
                 if let Some(b) = bar_of(*bar, *offset, *size)? {
-                    let fill = [*value; 8];
-                    for (off, len) in wire::split(*offset, *size) {
-                        v.bar_write(b, off, &fill[..len]);
+                    if b == Bar::Bar0 {
+                        self.dev.note_bar0(*offset, *size, true);
                     }
+                    v.bar_fill(b, *offset, *size as u64, *value);
                 }
                 Ok(Vec::new())
             }

@@ -5,6 +5,17 @@
 //! bytes (a memset carries one byte). Interrupts go back on the second queue as the same header
 //! with op INT or MSI (MSI data in the payload). Nothing here trusts the guest: every field is
 //! checked before the device model sees an access.
+//!
+//! **UML 6.12 sends BAR memsets as config writes.** `um_pci_bar_set` (`memset_io` on a BAR,
+//! arch/um/drivers/virt-pci.c) fills its header with `VIRTIO_PCIDEV_OP_CFG_WRITE`, not
+//! `OP_MMIO_MEMSET`, with `bar` = the BAR index, `size` = the memset length and one data byte
+//! (padded to 8 by the struct's alignment). nouveau zeroes objects with `memset_io` through
+//! BAR1/BAR3 (e.g. 640 KiB at 0x163000 while creating its first channel), so these arrived as
+//! "config accesses" of hundreds of KiB and were refused. A config write as UML really sends
+//! one has `bar` = 0 and a size of 1, 2, 4 or 8 inside the 4 KiB space; a CFG_WRITE with a
+//! non-zero `bar` or any other size is therefore parsed as that memset ([`Command::MmioMemset`],
+//! with the same BAR checks). Left ambiguous, and taken as the config write the protocol says:
+//! a memset on BAR0 of 1, 2, 4 or 8 bytes below 4 KiB (nouveau does none).
 
 use thiserror::Error;
 
@@ -85,7 +96,19 @@ pub fn parse(buf: &[u8]) -> Result<Command, WireError> {
         && addr < CONFIG_SIZE
         && addr + u64::from(size) <= CONFIG_SIZE;
     let bar_ok = size > 0 && size <= MAX_ACCESS && addr.checked_add(u64::from(size)).is_some();
+    // UML 6.12's `um_pci_bar_set` (see the module documentation).
+    let uml_memset = op == OP_CFG_WRITE && (bar != 0 || !config_ok);
     match op {
+        OP_CFG_WRITE if uml_memset && !bar_ok => Err(WireError::Size { offset: addr, size }),
+        OP_CFG_WRITE if uml_memset => {
+            let v = payload(data, 1, true)?;
+            Ok(Command::MmioMemset {
+                bar,
+                offset: addr,
+                size: size as usize,
+                value: v[0],
+            })
+        }
         OP_CFG_READ | OP_CFG_WRITE if !config_ok => Err(WireError::Config { offset: addr, size }),
         OP_CFG_READ => Ok(Command::CfgRead {
             offset: addr as u16,
@@ -238,7 +261,7 @@ mod tests {
             Err(WireError::Config { .. })
         ));
         assert!(matches!(
-            parse(&cmd(OP_CFG_WRITE, 0, 8, 4092, &[0; 8])),
+            parse(&cmd(OP_CFG_READ, 0, 8, 4092, &[])),
             Err(WireError::Config { .. })
         ));
         // Write announcing more than it carries.
@@ -264,6 +287,64 @@ mod tests {
         assert_eq!(
             parse(&cmd(OP_MMIO_MEMSET, 0, 16, 0, &[])),
             Err(WireError::Payload { want: 1, got: 0 })
+        );
+    }
+
+    /// UML 6.12's `um_pci_bar_set` message: op CFG_WRITE, the BAR index, the memset length,
+    /// one data byte padded to 8.
+    #[test]
+    fn uml_memsets_sent_as_config_writes_are_memsets() {
+        let mut byte = [0u8; 8];
+        byte[0] = 0xab;
+        assert_eq!(
+            parse(&cmd(OP_CFG_WRITE, 3, 655_360, 0x16_3000, &byte)),
+            Ok(Command::MmioMemset {
+                bar: 3,
+                offset: 0x16_3000,
+                size: 655_360,
+                value: 0xab
+            })
+        );
+        // Any size on a non-zero BAR, even one a config write could have.
+        assert_eq!(
+            parse(&cmd(OP_CFG_WRITE, 1, 4, 0x10, &byte)),
+            Ok(Command::MmioMemset {
+                bar: 1,
+                offset: 0x10,
+                size: 4,
+                value: 0xab
+            })
+        );
+        // BAR0, larger than a config access.
+        assert!(matches!(
+            parse(&cmd(OP_CFG_WRITE, 0, 4096, 0, &byte)),
+            Ok(Command::MmioMemset {
+                bar: 0,
+                size: 4096,
+                ..
+            })
+        ));
+        // The same BAR checks as OP_MMIO_MEMSET: zero, huge, wrapping, no byte.
+        for (size, addr) in [(0, 0x10_000), (MAX_ACCESS + 1, 0), (16, u64::MAX - 3)] {
+            assert!(
+                matches!(
+                    parse(&cmd(OP_CFG_WRITE, 1, size, addr, &byte)),
+                    Err(WireError::Size { .. })
+                ),
+                "size {size} at {addr:#x}"
+            );
+        }
+        assert_eq!(
+            parse(&cmd(OP_CFG_WRITE, 1, 64, 0, &[])),
+            Err(WireError::Payload { want: 1, got: 0 })
+        );
+        // A real config write (BAR field 0, size 1/2/4/8 inside 4 KiB) stays one.
+        assert_eq!(
+            parse(&cmd(OP_CFG_WRITE, 0, 4, 0x30, &[1, 0, 0, 0, 0, 0, 0, 0])),
+            Ok(Command::CfgWrite {
+                offset: 0x30,
+                data: vec![1, 0, 0, 0]
+            })
         );
     }
 
