@@ -58,6 +58,12 @@ pub struct ServeArgs {
     /// VRAM of the simulated GPU, MiB.
     #[arg(long, default_value_t = 6144)]
     phys_vram_mib: u64,
+    /// IOVA (DMA) window of each VM, MiB: a power of two from 1 MiB, at least the end of the
+    /// guest RAM a client maps. The 2^40-byte IOVA space holds 31 windows of the default
+    /// 32 GiB; 64 VMs of up to 8 GiB of RAM need 8192 or less. A client whose RAM does not fit
+    /// its window gets its DMA_MAP refused.
+    #[arg(long, default_value_t = 32 << 10)]
+    dma_window_mib: u64,
     /// Accept DMA map files that are not sealed against shrinking (F_SEAL_SHRINK), as Cloud
     /// Hypervisor's guest memory is. Unsafe against a hostile VMM: one that truncates a mapped
     /// file makes this daemon die of SIGBUS on its next access, taking every VM's vGPU with it.
@@ -196,8 +202,16 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
         ..SimConfig::default()
     }));
     let phys: Arc<dyn PhysicalGpu> = sim;
-    let host =
-        Arc::new(GpuHost::new(phys, HostConfig::default()).context("bringing up the GPU host")?);
+    // Enough hypervisor VRAM for the VMs given at start (each reserves its shadow tables);
+    // VMs added later over the control socket are refused with a clear error if it runs out.
+    let host_cfg = gpuvm::harness::virt::host_config_for(
+        &HostConfig {
+            iova_window: args.dma_window_mib.saturating_mul(1 << 20),
+            ..HostConfig::default()
+        },
+        vms.len(),
+    );
+    let host = Arc::new(GpuHost::new(phys, host_cfg).context("bringing up the GPU host")?);
     host.set_scheduler(args.sched.create(&SchedParams::default()))
         .context("setting the scheduler")?;
     host.set_clock(clock.clone());

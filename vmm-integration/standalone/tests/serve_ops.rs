@@ -33,7 +33,11 @@ impl Serve {
         let mut child = gpuvm()
             .args(["serve", "--socket-dir"])
             .arg(&dir)
-            .args(["--vms", "2", "--vram-mib", "128"])
+            .args(if extra.contains(&"--vms") {
+                &[][..]
+            } else {
+                &["--vms", "2", "--vram-mib", "128"][..]
+            })
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -387,4 +391,64 @@ fn a_second_daemon_on_the_same_directory_refuses_and_sigterm_exits_zero() {
     unsafe { libc::kill(s.child.id() as i32, libc::SIGTERM) };
     assert_eq!(s.wait_exit().code(), Some(0));
     assert!(!s.dir.join("control.sock").exists());
+}
+
+/// More VMs than 32 GiB DMA windows fit in the 2^40-byte IOVA space (31) are served once the
+/// windows are sized for the VMs' RAM (64 VMs here); with the default the daemon says what to
+/// change.
+#[test]
+fn sixty_four_vms_with_dma_windows_sized_for_them() {
+    let dir = std::env::temp_dir().join(format!("gpuvm-ops-window-{}", std::process::id()));
+    let out = gpuvm()
+        .args([
+            "serve",
+            "--vms",
+            "40",
+            "--vram-mib",
+            "64",
+            "--channels",
+            "2",
+        ])
+        .arg("--socket-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success(), "40 x 32 GiB windows cannot fit");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no DMA window left"), "{err}");
+    let bad = gpuvm()
+        .args([
+            "serve",
+            "--vms",
+            "1",
+            "--dma-window-mib",
+            "3000",
+            "--socket-dir",
+        ])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("power of two"),
+        "{bad:?}"
+    );
+    let s = Serve::start(
+        "window",
+        &[
+            "--vms",
+            "64",
+            "--vram-mib",
+            "64",
+            "--channels",
+            "1",
+            "--dma-window-mib",
+            "8192",
+        ],
+    );
+    let list = s.ctl_json(&["list"]);
+    assert_eq!(names(&list).len(), 64);
+    assert!(s.dir.join("vm63.sock").exists());
 }
