@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::Args;
+use gpuvm::addr::HostVram;
 use gpuvm::clock::ClockKind;
 use gpuvm::harness::virt::VirtHal;
 use gpuvm::host::{GpuHost, HostConfig};
@@ -99,6 +100,9 @@ pub struct Neighbour {
     pub verified: u64,
     /// Driver errors.
     pub errors: u64,
+    /// A pattern the host wrote into the unused top `CANARY_BYTES` of this VM's VRAM slice
+    /// before nouveau booted read back bit-identical after nouveau's VM ended.
+    pub vram_canary_intact: bool,
 }
 
 /// The report.
@@ -120,6 +124,9 @@ pub struct Report {
     pub interrupts: u64,
     /// The second VM (None with --no-second-vm).
     pub neighbour: Option<Neighbour>,
+    /// After nouveau's VM ended (its test program done, or killed at the timeout), its vGPU
+    /// was destroyed and scrubbed and a fresh one is served on its socket.
+    pub nouveau_vgpu_recycled: bool,
     /// Seconds the guest ran.
     pub seconds: f64,
 }
@@ -194,7 +201,7 @@ fn neighbour_vm(
     clock: Arc<dyn gpuvm::clock::Clock>,
     stop: Arc<AtomicBool>,
     runs: Arc<[AtomicU64; 3]>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     let profile = VgpuProfile {
         name: "neighbour".into(),
         vram_mib: 256,
@@ -209,6 +216,9 @@ fn neighbour_vm(
     let hal = VirtHal::new(vgpu.clone(), clock, mem, 0, ram);
     let mut gpu = Gpu::init(hal, DriverConfig::default())
         .map_err(|e| anyhow::anyhow!("neighbour driver init: {e}"))?;
+    let canary_at = HostVram(vgpu.vram_slice().base.0 + vgpu.vram_slice().size - CANARY_BYTES);
+    let canary = canary_pattern();
+    host.phys().write_vram(canary_at, &canary);
     let list = [Workload::Madd, Workload::MemcpyHtod, Workload::MemcpyDtoh];
     let mut i = 0usize;
     while !stop.load(Ordering::SeqCst) {
@@ -227,8 +237,27 @@ fn neighbour_vm(
         i += 1;
     }
     drop(gpu);
+    let mut back = vec![0u8; canary.len()];
+    host.phys().read_vram(canary_at, &mut back);
+    let intact = back == canary;
     host.destroy_vgpu(&vgpu)?;
-    Ok(())
+    Ok(intact)
+}
+
+/// Bytes at the top of the second VM's slice that its small workloads never touch.
+const CANARY_BYTES: u64 = 8 << 20;
+
+/// A pattern no scrub or stray write produces by accident (a xorshift stream).
+fn canary_pattern() -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..CANARY_BYTES / 8)
+        .flat_map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()
+        })
+        .collect()
 }
 
 /// The ladder, read from the kernel log.
@@ -357,10 +386,26 @@ pub fn run(args: &NouveauArgs) -> anyhow::Result<bool> {
         }
         if let Some(n) = &report.neighbour {
             println!(
-                "second VM: {} workload runs, {} verified, {} errors",
-                n.runs, n.verified, n.errors
+                "second VM: {} workload runs, {} verified, {} errors; VRAM canary ({} MiB) {}",
+                n.runs,
+                n.verified,
+                n.errors,
+                CANARY_BYTES >> 20,
+                if n.vram_canary_intact {
+                    "bit-identical"
+                } else {
+                    "CHANGED"
+                }
             );
         }
+        println!(
+            "nouveau's vGPU after its VM ended: {}",
+            if report.nouveau_vgpu_recycled {
+                "destroyed, scrubbed, a fresh one served"
+            } else {
+                "NOT recycled"
+            }
+        );
         println!(
             "transport: {} commands, {} refused, {} interrupts; {} unimplemented registers touched",
             report.transport.0,
@@ -457,26 +502,38 @@ pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
         std::thread::sleep(Duration::from_millis(100));
     }
     let seconds = started.elapsed().as_secs_f64();
+    // nouveau's VM is gone (however it ended): its vGPU must be recycled — destroyed,
+    // scrubbed, a fresh one served — while the second VM still runs.
+    let dev = server.devices()[0].clone();
+    let recycle_by = Instant::now() + Duration::from_secs(30);
+    while dev.teardowns() == 0 && Instant::now() < recycle_by {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let nouveau_vgpu_recycled = dev.teardowns() > 0 && dev.vgpu().is_some();
     stop.store(true, Ordering::SeqCst);
     let neighbour = match neighbour {
         Some(t) => {
             let r = t
                 .join()
                 .map_err(|_| anyhow::anyhow!("second VM thread panicked"))?;
-            if let Err(e) = r {
-                eprintln!("gpuvm nouveau: second VM: {e}");
-            }
+            let vram_canary_intact = match r {
+                Ok(intact) => intact,
+                Err(e) => {
+                    eprintln!("gpuvm nouveau: second VM: {e}");
+                    false
+                }
+            };
             Some(Neighbour {
                 runs: counters[0].load(Ordering::SeqCst),
                 verified: counters[1].load(Ordering::SeqCst),
                 errors: counters[2].load(Ordering::SeqCst),
+                vram_canary_intact,
             })
         }
         None => None,
     };
     let mut log = String::new();
     std::fs::File::open(&log_path)?.read_to_string(&mut log)?;
-    let dev = server.devices()[0].clone();
     let unknown_registers = dev
         .unknown_registers()
         .into_iter()
@@ -507,6 +564,7 @@ pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
         transport,
         interrupts,
         neighbour,
+        nouveau_vgpu_recycled,
         seconds,
     })
 }

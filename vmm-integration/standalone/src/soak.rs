@@ -136,7 +136,11 @@ fn client(a: &SoakArgs, socket: &Path) -> anyhow::Result<bool> {
     let ram: u64 = 18 << 20;
     let mem = crate::kvm::shared_ram::memfd_ram(ram)?;
     remote.attach_ram(&mem)?;
-    // Memory decoding and bus mastering on, as firmware would leave them.
+    // Enumerate first, as an OS does (the daemon takes a connection whose first config access
+    // writes PCI_COMMAND for a restore and refuses it, docs/vfio-user.md), then memory
+    // decoding and bus mastering on, as firmware would leave them.
+    let mut id = [0u8; 4];
+    remote.config_read(0, &mut id);
     remote.config_write(4, &6u16.to_le_bytes());
     let clock: Arc<dyn Clock> = Arc::new(RealClock::new());
     let hal = InProcessHal::with_device(Remote(remote), clock, mem, 0, ram);
@@ -414,6 +418,9 @@ fn client_leave(socket: &Path) -> anyhow::Result<bool> {
     let ram: u64 = 18 << 20;
     let mem = crate::kvm::shared_ram::memfd_ram(ram)?;
     remote.attach_ram(&mem)?;
+    // Enumerate, then enable (see `client`).
+    let mut id = [0u8; 4];
+    remote.config_read(0, &mut id);
     remote.config_write(4, &6u16.to_le_bytes());
     let clock: Arc<dyn Clock> = Arc::new(RealClock::new());
     let hal = InProcessHal::with_device(Remote(remote), clock, mem, 0, ram);

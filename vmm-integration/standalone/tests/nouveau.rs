@@ -89,6 +89,14 @@ fn nouveau_runs_a_userspace_channel_with_acceleration_while_the_second_vm_verifi
         n["runs"], n["verified"],
         "every second-VM run verified: {text}"
     );
+    assert_eq!(
+        n["vram_canary_intact"], true,
+        "the second VM's VRAM outside its workloads is bit-identical: {text}"
+    );
+    assert_eq!(
+        v["nouveau_vgpu_recycled"], true,
+        "nouveau's vGPU is destroyed, scrubbed and served fresh when its VM ends: {text}"
+    );
     // UML still sends some accesses the transport refuses (docs/nouveau.md, "Known gaps"):
     // they are counted, not asserted away.
     println!("transport: {}", v["transport"]);
