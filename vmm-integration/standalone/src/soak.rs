@@ -129,21 +129,32 @@ impl InProcessDevice for Remote {
     fn set_irq_line(&self, _line: Arc<dyn IrqLine>) {}
 }
 
-/// `gpuvm soak --client SOCKET`: one client's life. Prints `started` before the first
-/// workload and a JSON line at the end.
-fn client(a: &SoakArgs, socket: &Path) -> anyhow::Result<bool> {
+/// A client's device: the vGPU behind `socket` with 18 MiB of shared RAM attached,
+/// enumerated first as an OS does (the daemon takes a connection whose first config access
+/// writes PCI_COMMAND for a restore and refuses it, docs/vfio-user.md), then memory decoding
+/// and bus mastering on, as firmware would leave them.
+fn remote_hal(socket: &Path) -> anyhow::Result<InProcessHal<Remote>> {
     let remote = RemoteVgpu::connect(socket)?;
     let ram: u64 = 18 << 20;
     let mem = crate::kvm::shared_ram::memfd_ram(ram)?;
     remote.attach_ram(&mem)?;
-    // Enumerate first, as an OS does (the daemon takes a connection whose first config access
-    // writes PCI_COMMAND for a restore and refuses it, docs/vfio-user.md), then memory
-    // decoding and bus mastering on, as firmware would leave them.
     let mut id = [0u8; 4];
     remote.config_read(0, &mut id);
     remote.config_write(4, &6u16.to_le_bytes());
     let clock: Arc<dyn Clock> = Arc::new(RealClock::new());
-    let hal = InProcessHal::with_device(Remote(remote), clock, mem, 0, ram);
+    Ok(InProcessHal::with_device(
+        Remote(remote),
+        clock,
+        mem,
+        0,
+        ram,
+    ))
+}
+
+/// `gpuvm soak --client SOCKET`: one client's life. Prints `started` before the first
+/// workload and a JSON line at the end.
+fn client(a: &SoakArgs, socket: &Path) -> anyhow::Result<bool> {
+    let hal = remote_hal(socket)?;
     let cfg = DriverConfig {
         fence_mode: FenceMode::Poll,
         ..DriverConfig::default()
@@ -414,16 +425,7 @@ pub fn run(a: &SoakArgs) -> anyhow::Result<bool> {
 
 /// A client that connects, brings the driver up and leaves.
 fn client_leave(socket: &Path) -> anyhow::Result<bool> {
-    let remote = RemoteVgpu::connect(socket)?;
-    let ram: u64 = 18 << 20;
-    let mem = crate::kvm::shared_ram::memfd_ram(ram)?;
-    remote.attach_ram(&mem)?;
-    // Enumerate, then enable (see `client`).
-    let mut id = [0u8; 4];
-    remote.config_read(0, &mut id);
-    remote.config_write(4, &6u16.to_le_bytes());
-    let clock: Arc<dyn Clock> = Arc::new(RealClock::new());
-    let hal = InProcessHal::with_device(Remote(remote), clock, mem, 0, ram);
+    let hal = remote_hal(socket)?;
     Gpu::init(hal, DriverConfig::default()).map_err(|e| anyhow::anyhow!("driver init: {e}"))?;
     println!("left");
     Ok(true)
