@@ -128,17 +128,12 @@ fn a_kvm_guest_waits_for_its_fences_by_interrupt() {
     }
 }
 
-#[test]
-fn the_pvh_entry_switches_to_ring_3_by_itself_and_verifies() {
-    if !kvm_available("the_pvh_entry_switches_to_ring_3_by_itself_and_verifies") {
-        return;
-    }
-    // The image Cloud Hypervisor boots, started the way it starts it: 32-bit protected mode,
-    // paging off, the command line in the PVH start info. VM 0 polls, VM 1 takes interrupts.
-    let out = gpuvm(&[
-        "run",
-        "--kvm",
-        "--pvh",
+/// `gpuvm run --kvm` with `extra`: two VMs run madd and loop at size 16, VM 1 takes its fences
+/// by interrupt; the run must succeed. Returns its JSON.
+fn two_vms_madd_and_loop_vm1_by_irq(extra: &[&str]) -> Value {
+    let mut args = vec!["run", "--kvm"];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&[
         "--vms",
         "2",
         "--workload",
@@ -154,12 +149,23 @@ fn the_pvh_entry_switches_to_ring_3_by_itself_and_verifies() {
         "--timeout",
         "300",
     ]);
-    let v = json(&out);
+    let out = gpuvm(&args);
     assert!(
         out.status.success(),
         "stderr: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    json(&out)
+}
+
+#[test]
+fn the_pvh_entry_switches_to_ring_3_by_itself_and_verifies() {
+    if !kvm_available("the_pvh_entry_switches_to_ring_3_by_itself_and_verifies") {
+        return;
+    }
+    // The image Cloud Hypervisor boots, started the way it starts it: 32-bit protected mode,
+    // paging off, the command line in the PVH start info. VM 0 polls, VM 1 takes interrupts.
+    let v = two_vms_madd_and_loop_vm1_by_irq(&["--pvh"]);
     let vms = v["vms"].as_array().expect("vms");
     assert_eq!(vms.len(), 2);
     for (i, vm) in vms.iter().enumerate() {
@@ -405,30 +411,7 @@ fn one_kvm_vm_waits_by_interrupt_while_the_other_polls() {
     if !kvm_available("one_kvm_vm_waits_by_interrupt_while_the_other_polls") {
         return;
     }
-    let out = gpuvm(&[
-        "run",
-        "--kvm",
-        "--vms",
-        "2",
-        "--workload",
-        "madd",
-        "--workload",
-        "loop",
-        "--size",
-        "16",
-        "--irq-vm",
-        "1",
-        "--json",
-        "--quiet-console",
-        "--timeout",
-        "300",
-    ]);
-    let v = json(&out);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let v = two_vms_madd_and_loop_vm1_by_irq(&[]);
     let vms = v["vms"].as_array().unwrap();
     for vm in vms {
         assert_vm_verified(vm, &["madd", "loop"]);
