@@ -379,13 +379,7 @@ pub fn write_svg(r: &DemoReport, path: &Path) -> anyhow::Result<()> {
             .label(format!("vm{} ({:.1} %)", v.vm, v.gpu_share * 100.0))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK.mix(0.3))
-        .draw()
-        .map_err(crate::exp::plot_err)?;
+    crate::exp::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(crate::exp::plot_err)?;
     Ok(())
 }

@@ -530,13 +530,7 @@ pub fn write_svg(r: &IsolationReport, path: &Path) -> anyhow::Result<()> {
                 ))
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .draw()
-            .map_err(plot_err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     }
     root.present().map_err(plot_err)?;
     Ok(())
@@ -544,6 +538,26 @@ pub fn write_svg(r: &IsolationReport, path: &Path) -> anyhow::Result<()> {
 
 pub(crate) fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plot: {e:?}")
+}
+
+/// Draws a chart's series legend at `pos` in the style every experiment plot uses (white box,
+/// grey border).
+pub(crate) fn draw_legend<'a, DB, CT>(
+    chart: &mut plotters::chart::ChartContext<'a, DB, CT>,
+    pos: plotters::chart::SeriesLabelPosition,
+) -> anyhow::Result<()>
+where
+    DB: plotters::prelude::DrawingBackend + 'a,
+    CT: plotters::coord::CoordTranslate,
+{
+    use plotters::style::{Color, BLACK, WHITE};
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK.mix(0.3))
+        .draw()
+        .map_err(plot_err)
 }
 
 #[cfg(test)]

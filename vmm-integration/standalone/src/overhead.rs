@@ -619,13 +619,7 @@ pub fn write_svg(r: &OverheadReport, path: &Path) -> anyhow::Result<()> {
                     Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
                 });
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK.mix(0.3))
-            .draw()
-            .map_err(crate::exp::plot_err)?;
+        crate::exp::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
     root.present().map_err(crate::exp::plot_err)?;
     Ok(())

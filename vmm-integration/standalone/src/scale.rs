@@ -392,13 +392,7 @@ pub fn write_svg(r: &ScaleReport, path: &Path) -> anyhow::Result<()> {
             )
             .map_err(crate::exp::plot_err)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK.mix(0.3))
-        .draw()
-        .map_err(crate::exp::plot_err)?;
+    crate::exp::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     root.present().map_err(crate::exp::plot_err)?;
     Ok(())
 }

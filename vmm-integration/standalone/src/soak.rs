@@ -538,13 +538,7 @@ fn write_svg(r: &SoakReport, path: &Path) -> anyhow::Result<()> {
             .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK.mix(0.3))
-        .draw()
-        .map_err(crate::exp::plot_err)?;
+    crate::exp::draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
     root.present().map_err(crate::exp::plot_err)?;
     Ok(())
 }
