@@ -479,14 +479,8 @@ impl Vgpu {
     }
 
     fn bar_write_direct(&self, bar: Bar, offset: u64, data: &[u8]) {
-        self.shared.access(self.id, |cx| match bar {
-            _ if !cx.vm.pci.memory_enabled() => cx.vm.stats.pci.decode_off.count(true),
-            Bar::Bar0 => {
-                cx.vm.stats.exits.bar0.count(true);
-                bar0::write(cx, offset, data)
-            }
-            Bar::Bar1 | Bar::Bar3 => aperture::bar_write(cx, bar, offset, data),
-        });
+        self.shared
+            .access(self.id, |cx| write_locked(cx, bar, offset, data));
     }
 
     /// Fills `len` bytes of `bar` from `offset` with `value` (a guest `memset_io`), as the
@@ -510,15 +504,7 @@ impl Vgpu {
             let stop = end.min((at / FILL_CHUNK + 1) * FILL_CHUNK);
             self.shared.access(self.id, |cx| {
                 for (off, n) in aligned_pieces(at, stop) {
-                    let data = &fill[..n];
-                    match bar {
-                        _ if !cx.vm.pci.memory_enabled() => cx.vm.stats.pci.decode_off.count(true),
-                        Bar::Bar0 => {
-                            cx.vm.stats.exits.bar0.count(true);
-                            bar0::write(cx, off, data)
-                        }
-                        Bar::Bar1 | Bar::Bar3 => aperture::bar_write(cx, bar, off, data),
-                    }
+                    write_locked(cx, bar, off, &fill[..n]);
                 }
             });
             at = stop;
@@ -637,6 +623,19 @@ impl Drop for Vgpu {
         // A VM still alive when its last handle goes is destroyed; an explicit destroy before
         // makes this a no-op.
         let _ = self.shared.destroy(self.id);
+    }
+}
+
+/// One guest BAR write under the host lock: dropped and counted while memory decoding is off,
+/// else to the BAR0 dispatch or the BAR1/BAR3 aperture.
+fn write_locked(cx: &mut VmCx, bar: Bar, offset: u64, data: &[u8]) {
+    match bar {
+        _ if !cx.vm.pci.memory_enabled() => cx.vm.stats.pci.decode_off.count(true),
+        Bar::Bar0 => {
+            cx.vm.stats.exits.bar0.count(true);
+            bar0::write(cx, offset, data)
+        }
+        Bar::Bar1 | Bar::Bar3 => aperture::bar_write(cx, bar, offset, data),
     }
 }
 
