@@ -93,6 +93,8 @@ pub struct ShadowTranslation {
     pub addr: u64,
     /// The page is read-only.
     pub read_only: bool,
+    /// The page is supervisor-only (channels fault on it; the host's own mappings).
+    pub supervisor: bool,
 }
 
 /// Counters of one VM's shadow page tables.

@@ -102,6 +102,7 @@ fn tr(target: Target, addr: u64) -> Option<ShadowTranslation> {
         target,
         addr,
         read_only: false,
+        supervisor: false,
     })
 }
 
@@ -475,7 +476,8 @@ fn flags_are_kept_and_comptags_cleared() {
         Some(ShadowTranslation {
             target: V,
             addr: BASE + 0x7000,
-            read_only: true
+            read_only: true,
+            supervisor: guest.supervisor,
         })
     );
     sp.destroy(&mut cx);

@@ -168,6 +168,7 @@ pub(crate) fn resolve(phys: &dyn PhysicalGpu, pd: u64, va: u64) -> Option<Shadow
                 target: pte.target,
                 addr: pte.addr + (va & (mmu::SMALL_PAGE_SIZE - 1)),
                 read_only: pte.read_only,
+                supervisor: pte.supervisor,
             });
         }
     }
@@ -177,6 +178,7 @@ pub(crate) fn resolve(phys: &dyn PhysicalGpu, pd: u64, va: u64) -> Option<Shadow
                 target: pte.target,
                 addr: pte.addr + (va & (mmu::LARGE_PAGE_SIZE - 1)),
                 read_only: pte.read_only,
+                supervisor: pte.supervisor,
             });
         }
     }

@@ -64,6 +64,7 @@ struct TlbEntry {
     page: u64,
     target: Target,
     read_only: bool,
+    supervisor: bool,
 }
 
 /// TLB key: page directory (address, is system memory) and 4 KiB virtual page number.
@@ -118,12 +119,29 @@ impl Tlb {
 }
 
 impl Core {
-    /// Translates `va` in `vs` for a read or write access: (physical address, target).
+    /// Translates `va` in `vs` for a read or write access by the host interface (BAR1/BAR3):
+    /// (physical address, target). Supervisor-only pages are reachable (the BARs are the
+    /// host's, not a channel's); channel clients go through [`Core::read_va`] /
+    /// [`Core::write_va`], which refuse them.
     pub(crate) fn translate(
         &mut self,
         vs: &Vspace,
         va: u64,
         write: bool,
+    ) -> Result<(u64, Target), VaFault> {
+        self.translate_as(vs, va, write, true)
+    }
+
+    /// [`Core::translate`] for a client that is `privileged` or not: an unprivileged one
+    /// (every channel's engines and PBDMA: the simulator has no FECS and no privileged
+    /// channels) faults with reason 5 on a supervisor-only page — the PTE bit that keeps a
+    /// VM's channels out of the GR contexts the host maps for them (`shadow_pt::hyp`).
+    fn translate_as(
+        &mut self,
+        vs: &Vspace,
+        va: u64,
+        write: bool,
+        privileged: bool,
     ) -> Result<(u64, Target), VaFault> {
         let fail = |reason| VaFault { va, reason, write };
         if va > vs.limit || va >= mmu::VA_LIMIT {
@@ -143,6 +161,9 @@ impl Core {
                 e
             }
         };
+        if entry.supervisor && !privileged {
+            return Err(fail(fault::REASON_PAGE_SYSTEM_ONLY));
+        }
         if write && entry.read_only {
             return Err(fail(fault::REASON_PAGE_READ_ONLY));
         }
@@ -187,6 +208,7 @@ impl Core {
                     page: pte.addr,
                     target: pte.target,
                     read_only: pte.read_only,
+                    supervisor: pte.supervisor,
                 });
             }
         }
@@ -197,6 +219,7 @@ impl Core {
                     page: pte.addr.wrapping_add(sub),
                     target: pte.target,
                     read_only: pte.read_only,
+                    supervisor: pte.supervisor,
                 });
             }
         }
@@ -211,13 +234,13 @@ impl Core {
         Pte::decode(raw).map_err(|_| fault::REASON_INVALID_STORAGE_TYPE)
     }
 
-    /// Reads `buf.len()` bytes at `va`, page by page. Stops at the first fault (the bytes before
-    /// it have been read).
+    /// Reads `buf.len()` bytes at `va` for a channel (an unprivileged client), page by page.
+    /// Stops at the first fault (the bytes before it have been read).
     pub(crate) fn read_va(&mut self, vs: &Vspace, va: u64, buf: &mut [u8]) -> Result<(), VaFault> {
         let mut done = 0usize;
         while done < buf.len() {
             let a = va.wrapping_add(done as u64);
-            let (pa, target) = self.translate(vs, a, false)?;
+            let (pa, target) = self.translate_as(vs, a, false, false)?;
             let n = page_piece(a, buf.len() - done);
             self.mem.read(target, pa, &mut buf[done..done + n]);
             done += n;
@@ -231,7 +254,7 @@ impl Core {
         let mut done = 0usize;
         while done < data.len() {
             let a = va.wrapping_add(done as u64);
-            let (pa, target) = self.translate(vs, a, true)?;
+            let (pa, target) = self.translate_as(vs, a, true, false)?;
             let n = page_piece(a, data.len() - done);
             self.mem.write(target, pa, &data[done..done + n]);
             done += n;
@@ -362,6 +385,23 @@ mod tests {
         put(&mut c, SPT + 8, ro.encode());
         assert_eq!(r(&mut c, 0x1000, false), Ok((0x40_0000, Target::Vram)));
         assert_eq!(r(&mut c, 0x1000, true), Err(fault::REASON_PAGE_READ_ONLY));
+        // A supervisor-only page: the host's BARs reach it, a channel faults with reason 5.
+        let mut sup = Pte::new(0x40_0000, Target::Vram);
+        sup.supervisor = true;
+        put(&mut c, SPT + 8, sup.encode());
+        c.tlb = Tlb::default();
+        assert_eq!(r(&mut c, 0x1000, true), Ok((0x40_0000, Target::Vram)));
+        let mut b = [0u8; 4];
+        assert_eq!(
+            c.read_va(&vs(), 0x1000, &mut b).map_err(|f| f.reason),
+            Err(fault::REASON_PAGE_SYSTEM_ONLY)
+        );
+        assert_eq!(
+            c.write_va(&vs(), 0x1000, &b).map_err(|f| f.reason),
+            Err(fault::REASON_PAGE_SYSTEM_ONLY)
+        );
+        put(&mut c, SPT + 8, ro.encode());
+        c.tlb = Tlb::default();
         put(
             &mut c,
             SPT + 16,

@@ -128,6 +128,10 @@ fn gr_contexts_are_host_owned_in_every_shadow_mode() {
         // reachable only at its own VA (through its own shadowed PTEs).
         let t = through_shadow(&a, pdb, va).unwrap_or_else(|| panic!("{mode:?}: unmapped"));
         assert_eq!((t.target, t.addr), (Target::Vram, ctx.raw()), "{mode:?}");
+        assert!(
+            t.supervisor,
+            "{mode:?}: the guest's channels cannot reach it"
+        );
         for v in [&a, &b] {
             let s = v.vram_slice();
             assert!(
