@@ -15,11 +15,11 @@ use std::process::Command;
 
 use serde_json::Value;
 
-/// The cargo target directory this test binary lives in (target/debug/deps/nouveau-*).
+/// The cargo target directory this test binary lives in (target/debug/deps/nouveau-*), as an
+/// absolute path. Not `CARGO_TARGET_DIR` itself: cargo takes a relative one relative to where
+/// it was run, while the test runs in the crate's directory (a relative value made the script
+/// build a second kernel under vmm-integration/standalone/).
 fn target_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("CARGO_TARGET_DIR") {
-        return PathBuf::from(d);
-    }
     let exe = std::env::current_exe().unwrap();
     exe.ancestors().nth(3).unwrap().to_path_buf()
 }
