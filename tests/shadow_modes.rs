@@ -129,18 +129,22 @@ impl Intent {
         }
     }
 
-    /// What the shadow must make of it for the byte `off` into a page of `size` bytes.
-    fn expect(self, size: u64, off: u64) -> Option<ShadowTranslation> {
+    /// What the shadow must make of it for the byte `off` into a page of `size` bytes, the
+    /// entry written with `noise` (its supervisor bit is kept).
+    fn expect(self, size: u64, off: u64, noise: u64) -> Option<ShadowTranslation> {
+        let supervisor = noise & 1 != 0;
         match self {
             Intent::Vram { page, ro } if mem_contains(V, page, size) => Some(ShadowTranslation {
                 target: V,
                 addr: BASE + page + off,
                 read_only: ro,
+                supervisor,
             }),
             Intent::Sys { gpa, target, ro } if ram_contains(gpa, size) => Some(ShadowTranslation {
                 target,
                 addr: IOVA + gpa + off,
                 read_only: ro,
+                supervisor,
             }),
             _ => None,
         }
@@ -208,7 +212,8 @@ impl PdeIntent {
 struct Model {
     pdes: HashMap<usize, PdeIntent>,
     /// (large, slot, index) -> entry.
-    entries: HashMap<(bool, usize, u64), Intent>,
+    /// Each written entry with the noise its flags were drawn from.
+    entries: HashMap<(bool, usize, u64), (Intent, u64)>,
 }
 
 /// A guest memory write the op turns into: (target, address, value), and the PV op.
@@ -280,7 +285,7 @@ impl Model {
                     vas.insert(va + noise % size);
                 }
                 match what {
-                    Some(w) => self.entries.insert((large, slot, index), w),
+                    Some(w) => self.entries.insert((large, slot, index), (w, noise)),
                     None => self.entries.remove(&(large, slot, index)),
                 };
                 let value = what.map_or(0, |w| w.encode(noise));
@@ -324,7 +329,7 @@ impl Model {
             if let Some(t) = self
                 .entries
                 .get(&(large, slot, index))
-                .and_then(|e| e.expect(page_size(large), off))
+                .and_then(|&(e, noise)| e.expect(page_size(large), off, noise))
             {
                 return Some(t);
             }
