@@ -27,10 +27,10 @@ use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
 use gpuvm::gf100::pv::{self, Op};
 use gpuvm::gf100::Target;
 use gpuvm::guest_mem::{GuestMem, VramSlice};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::profile::ShadowMode;
 use gpuvm::shadow_pt::{GuestPdb, ShadowCtx, ShadowPt};
 use gpuvm::vram_alloc::HypVram;
+use gpuvm_sim::{SimConfig, SimGpu};
 
 /// Bytes of VA mapped in small pages.
 const MAPPED: u64 = if cfg!(debug_assertions) {

@@ -30,8 +30,8 @@ use gpuvm::gf100::compute::Kernel;
 use gpuvm::gf100::gpfifo::GpEntry;
 use gpuvm::gf100::method::{self, Header};
 use gpuvm::gf100::{self as hw, host, pffb, pmc, ptimer, Target};
-use gpuvm::phys::sim::{CostModel, SimConfig, SimGpu};
 use gpuvm::phys::{Bar, PhysicalGpu};
+use gpuvm_sim::{CostModel, SimConfig, SimGpu};
 
 #[path = "../tests/support/mod.rs"]
 mod support;

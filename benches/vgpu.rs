@@ -50,13 +50,13 @@ use gpuvm::clock::{Clock, SimClock};
 use gpuvm::gf100::gpfifo::GpEntry;
 use gpuvm::gf100::mmu::{self, Pde, Pte};
 use gpuvm::gf100::{host as hm, inst, method, pffb, pfifo, pmc, userd, Target};
-use gpuvm::harness::VirtHal;
 use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::sim::{CostModel, SimConfig, SimGpu};
 use gpuvm::phys::{Bar, PhysicalGpu};
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::vgpu::Vgpu;
 use gpuvm_guest::{Channel, DriverConfig, Gpu};
+use gpuvm_harness::VirtHal;
+use gpuvm_sim::{CostModel, SimConfig, SimGpu};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 const RAM: u64 = 16 << 20;

@@ -193,7 +193,7 @@ impl GuestMem<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::phys::sim::{SimConfig, SimGpu};
+    use gpuvm_sim::{SimConfig, SimGpu};
 
     fn ram() -> GuestRam {
         GuestRam {

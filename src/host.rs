@@ -776,7 +776,7 @@ impl GpuHost {
     }
 
     /// Makes scheduling and accounting use `clock`, the physical GPU's own clock (for the
-    /// simulated GPU, the clock it was built with: [`crate::phys::sim::SimGpu::clock`]). Without
+    /// simulated GPU, the clock it was built with: `gpuvm_sim::SimGpu::clock`). Without
     /// it they read the GPU's PTIMER, whose low 5 bits are zero on GF100, so accounted times are
     /// only exact to 32 ns.
     pub fn set_clock(&self, clock: Arc<dyn Clock>) {

@@ -13,24 +13,25 @@
 //! - [`channels`]: channel partitioning, shadow instance blocks, runlist merge, USERD emulation,
 //!   the pushbuffer scan of the submission path.
 //! - [`sched`]: the `Scheduler` trait, the FIFO, CREDIT and BAND policies, GPU-time accounting.
-//! - [`phys`]: the `PhysicalGpu` trait and the simulated GF100.
-//! - [`harness`]: the shared guest driver run in-process, natively or in N VMs.
+//! - [`phys`]: the `PhysicalGpu` trait (re-exported from the `gpuvm-phys` crate, with the
+//!   address newtypes [`addr`], interrupt lines [`irq`] and time bases [`clock`]).
+//!
+//! This crate is the device-model core a VMM embeds. It depends on no guest driver, simulator,
+//! trace, plotting, CLI or experiment code: the simulated GF100 is `gpuvm-sim`, the VFIO backend
+//! `gpuvm-vfio`, traces and fault injection `gpuvm-trace`, the in-process harness and the
+//! experiments `gpuvm-harness` (`docs/design.md` draws the crates and their layers).
 #![deny(missing_docs)]
 
-pub mod addr;
 pub mod channels;
-pub mod clock;
 pub mod guest_mem;
-pub mod harness;
 pub mod host;
-pub mod irq;
 pub mod mmio;
-pub mod phys;
 pub mod profile;
 pub mod sched;
 pub mod shadow_pt;
-pub mod trace;
 pub mod vgpu;
 pub mod vram_alloc;
 
 pub use gf100;
+pub use gpuvm_phys as phys;
+pub use gpuvm_phys::{addr, clock, irq};

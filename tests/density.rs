@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::soak::{run_soak, SoakOptions, SoakRig};
-use gpuvm::harness::{run_vms, VirtOptions};
 use gpuvm::profile::ShadowMode;
 use gpuvm_guest::workloads::Workload;
+use gpuvm_harness::soak::{run_soak, SoakOptions, SoakRig};
+use gpuvm_harness::{run_vms, VirtOptions};
 
 #[test]
 fn sixty_four_vms_share_one_gpu_and_each_verifies() {

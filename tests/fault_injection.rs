@@ -12,10 +12,10 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use gpuvm::guest_mem::PLANTED_BUG_NO_SLICE_CHECK;
-use gpuvm::trace::format;
-use gpuvm::trace::inject::{self, CampaignOptions, FaultClass};
-use gpuvm::trace::replay;
-use gpuvm::trace::Trace;
+use gpuvm_trace::format;
+use gpuvm_trace::inject::{self, CampaignOptions, FaultClass};
+use gpuvm_trace::replay;
+use gpuvm_trace::Trace;
 
 static LOCK: Mutex<()> = Mutex::new(());
 

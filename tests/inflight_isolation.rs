@@ -447,7 +447,7 @@ fn work_outside_the_scheduler_is_charged_and_timed_as_its_own() {
 /// Iterations of the loop kernel that take about `ns` of modeled PGRAPH time (from the cost
 /// model the rig's GPU uses, so the test follows it whatever it says).
 fn loop_iterations_for(ns: u64) -> u64 {
-    let cost = gpuvm::phys::sim::CostModel::quadro_6000();
+    let cost = gpuvm_sim::CostModel::quadro_6000();
     let per = cost.loop_kernel(1 << 20).max(1);
     (u128::from(ns) * (1u128 << 20) / u128::from(per)) as u64
 }

@@ -1,5 +1,5 @@
 //! End to end: the guest driver (`gpuvm-guest`) straight on the simulated GF100 through
-//! `gpuvm::harness::native::NativeHal`. Every workload at sizes 32 and 64, with the simulated and
+//! `gpuvm_harness::native::NativeHal`. Every workload at sizes 32 and 64, with the simulated and
 //! the real clock, with polled and interrupt-driven fences, must verify against its CPU
 //! reference, without MMU faults, PBDMA or scheduling errors, or stray DMA. Further tests cover
 //! the driver's other configurations and its error path (an MMU fault is reported, not hung on).
@@ -8,13 +8,13 @@ use std::sync::Arc;
 
 use gpuvm::addr::{Gpa, Iova};
 use gpuvm::clock::{Clock, ClockKind};
-use gpuvm::harness::native;
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm_guest::workloads::{self, Workload};
 use gpuvm_guest::{
     DriverConfig, DriverError, FenceMode, Gpu, InstAccess, MemLocation, PushBuf, ReleaseSize,
 };
+use gpuvm_harness::native;
+use gpuvm_sim::{SimConfig, SimGpu};
 use native::NativeHal;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 

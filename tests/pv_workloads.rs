@@ -1,12 +1,12 @@
 //! The guest driver's para-virtual page-table path (`gpuvm_guest::Paravirt`, `gf100::pv`) end to
 //! end.
 //!
-//! In a VM whose profile uses `shadow = "pv"` (through `gpuvm::harness::virt::VirtHal`), every
+//! In a VM whose profile uses `shadow = "pv"` (through `gpuvm_harness::virt::VirtHal`), every
 //! workload runs with `Paravirt::Required` and verifies; the driver's batches are exactly the ones
 //! the vGPU applied, nothing is rejected, and the shadows are never rebuilt by scanning: the only
 //! full build of a shadow is the one when a channel binding first names the page directory.
 //! In any other profile the interface is not offered, and without a vGPU in between (straight on
-//! the simulated GF100 through `gpuvm::harness::native::NativeHal`) neither: `Paravirt::Auto`
+//! the simulated GF100 through `gpuvm_harness::native::NativeHal`) neither: `Paravirt::Auto`
 //! must stay native without a trace, and `Paravirt::Required` must fail at init with a clear
 //! error.
 
@@ -14,15 +14,15 @@ use std::sync::Arc;
 
 use gpuvm::addr::{Gpa, Iova};
 use gpuvm::clock::{Clock, ClockKind};
-use gpuvm::harness::native::NativeHal;
-use gpuvm::harness::virt::{run_vms, VirtHal, VirtOptions};
 use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::vgpu::{Vgpu, VgpuStats};
 use gpuvm_guest::workloads::{self, Workload};
 use gpuvm_guest::{DriverConfig, DriverError, FenceMode, Gpu, Paravirt, PvStats};
+use gpuvm_harness::native::NativeHal;
+use gpuvm_harness::virt::{run_vms, VirtHal, VirtOptions};
+use gpuvm_sim::{SimConfig, SimGpu};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 const VRAM: u64 = 1 << 30;

@@ -19,10 +19,10 @@ use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
 use gpuvm::gf100::pv::{self, Op};
 use gpuvm::gf100::Target;
 use gpuvm::guest_mem::{GuestMem, GuestRam, VramSlice};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::profile::ShadowMode;
 use gpuvm::shadow_pt::{GuestPdb, ShadowCtx, ShadowPt, ShadowTranslation};
 use gpuvm::vram_alloc::HypVram;
+use gpuvm_sim::{SimConfig, SimGpu};
 use proptest::prelude::*;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 

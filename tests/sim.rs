@@ -12,8 +12,8 @@ use gpuvm::gf100::gpfifo::GpEntry;
 use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
 use gpuvm::gf100::{copy as ce, host, inst, pbus, pfb, pffb, pfifo, pmc, ptimer, userd, Target};
 use gpuvm::irq::IrqFlag;
-use gpuvm::phys::sim::*;
 use gpuvm::phys::{Bar, PhysicalGpu};
+use gpuvm_sim::*;
 use proptest::prelude::*;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 

@@ -5,10 +5,10 @@
 //! nothing left allocated once the VMs are destroyed.
 
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::{run_vms, VirtOptions, VirtReport};
 use gpuvm::profile::ShadowMode;
 use gpuvm_guest::workloads::Workload;
 use gpuvm_guest::FenceMode;
+use gpuvm_harness::{run_vms, VirtOptions, VirtReport};
 
 fn run(shadow: ShadowMode, vms: usize, clock: ClockKind, fence_mode: FenceMode) -> VirtReport {
     let r = run_vms(&VirtOptions {

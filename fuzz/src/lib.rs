@@ -176,7 +176,7 @@ mod tests {
     fn trace_seed_reaches_completed_submissions() {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/traces/1vm-lazy/vm0.mmiotrace.xz");
-        let trace = gpuvm::trace::format::read_file(&path).expect("reading the trace");
+        let trace = gpuvm_trace::format::read_file(&path).expect("reading the trace");
         let (bytes, ops) = super::seeds::vgpu_mmio_seed(&trace);
         assert!(ops.len() < super::vgpu_mmio::MAX_OPS, "{} ops", ops.len());
         let summary = super::vgpu_mmio::run(&bytes);
@@ -191,7 +191,7 @@ mod tests {
     fn vgpu_mmio_reuse_matches_a_fresh_rig() {
         let path =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/traces/1vm-lazy/vm0.mmiotrace.xz");
-        let trace = gpuvm::trace::format::read_file(&path).expect("reading the trace");
+        let trace = gpuvm_trace::format::read_file(&path).expect("reading the trace");
         let (bytes, _) = super::seeds::vgpu_mmio_seed(&trace);
         let fresh = super::vgpu_mmio::run_fresh(&bytes);
         for i in inputs("vgpu_mmio").iter().take(5) {

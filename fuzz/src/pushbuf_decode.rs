@@ -13,7 +13,7 @@ mod sim_rig;
 use gf100::gpfifo::GpEntry;
 use gf100::method::Header;
 use gpuvm::clock::Clock;
-use gpuvm::phys::sim::CostModel;
+use gpuvm_sim::CostModel;
 use gpuvm::phys::PhysicalGpu;
 
 use crate::{fnv, Input};

@@ -20,7 +20,7 @@ use std::collections::HashSet;
 
 use gpuvm::phys::Bar;
 use gpuvm::profile::ShadowMode;
-use gpuvm::trace::format::{Op, Trace};
+use gpuvm_trace::format::{Op, Trace};
 
 use crate::vgpu_mmio::{FuzzOp, MAX_OPS};
 

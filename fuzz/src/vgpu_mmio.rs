@@ -11,7 +11,7 @@ use gpuvm::addr::HostVram;
 use gpuvm::clock::{Clock, SimClock};
 use gpuvm::host::{GpuHost, HostConfig};
 use gpuvm::mmio::regions::BAR0_REGIONS;
-use gpuvm::phys::sim::{CostModel, SimConfig, SimGpu};
+use gpuvm_sim::{CostModel, SimConfig, SimGpu};
 use gpuvm::phys::{Bar, PhysicalGpu};
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::vgpu::Vgpu;

@@ -181,6 +181,20 @@ pub const fn chan_state(chid: u32) -> u32 {
     CHAN_TABLE + chid * CHAN_TABLE_STRIDE + 4
 }
 
+/// The channel a CHAN_TABLE / STATE register offset names, and whether it is the STATE word;
+/// `None` outside the table.
+pub const fn chan_table_index(offset: u32) -> Option<(u32, bool)> {
+    let Some(rel) = offset.checked_sub(CHAN_TABLE) else {
+        return None;
+    };
+    let chid = rel / CHAN_TABLE_STRIDE;
+    if chid < CHANNELS {
+        Some((chid, rel % CHAN_TABLE_STRIDE != 0))
+    } else {
+        None
+    }
+}
+
 /// Offset of VM_FAULT register `reg` (0 instance, 4 VA low, 8 VA high, 0xc flags) of unit `unit`.
 pub const fn vm_fault(unit: u32, reg: u32) -> u32 {
     VM_FAULT + unit * VM_FAULT_STRIDE + reg

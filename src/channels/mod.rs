@@ -100,9 +100,7 @@ pub(crate) struct VChan {
 
 /// Guest channel id of a CHAN_TABLE / STATE offset.
 pub(crate) fn table_index(offset: u32) -> Option<(u32, bool)> {
-    let rel = offset.checked_sub(pfifo::CHAN_TABLE)?;
-    let g = rel / pfifo::CHAN_TABLE_STRIDE;
-    (g < pfifo::CHANNELS).then_some((g, rel % pfifo::CHAN_TABLE_STRIDE != 0))
+    pfifo::chan_table_index(offset)
 }
 
 /// Checks that `g` is one of the VM's channels; counts a violation otherwise.

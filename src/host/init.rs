@@ -223,8 +223,8 @@ pub(crate) fn bring_up(phys: &dyn PhysicalGpu, hyp: &mut HypVram) -> Result<Host
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::phys::sim::{SimConfig, SimGpu};
     use crate::phys::Bar;
+    use gpuvm_sim::{SimConfig, SimGpu};
 
     #[test]
     fn bring_up_maps_the_userd_pages_at_bar1_zero() {

@@ -9,7 +9,7 @@ use vm_memory::{GuestAddress, GuestMemoryMmap};
 use super::*;
 use crate::addr::{HostVram, Iova};
 use crate::guest_mem::{GuestRam, VramSlice};
-use crate::phys::sim::{SimConfig, SimGpu};
+use gpuvm_sim::{SimConfig, SimGpu};
 
 const VRAM: u64 = 64 << 20;
 const BASE: u64 = 16 << 20;

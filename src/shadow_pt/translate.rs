@@ -88,8 +88,8 @@ mod tests {
     use super::*;
     use crate::addr::{HostVram, Iova};
     use crate::guest_mem::{GuestRam, VramSlice};
-    use crate::phys::sim::{SimConfig, SimGpu};
     use gf100::mmu::{LARGE_PAGE_SIZE, SMALL_PAGE_SIZE};
+    use gpuvm_sim::{SimConfig, SimGpu};
     use vm_memory::{GuestAddress, GuestMemoryMmap};
 
     const BASE: u64 = 16 << 20;

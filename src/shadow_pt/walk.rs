@@ -1,6 +1,6 @@
 //! Walking page tables: reading the guest's (GXEN `shadow_page_table.cc`, whose scan reads the
 //! 64 KiB page directory and then every table a PDE names) and resolving a VA through the
-//! shadow ones (GXEN `software_page_table.cc::resolve`, the same order as `phys::sim::mmu`:
+//! shadow ones (GXEN `software_page_table.cc::resolve`, the same order as `gpuvm_sim::mmu`:
 //! small-page table first, then the large-page table).
 //!
 //! Guest tables are always read in one piece — a whole page directory, or the part of a table
@@ -152,7 +152,7 @@ fn shadow_pte(phys: &dyn PhysicalGpu, table: mmu::PtRef, index: u64) -> Result<O
 }
 
 /// Where `va` leads through the shadow page directory at `pd` in physical VRAM, walked exactly
-/// as the MMU does (`phys::sim::mmu::Core::walk`): no tables or beyond PT_SIZE → none; the
+/// as the MMU does (`gpuvm_sim::mmu::Core::walk`): no tables or beyond PT_SIZE → none; the
 /// small-page PTE if present, else the large-page PTE.
 pub(crate) fn resolve(phys: &dyn PhysicalGpu, pd: u64, va: u64) -> Option<ShadowTranslation> {
     if va >= mmu::VA_LIMIT {

@@ -13,10 +13,10 @@ use crate::addr::HostVram;
 use crate::clock::SimClock;
 use crate::host::{GpuHost, HostConfig, HostError};
 use crate::irq::IrqFlag;
-use crate::phys::sim::{SimConfig, SimGpu};
 use crate::phys::{Bar, PhysicalGpu};
 use crate::profile::{ShadowMode, VgpuProfile};
 use crate::vgpu::Vgpu;
+use gpuvm_sim::{SimConfig, SimGpu};
 
 const HYP: u64 = 32 << 20;
 const SLICE_MIB: u64 = 64;

@@ -13,8 +13,8 @@ use gpuvm::gf100::compute::{self as cc, Kernel};
 use gpuvm::gf100::gpfifo::GpEntry;
 use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
 use gpuvm::gf100::{copy as ce, host, inst, method, pbus, pfifo, pmc, userd, Target};
-use gpuvm::phys::sim::{CostModel, SimConfig, SimGpu};
 use gpuvm::phys::{Bar, PhysicalGpu};
+use gpuvm_sim::{CostModel, SimConfig, SimGpu};
 
 /// Channel VA layout (every channel has its own VM).
 pub const IB_VA: u64 = 0x0010_0000;

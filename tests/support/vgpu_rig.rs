@@ -6,14 +6,14 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use gpuvm::clock::{Clock, SimClock};
-use gpuvm::harness::VirtHal;
 use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::vgpu::Vgpu;
 use gpuvm_guest::workloads::{self, Workload};
 use gpuvm_guest::{DriverConfig, Gpu};
+use gpuvm_harness::VirtHal;
+use gpuvm_sim::{SimConfig, SimGpu};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 /// Each VM's VRAM slice.

@@ -13,7 +13,7 @@ fn main() {
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus/vgpu_mmio");
     std::fs::create_dir_all(&out).expect("creating corpus/vgpu_mmio");
     for path in args {
-        let trace = match gpuvm::trace::format::read_file(&path) {
+        let trace = match gpuvm_trace::format::read_file(&path) {
             Ok(t) => t,
             Err(e) => {
                 eprintln!("{}: {e}", path.display());

@@ -10,10 +10,10 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm_guest::hal::Bar;
+use gpuvm_sim::{SimConfig, SimGpu};
 use serde::Serialize;
 
 use crate::kvm::{self, KvmOptions};

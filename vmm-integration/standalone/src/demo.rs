@@ -10,11 +10,11 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::Args;
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::exp_overhead::{run_staged, StagedOptions};
-use gpuvm::harness::VirtOptions;
 use gpuvm::profile::ShadowMode;
 use gpuvm::sched::{Policy, SchedParams};
 use gpuvm_guest::workloads::Workload;
+use gpuvm_harness::exp_overhead::{run_staged, StagedOptions};
+use gpuvm_harness::VirtOptions;
 use serde::Serialize;
 
 use crate::table::{self, Table};
@@ -144,7 +144,7 @@ fn run_inprocess(a: &DemoArgs) -> anyhow::Result<DemoReport> {
     }
     let series = Mutex::new(vec![vec![(0u64, 0u64)]; n]);
     let plain = !a.json && !tty;
-    let on_phase = |vm: usize, i: usize, p: &gpuvm::harness::exp_overhead::Phase| {
+    let on_phase = |vm: usize, i: usize, p: &gpuvm_harness::exp_overhead::Phase| {
         {
             let mut s = series.lock().unwrap_or_else(|e| e.into_inner());
             let last = s[vm].last().map_or(0, |x| x.1);

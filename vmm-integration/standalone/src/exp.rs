@@ -1,6 +1,6 @@
 //! `gpuvm exp`: the experiments of GPUvm (ATC'14) that the product reproduces. Today:
 //! `gpuvm exp isolation` — performance isolation of VMs with short and long kernels under the
-//! FIFO, CREDIT and BAND schedulers (`gpuvm::harness::exp_isolation`; `docs/experiments.md`).
+//! FIFO, CREDIT and BAND schedulers (`gpuvm_harness::exp_isolation`; `docs/experiments.md`).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -8,10 +8,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::exp_isolation::{
+use gpuvm::sched::{Policy, SchedParams};
+use gpuvm_harness::exp_isolation::{
     run_isolation, IsolationOptions, IsolationReport, KernelKind, PolicyResult, Progress,
 };
-use gpuvm::sched::{Policy, SchedParams};
 
 use crate::table::{self, Table};
 

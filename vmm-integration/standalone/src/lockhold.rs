@@ -1,10 +1,10 @@
 //! `gpuvm exp lockhold`: how long a neighbour can hold the host lock that every VM's exits take
-//! (`gpuvm::harness::exp_lockhold`; numbers in docs/experiments.md).
+//! (`gpuvm_harness::exp_lockhold`; numbers in docs/experiments.md).
 
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use gpuvm::harness::exp_lockhold::{run_lockhold, LockholdOptions, LockholdReport};
+use gpuvm_harness::exp_lockhold::{run_lockhold, LockholdOptions, LockholdReport};
 
 use crate::exp::{plot_err, COLORS};
 use crate::table::{self, Table};
@@ -86,7 +86,7 @@ fn render(r: &LockholdReport) -> String {
 }
 
 /// One bar of a scenario.
-type Measure = fn(&gpuvm::harness::LockholdScenario) -> u64;
+type Measure = fn(&gpuvm_harness::LockholdScenario) -> u64;
 
 fn write_svg(r: &LockholdReport, path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;

@@ -3,9 +3,9 @@
 use anyhow::Context;
 use clap::Args;
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::{run_native, NativeOptions, NativeReport};
 use gpuvm_guest::workloads::Workload;
 use gpuvm_guest::FenceMode;
+use gpuvm_harness::{run_native, NativeOptions, NativeReport};
 
 use crate::table;
 

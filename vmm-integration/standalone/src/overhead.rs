@@ -20,11 +20,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::exp_overhead::{run_staged, ShadowWork, StagedOptions};
-use gpuvm::harness::{run_native, NativeOptions, VirtOptions};
 use gpuvm::profile::ShadowMode;
 use gpuvm::sched::SchedParams;
 use gpuvm_guest::workloads::Workload;
+use gpuvm_harness::exp_overhead::{run_staged, ShadowWork, StagedOptions};
+use gpuvm_harness::{run_native, NativeOptions, VirtOptions};
 use serde::Serialize;
 
 use crate::table::{self, Table};

@@ -4,10 +4,10 @@
 use anyhow::Context;
 use clap::Args;
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::{run_vms, VirtOptions, VirtReport};
 use gpuvm::profile::ShadowMode;
 use gpuvm_guest::workloads::Workload;
 use gpuvm_guest::FenceMode;
+use gpuvm_harness::{run_vms, VirtOptions, VirtReport};
 
 use crate::table::{self, Table};
 

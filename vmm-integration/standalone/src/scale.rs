@@ -8,12 +8,12 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::Args;
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::exp_overhead::{run_staged, StagedOptions};
-use gpuvm::harness::mem::{slope, MemSample};
-use gpuvm::harness::VirtOptions;
 use gpuvm::profile::ShadowMode;
 use gpuvm::sched::{Policy, SchedParams};
 use gpuvm_guest::workloads::Workload;
+use gpuvm_harness::exp_overhead::{run_staged, StagedOptions};
+use gpuvm_harness::mem::{slope, MemSample};
+use gpuvm_harness::VirtOptions;
 use serde::Serialize;
 
 use crate::table::{self, Table};
@@ -89,7 +89,7 @@ pub struct ScalePoint {
     pub bring_up_ns: Option<u64>,
     /// In-process: this process's memory with every VM of the point alive and finished (before
     /// they are destroyed). `rss_anon` holds the device model and guest RAM, `rss_shmem` and
-    /// `vram_resident` the simulated VRAM (`gpuvm::harness::mem`).
+    /// `vram_resident` the simulated VRAM (`gpuvm_harness::mem`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem: Option<MemSample>,
 }
@@ -151,7 +151,7 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
         &|_, _, _| {},
     )
     .with_context(|| format!("{vms} VMs"))?;
-    let measured = |vm: &gpuvm::harness::exp_overhead::StagedVm| -> (u64, u64, u64) {
+    let measured = |vm: &gpuvm_harness::exp_overhead::StagedVm| -> (u64, u64, u64) {
         vm.workloads.iter().skip(1).fold((0, 0, 0), |(w, e, g), p| {
             (w + p.run.wall_ns, e + p.exits(), g + p.run.gpu_ns)
         })

@@ -13,10 +13,10 @@ use anyhow::Context;
 use clap::Args;
 use gpuvm::clock::ClockKind;
 use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::sched::{Policy, SchedParams};
+use gpuvm_sim::{SimConfig, SimGpu};
 use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
 
 /// Options of `gpuvm serve`.
@@ -204,7 +204,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
     let phys: Arc<dyn PhysicalGpu> = sim;
     // Enough hypervisor VRAM for the VMs given at start (each reserves its shadow tables);
     // VMs added later over the control socket are refused with a clear error if it runs out.
-    let host_cfg = gpuvm::harness::virt::host_config_for(
+    let host_cfg = gpuvm_harness::virt::host_config_for(
         &HostConfig {
             iova_window: args.dma_window_mib.saturating_mul(1 << 20),
             ..HostConfig::default()

@@ -1,5 +1,5 @@
 //! `gpuvm soak`: VMs with churn on one simulated GPU for a given time, then the leak and
-//! fairness checks (`gpuvm::harness::soak`).
+//! fairness checks (`gpuvm_harness::soak`).
 //!
 //! In-process VMs (`--vms`) are created, run, destroyed, recreated and sometimes killed
 //! mid-run by the library. Next to them, an in-process vfio-user daemon (the one `gpuvm serve`
@@ -23,13 +23,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use gpuvm::clock::{Clock, ClockKind, RealClock};
-use gpuvm::harness::soak::{run_soak, SoakOptions, SoakReport, SoakRig};
-use gpuvm::harness::{InProcessDevice, InProcessHal};
 use gpuvm::irq::IrqLine;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm_guest::hal::Bar;
 use gpuvm_guest::workloads::{self, Workload};
 use gpuvm_guest::{DriverConfig, FenceMode, Gpu};
+use gpuvm_harness::soak::{run_soak, SoakOptions, SoakReport, SoakRig};
+use gpuvm_harness::{InProcessDevice, InProcessHal};
 use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
 use serde::Serialize;
 
@@ -489,7 +489,7 @@ fn render(o: &SoakOutput, a: &SoakArgs) -> String {
 }
 
 /// A value of a sample to plot.
-type SampleValue = fn(&gpuvm::harness::soak::Sample) -> f64;
+type SampleValue = fn(&gpuvm_harness::soak::Sample) -> f64;
 
 /// RSS (anonymous and VRAM) in MiB and VMs alive over time.
 fn write_svg(r: &SoakReport, path: &Path) -> anyhow::Result<()> {

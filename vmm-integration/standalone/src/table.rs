@@ -61,7 +61,7 @@ pub fn verdict(error: &Option<String>, verified: bool) -> String {
 
 /// The per-workload table every run command prints (bring-up first, then each workload).
 pub fn workload_table<'a>(
-    runs: impl IntoIterator<Item = &'a gpuvm::harness::WorkloadRun>,
+    runs: impl IntoIterator<Item = &'a gpuvm_harness::WorkloadRun>,
 ) -> String {
     let mut t = Table::new([
         "workload",

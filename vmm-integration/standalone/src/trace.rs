@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use gpuvm::harness::VirtOptions;
-use gpuvm::trace::inject::{self, CampaignOptions, FaultClass};
-use gpuvm::trace::{format, replay, Session};
+use gpuvm_harness::VirtOptions;
+use gpuvm_trace::inject::{self, CampaignOptions, FaultClass};
+use gpuvm_trace::{format, replay, Session};
 
 use crate::table::Table;
 
@@ -86,7 +86,7 @@ pub fn session_for(opts: &VirtOptions, workloads: &[String]) -> Arc<Session> {
     Session::new(opts.vms as u32, opts.phys_vram, &opts.host, &note)
 }
 
-fn load(files: &[PathBuf]) -> anyhow::Result<Vec<gpuvm::trace::Trace>> {
+fn load(files: &[PathBuf]) -> anyhow::Result<Vec<gpuvm_trace::Trace>> {
     files
         .iter()
         .map(|f| format::read_file(f).map_err(anyhow::Error::msg))

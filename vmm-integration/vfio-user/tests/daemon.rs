@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use gpuvm::clock::ClockKind;
 use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::VgpuProfile;
+use gpuvm_sim::{SimConfig, SimGpu};
 use gpuvm_vfio_user::wire::RawClient;
 use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
 use vfio_user::Client;

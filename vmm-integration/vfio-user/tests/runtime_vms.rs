@@ -10,10 +10,10 @@ use std::time::Duration;
 use gpuvm::addr::HostVram;
 use gpuvm::clock::ClockKind;
 use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::VgpuProfile;
 use gpuvm::sched::Policy;
+use gpuvm_sim::{SimConfig, SimGpu};
 use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
 use vfio_user::Client;
 

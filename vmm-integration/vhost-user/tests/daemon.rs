@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use gpuvm::clock::ClockKind;
 use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::VgpuProfile;
+use gpuvm_sim::{SimConfig, SimGpu};
 use gpuvm_vhost_user::relay::{self, Message, HDR_LEN, REGION_LEN, SET_MEM_TABLE};
 use gpuvm_vhost_user::{Server, ServerConfig};
 

@@ -229,7 +229,7 @@ pub struct KvmArgs {
 
 /// Loop iterations of a kernel that runs `ns` of modeled GPU time on the simulated GF100.
 pub fn loop_iterations(ns: u64) -> u64 {
-    let cost = gpuvm::phys::sim::CostModel::default();
+    let cost = gpuvm_sim::CostModel::default();
     let body = ns.saturating_sub(cost.kernel_launch_ns);
     (u128::from(body) * 1000 / u128::from(cost.loop_iteration_ps.max(1))) as u64
 }

@@ -7,9 +7,9 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use gpuvm::phys::sim::SimGpu;
 use gpuvm::vgpu::{Vgpu, VgpuStats};
 use gpuvm_guest::hal::Bar;
+use gpuvm_sim::SimGpu;
 use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::eventfd::EventFd;
 

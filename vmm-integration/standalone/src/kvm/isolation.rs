@@ -1,7 +1,7 @@
 //! `gpuvm exp isolation --kvm`: the performance-isolation experiment (GPUvm ATC'14, after Gdev
 //! ATC'12) with real KVM guests on the real clock.
 //!
-//! The mix is the in-process one (`gpuvm::harness::exp_isolation::plan`): VMs with short `loop`
+//! The mix is the in-process one (`gpuvm_harness::exp_isolation::plan`): VMs with short `loop`
 //! kernels (0.5 ms of modeled GPU time, one outstanding) against VMs with long ones (10 ms, two
 //! outstanding), weights 1 (vm2 weight 2 with 4 or more VMs), the long VMs starting later. Each
 //! VM is a KVM guest in `MODE_STREAM` (`guest-bin/src/stream.rs`): driver bring-up, a channel,
@@ -19,11 +19,11 @@
 use std::time::Duration;
 
 use gpuvm::clock::ClockKind;
-use gpuvm::harness::exp_isolation::{
+use gpuvm::sched::Policy;
+use gpuvm_harness::exp_isolation::{
     plan, AccountingCheck, IsolationOptions, IsolationReport, PolicyResult, Series, VmPlan,
     VmResult,
 };
-use gpuvm::sched::Policy;
 use serde::Serialize;
 
 use super::setup::{Sample, StreamPlan, VmSetup};

@@ -42,15 +42,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use gpuvm::clock::{Clock, ClockKind, SimClock};
-use gpuvm::harness::WorkloadRun;
 use gpuvm::host::{GpuHost, HostConfig, HostStats};
 use gpuvm::irq::IrqLine;
-use gpuvm::phys::sim::{SimConfig, SimGpu};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
-use gpuvm::trace::record::TapRecorder;
 use gpuvm::vgpu::{Vgpu, VgpuStats};
 use gpuvm_guest::workloads::Workload;
+use gpuvm_harness::WorkloadRun;
+use gpuvm_sim::{SimConfig, SimGpu};
+use gpuvm_trace::record::TapRecorder;
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuExit, VcpuFd, VmFd};
 use serde::Serialize;
 use vm_memory::Bytes;
@@ -433,7 +433,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
             if opts.fence_irq { "Interrupt" } else { "Poll" },
             opts.vms
         );
-        gpuvm::trace::record::Session::new(opts.vms as u32, opts.phys_vram, host.config(), &note)
+        gpuvm_trace::record::Session::new(opts.vms as u32, opts.phys_vram, host.config(), &note)
     });
     let start = Instant::now();
     let mut recorders = Vec::new();

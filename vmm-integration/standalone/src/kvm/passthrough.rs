@@ -12,11 +12,11 @@
 use std::sync::{Arc, Mutex};
 
 use gpuvm::addr::{Gpa, Iova};
-use gpuvm::harness::{BareGpu, InProcessDevice};
 use gpuvm::mmio::pci::PciConfig;
-use gpuvm::phys::sim::SimGpu;
 use gpuvm::phys::Bar;
 use gpuvm::vgpu::VgpuStats;
+use gpuvm_harness::{BareGpu, InProcessDevice};
+use gpuvm_sim::SimGpu;
 use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 

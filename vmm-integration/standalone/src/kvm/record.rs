@@ -12,7 +12,7 @@
 use std::ops::Range;
 
 use anyhow::Context;
-use gpuvm::trace::record::TapRecorder;
+use gpuvm_trace::record::TapRecorder;
 use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryRegion};
 

@@ -250,9 +250,9 @@ mod tests {
     use std::sync::Arc;
 
     use gpuvm::host::{GpuHost, HostConfig};
-    use gpuvm::phys::sim::{SimConfig, SimGpu};
     use gpuvm::phys::PhysicalGpu;
     use gpuvm::profile::{ShadowMode, VgpuProfile};
+    use gpuvm_sim::{SimConfig, SimGpu};
 
     use super::*;
     use crate::kvm::device::LocalVgpu;

@@ -17,9 +17,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use gpuvm::host::GpuHost;
-use gpuvm::phys::sim::SimGpu;
 use gpuvm::vgpu::Vgpu;
 use gpuvm_guest::workloads::Workload;
+use gpuvm_sim::SimGpu;
 use serde::Serialize;
 
 /// A stream of `loop` kernels (the guest's `MODE_STREAM`), or the long kernel a hostile

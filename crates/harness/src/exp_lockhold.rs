@@ -1,0 +1,334 @@
+//! `gpuvm exp lockhold`: how long one VM can make another VM's exits wait. Every guest access
+//! takes the host lock (`gpuvm::host`); the isolation review measured a victim's register read
+//! held 5.6-6 s behind a neighbour's two 1024x1024 matrix multiplies (the simulator ran them
+//! inside whichever call advanced it) and 210 ms behind one para-virtual batch of 2048 page
+//! table switches. Both are bounded now (the simulator's per-call work budget, the PV walk
+//! budget); this experiment measures the hold times a victim sees next to each neighbour:
+//!
+//! - `alone`: the victim runs its workloads with no neighbour;
+//! - `mmul`: a neighbour submits 1024x1024 (by default) matrix multiplies back to back;
+//! - `pv-switch`: a neighbour in PV mode submits 2048-op batches, each op pointing one page
+//!   directory entry at another full small-page table (every op re-walks a whole table).
+//!
+//! Each scenario is a fresh host on the simulated GF100 with the simulated clock (the victim's
+//! waits jump it to the GPU's next event, so the neighbour's work falls due in large pieces:
+//! the worst case for the per-call bound). Hold times are wall-clock, from
+//! [`gpuvm::host::LockHolds`]. Reported per scenario: holds, p50/p99 bucket bounds, the longest
+//! hold, and whether every victim workload verified.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use gf100::compute::Kernel;
+use gf100::mmu::{Pde, PtRef, PtSize};
+use gf100::{pv, Target};
+use gpuvm_guest::workloads::{self, Workload};
+use gpuvm_guest::{DriverConfig, Gpu, MemLocation, PushBuf};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
+
+use crate::VirtHal;
+use gpuvm::clock::{Clock, SimClock};
+use gpuvm::host::{GpuHost, HostConfig, LockHolds};
+use gpuvm::phys::Bar;
+use gpuvm::profile::{ShadowMode, VgpuProfile};
+use gpuvm::vgpu::Vgpu;
+use gpuvm_sim::{SimConfig, SimGpu};
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct LockholdOptions {
+    /// Rounds of the victim's workloads (each round: every workload once).
+    pub rounds: u32,
+    /// Workload size.
+    pub size: u32,
+    /// Matrix dimension of the `mmul` neighbour.
+    pub mmul_n: u32,
+}
+
+impl Default for LockholdOptions {
+    fn default() -> Self {
+        LockholdOptions {
+            rounds: 2,
+            size: 64,
+            mmul_n: 1024,
+        }
+    }
+}
+
+/// One scenario's result.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LockholdScenario {
+    /// `alone`, `mmul` or `pv-switch`.
+    pub name: String,
+    /// Victim workloads run and verified.
+    pub workloads: u32,
+    /// Of those, verified.
+    pub verified: u32,
+    /// What the neighbour got done (kernels or PV batches).
+    pub neighbour_ops: u64,
+    /// Lock holds during the scenario.
+    pub holds: u64,
+    /// Half the holds were at most this long (log2 bucket bound), ns.
+    pub p50_bound_ns: u64,
+    /// 99 % of the holds were at most this long (log2 bucket bound), ns.
+    pub p99_bound_ns: u64,
+    /// The longest hold, ns.
+    pub max_ns: u64,
+    /// Wall time of the scenario, ms.
+    pub wall_ms: f64,
+}
+
+/// The report.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LockholdReport {
+    /// Options used.
+    pub rounds: u32,
+    /// Workload size.
+    pub size: u32,
+    /// Matrix dimension.
+    pub mmul_n: u32,
+    /// Per scenario.
+    pub scenarios: Vec<LockholdScenario>,
+}
+
+const SLICE_MIB: u64 = 128;
+const RAM: u64 = 24 << 20;
+
+struct Vm {
+    vgpu: Arc<Vgpu>,
+    ram: GuestMemoryMmap,
+    drv: Gpu<VirtHal>,
+}
+
+fn new_vm(host: &GpuHost, clock: &Arc<SimClock>, name: &str, shadow: ShadowMode) -> Vm {
+    let vgpu = host
+        .create_vgpu(&VgpuProfile {
+            name: name.into(),
+            vram_mib: SLICE_MIB,
+            channels: 8,
+            weight: 1,
+            shadow,
+        })
+        .expect("vGPU");
+    let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
+    vgpu.attach_guest_memory(ram.clone()).unwrap();
+    let c: Arc<dyn Clock> = clock.clone();
+    let hal = VirtHal::new(vgpu.clone(), c, ram.clone(), 0, RAM);
+    let drv = Gpu::init(hal, DriverConfig::default()).expect("driver init");
+    Vm { vgpu, ram, drv }
+}
+
+/// The neighbours.
+#[derive(Debug, Clone, Copy)]
+enum Neighbour {
+    None,
+    Mmul,
+    PvSwitch,
+}
+
+fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
+    let clock = Arc::new(SimClock::new());
+    let gpu = Arc::new(SimGpu::new(SimConfig {
+        vram_size: 1 << 30,
+        clock: clock.clone(),
+        ..SimConfig::default()
+    }));
+    let host = GpuHost::new(gpu, HostConfig::default()).expect("host");
+    host.set_clock(clock.clone());
+    let mut victim = new_vm(&host, &clock, "victim", ShadowMode::Lazy);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ops = Arc::new(AtomicU64::new(0));
+    let neighbour = match n {
+        Neighbour::None => None,
+        Neighbour::Mmul => Some(new_vm(&host, &clock, "mmul", ShadowMode::Lazy)),
+        Neighbour::PvSwitch => Some(new_vm(&host, &clock, "pv", ShadowMode::Pv)),
+    };
+    let ready = Arc::new(AtomicBool::new(neighbour.is_none()));
+    let worker = neighbour.map(|mut vm| {
+        let (stop, ops, mmul_n, ready) = (stop.clone(), ops.clone(), opts.mmul_n, ready.clone());
+        std::thread::spawn(move || {
+            let flags = Flags {
+                ready: &ready,
+                stop: &stop,
+                ops: &ops,
+            };
+            match n {
+                Neighbour::Mmul => mmul_loop(&mut vm, mmul_n, &flags),
+                Neighbour::PvSwitch => pv_loop(&mut vm, &flags),
+                Neighbour::None => {}
+            }
+            // Set up or not, the victim must not wait for it any longer.
+            ready.store(true, Ordering::Relaxed);
+            stop.store(true, Ordering::Relaxed);
+            vm
+        })
+    });
+    // The victim starts once the neighbour is set up (or gave up), and runs its rounds and at
+    // least until the neighbour has done a few of its operations (bounded).
+    for _ in 0..100_000 {
+        if ready.load(Ordering::Relaxed) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    host.reset_lock_hold_max();
+    let before = host.stats().lock_holds;
+    let t0 = Instant::now();
+    let (mut runs, mut verified) = (0, 0);
+    for round in 0..MAX_ROUNDS {
+        let neighbour_done = matches!(n, Neighbour::None) || ops.load(Ordering::Relaxed) >= 3;
+        if round >= opts.rounds && (neighbour_done || worker_gone(&stop)) {
+            break;
+        }
+        for w in Workload::ALL {
+            runs += 1;
+            if workloads::run(&mut victim.drv, w, opts.size).is_ok_and(|r| r.verified) {
+                verified += 1;
+            }
+        }
+    }
+    let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let holds: LockHolds = host.stats().lock_holds.since(&before);
+    stop.store(true, Ordering::Relaxed);
+    if let Some(h) = worker {
+        let _ = h.join();
+    }
+    let _ = &victim.vgpu;
+    LockholdScenario {
+        name: match n {
+            Neighbour::None => "alone",
+            Neighbour::Mmul => "mmul",
+            Neighbour::PvSwitch => "pv-switch",
+        }
+        .into(),
+        workloads: runs,
+        verified,
+        neighbour_ops: ops.load(Ordering::Relaxed),
+        holds: holds.count,
+        p50_bound_ns: holds.quantile_bound_ns(0.5),
+        p99_bound_ns: holds.quantile_bound_ns(0.99),
+        max_ns: holds.max_ns,
+        wall_ms,
+    }
+}
+
+/// Most victim rounds a scenario runs while waiting for the neighbour.
+const MAX_ROUNDS: u32 = 200;
+
+/// Whether the neighbour stopped on its own (it sets `stop` when it ends).
+fn worker_gone(stop: &AtomicBool) -> bool {
+    stop.load(Ordering::Relaxed)
+}
+
+/// What the neighbour thread shares with the victim's.
+struct Flags<'a> {
+    /// Set up: the victim may start.
+    ready: &'a AtomicBool,
+    /// The victim is done (or the neighbour gave up).
+    stop: &'a AtomicBool,
+    /// Operations the neighbour completed.
+    ops: &'a AtomicU64,
+}
+
+/// Back-to-back n x n matrix multiplies until told to stop.
+fn mmul_loop(vm: &mut Vm, n: u32, f: &Flags) {
+    let (stop, ops) = (f.stop, f.ops);
+    let Ok(mut ch) = vm.drv.channel_new() else {
+        return;
+    };
+    let bytes = u64::from(n) * u64::from(n) * 4;
+    let mut buf = || {
+        vm.drv
+            .buffer_new(ch.vm_mut(), bytes, MemLocation::Vram, false)
+            .ok()
+    };
+    let (Some(a), Some(b), Some(c)) = (buf(), buf(), buf()) else {
+        return;
+    };
+    f.ready.store(true, Ordering::Relaxed);
+    while !stop.load(Ordering::Relaxed) {
+        let mut pb = PushBuf::new();
+        pb.kernel(&Kernel::Mmul {
+            a: a.va(),
+            b: b.va(),
+            c: c.va(),
+            n,
+        });
+        let Ok(fence) = vm.drv.submit(&mut ch, &pb) else {
+            return;
+        };
+        if vm.drv.fence_wait(&mut ch, fence).is_err() {
+            return;
+        }
+        ops.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// 2048-op PV batches switching one PDE between two full small-page tables, until told to stop
+/// or refused.
+fn pv_loop(vm: &mut Vm, f: &Flags) {
+    let (stop, ops) = (f.stop, f.ops);
+    let Ok(ch) = vm.drv.channel_new() else {
+        return;
+    };
+    let mut ch = ch;
+    let pd = ch.vm_mut().pd_addr();
+    let slice = SLICE_MIB << 20;
+    let tables = [slice - (1 << 20), slice - (512 << 10)];
+    let batch_gpa = RAM - (128 << 10);
+    let mut bytes = Vec::with_capacity(pv::MAX_BATCH as usize * pv::OP_SIZE as usize);
+    for i in 0..pv::MAX_BATCH as usize {
+        let table = tables[i % 2];
+        let value = Pde {
+            small: Some(PtRef {
+                addr: table,
+                target: Target::Vram,
+                vol: false,
+            }),
+            large: None,
+            size: PtSize::Full,
+        }
+        .encode();
+        let op = pv::Op {
+            op: pv::OP_WRITE_PDE,
+            target: Target::Vram.bits(),
+            table: pd,
+            index: 200,
+            value,
+        };
+        bytes.extend_from_slice(&op.to_bytes());
+    }
+    if vm.ram.write_slice(&bytes, GuestAddress(batch_gpa)).is_err() {
+        return;
+    }
+    let wr =
+        |vgpu: &Vgpu, off: u32, v: u32| vgpu.bar_write(Bar::Bar0, u64::from(off), &v.to_le_bytes());
+    f.ready.store(true, Ordering::Relaxed);
+    while !stop.load(Ordering::Relaxed) {
+        wr(&vm.vgpu, pv::BATCH_LO, batch_gpa as u32);
+        wr(&vm.vgpu, pv::BATCH_HI, (batch_gpa >> 32) as u32);
+        wr(&vm.vgpu, pv::BATCH_COUNT, pv::MAX_BATCH);
+        wr(&vm.vgpu, pv::SUBMIT, 1);
+        let mut st = [0u8; 4];
+        vm.vgpu.bar_read(Bar::Bar0, u64::from(pv::ERROR), &mut st);
+        let err = u32::from_le_bytes(st);
+        if err != pv::ERR_NONE && err != pv::ERR_BUSY {
+            return;
+        }
+        ops.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs the three scenarios.
+pub fn run_lockhold(opts: &LockholdOptions) -> LockholdReport {
+    LockholdReport {
+        rounds: opts.rounds,
+        size: opts.size,
+        mmul_n: opts.mmul_n,
+        scenarios: [Neighbour::None, Neighbour::Mmul, Neighbour::PvSwitch]
+            .into_iter()
+            .map(|n| scenario(opts, n))
+            .collect(),
+    }
+}

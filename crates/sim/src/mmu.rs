@@ -1,0 +1,458 @@
+//! The GF100 MMU: virtual address spaces (a page directory plus a limit, read from an instance
+//! block), the two-level page walk, the TLB, and memory access through GPU virtual addresses.
+//!
+//! Walk (`gf100::mmu`): PDE at `pd + pde_index(va) * 8`; a PDE with neither table faults
+//! PT_NOT_PRESENT; an offset beyond the PDE's PT_SIZE coverage faults PT_TOO_SHORT; the small-page
+//! table is tried first, then the large-page table (GPUvm's resolver order); no present PTE faults
+//! PAGE_NOT_PRESENT; a PTE with target value 1 faults INVALID_STORAGE_TYPE (the model's choice:
+//! hardware's reaction to that encoding is undocumented); a write to a read-only page faults
+//! PAGE_READ_ONLY; a VA above the instance block's limit faults VM_LIMIT_EXCEEDED. A page-table
+//! read that reaches no memory counts as an absent table (PT_NOT_PRESENT for the PDE,
+//! PAGE_NOT_PRESENT for a PTE). Supervisor-only pages and compression are not modelled.
+//!
+//! The TLB caches successful translations per (page directory, 4 KiB virtual page) until a flush
+//! (PFFB 0x100cbc or host method MEM_OP_B), so rewriting a PTE without a flush keeps using the
+//! stale translation, as on hardware. It holds at most [`TLB_CAPACITY`] entries and is emptied
+//! when full.
+
+use std::collections::HashMap;
+
+use gf100::mmu::{self, Pde, PtRef, Pte};
+use gf100::{fault, inst, Target};
+
+use super::mem::Memory;
+use super::Core;
+
+/// Most translations the TLB holds before it is emptied.
+pub(crate) const TLB_CAPACITY: usize = 1 << 16;
+
+/// A GPU virtual address space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Vspace {
+    /// Page directory, `None` if the instance block's PDB has the invalid target.
+    pub pd: Option<(u64, Target)>,
+    /// Highest valid virtual address.
+    pub limit: u64,
+}
+
+impl Vspace {
+    /// Reads the PDB (inst + 0x200) and limit (inst + 0x208) of the instance block at `inst`.
+    pub(crate) fn load(mem: &mut Memory, inst: u64, target: Target) -> Vspace {
+        let pdb = mem.read_u64(target, inst + inst::PDB_LO);
+        let limit = mem.read_u64(target, inst + inst::LIMIT_LO).unwrap_or(0);
+        Vspace {
+            pd: pdb.and_then(inst::pdb_decode),
+            limit,
+        }
+    }
+}
+
+/// A failed translation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VaFault {
+    /// The faulting virtual address.
+    pub va: u64,
+    /// `gf100::fault::REASON_*`.
+    pub reason: u32,
+    /// The access was a write.
+    pub write: bool,
+}
+
+/// A cached translation of one 4 KiB virtual page.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TlbEntry {
+    page: u64,
+    target: Target,
+    read_only: bool,
+    supervisor: bool,
+}
+
+/// TLB key: page directory (address, is system memory) and 4 KiB virtual page number.
+type TlbKey = (u64, bool, u64);
+
+/// The translation cache.
+#[derive(Debug, Default)]
+pub(crate) struct Tlb {
+    entries: HashMap<TlbKey, TlbEntry>,
+}
+
+impl Tlb {
+    fn key(pd: (u64, Target), va: u64) -> TlbKey {
+        (pd.0, pd.1.is_sysram(), va >> mmu::SMALL_PAGE_SHIFT)
+    }
+
+    fn insert(&mut self, key: TlbKey, e: TlbEntry) {
+        if self.entries.len() >= TLB_CAPACITY {
+            self.entries.clear();
+        }
+        self.entries.insert(key, e);
+    }
+
+    /// Drops every translation.
+    pub(crate) fn flush_all(&mut self) {
+        self.entries.clear();
+    }
+
+    /// Drops the translations of the page directory at `pd` (VRAM vs. system memory as in
+    /// TLB_FLUSH_VSPACE: both system-memory targets match).
+    pub(crate) fn flush_pd(&mut self, pd: u64, target: Target) {
+        let sys = target.is_sysram();
+        self.entries.retain(|&(p, s, _), _| !(p == pd && s == sys));
+    }
+
+    /// Drops the translation of one virtual page of one page directory.
+    pub(crate) fn flush_page(&mut self, pd: u64, target: Target, va: u64) {
+        self.entries.remove(&Tlb::key((pd, target), va));
+    }
+
+    /// Drops the translations of one virtual page in every page directory.
+    pub(crate) fn flush_va(&mut self, va: u64) {
+        let vpn = va >> mmu::SMALL_PAGE_SHIFT;
+        self.entries.retain(|&(_, _, v), _| v != vpn);
+    }
+
+    /// Number of cached translations.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+impl Core {
+    /// Translates `va` in `vs` for a read or write access by the host interface (BAR1/BAR3):
+    /// (physical address, target). Supervisor-only pages are reachable (the BARs are the
+    /// host's, not a channel's); channel clients go through [`Core::read_va`] /
+    /// [`Core::write_va`], which refuse them.
+    pub(crate) fn translate(
+        &mut self,
+        vs: &Vspace,
+        va: u64,
+        write: bool,
+    ) -> Result<(u64, Target), VaFault> {
+        self.translate_as(vs, va, write, true)
+    }
+
+    /// [`Core::translate`] for a client that is `privileged` or not: an unprivileged one
+    /// (every channel's engines and PBDMA: the simulator has no FECS and no privileged
+    /// channels) faults with reason 5 on a supervisor-only page — the PTE bit that keeps a
+    /// VM's channels out of the GR contexts the host maps for them (`shadow_pt::hyp`).
+    fn translate_as(
+        &mut self,
+        vs: &Vspace,
+        va: u64,
+        write: bool,
+        privileged: bool,
+    ) -> Result<(u64, Target), VaFault> {
+        let fail = |reason| VaFault { va, reason, write };
+        if va > vs.limit || va >= mmu::VA_LIMIT {
+            return Err(fail(fault::REASON_VM_LIMIT_EXCEEDED));
+        }
+        let pd = vs.pd.ok_or(fail(fault::REASON_PT_NOT_PRESENT))?;
+        let key = Tlb::key(pd, va);
+        let entry = match self.tlb.entries.get(&key) {
+            Some(&e) => {
+                self.stats.tlb_hits += 1;
+                e
+            }
+            None => {
+                self.stats.tlb_misses += 1;
+                let e = self.walk(pd, va).map_err(fail)?;
+                self.tlb.insert(key, e);
+                e
+            }
+        };
+        if entry.supervisor && !privileged {
+            return Err(fail(fault::REASON_PAGE_SYSTEM_ONLY));
+        }
+        if write && entry.read_only {
+            return Err(fail(fault::REASON_PAGE_READ_ONLY));
+        }
+        Ok((entry.page + (va & (mmu::SMALL_PAGE_SIZE - 1)), entry.target))
+    }
+
+    /// The memory target `va` translates to in `vs`, without filling the TLB or counting
+    /// anything (an engine operation's launch-time scan, `engine`); `None` if it would fault.
+    pub(crate) fn peek_target(&mut self, vs: &Vspace, va: u64) -> Option<Target> {
+        if va > vs.limit || va >= mmu::VA_LIMIT {
+            return None;
+        }
+        let pd = vs.pd?;
+        if let Some(e) = self.tlb.entries.get(&Tlb::key(pd, va)) {
+            return Some(e.target);
+        }
+        let errors = self.mem.errors;
+        let e = self.walk(pd, va).ok();
+        self.mem.errors = errors;
+        e.map(|e| e.target)
+    }
+
+    /// Walks the page tables for `va`; returns the 4 KiB page's translation or a fault reason.
+    fn walk(&mut self, pd: (u64, Target), va: u64) -> Result<TlbEntry, u32> {
+        let raw = self
+            .mem
+            .read_u64(
+                pd.1,
+                pd.0.wrapping_add(mmu::pde_index(va) * mmu::ENTRY_SIZE),
+            )
+            .ok_or(fault::REASON_PT_NOT_PRESENT)?;
+        let pde = Pde::decode(raw);
+        if pde.small.is_none() && pde.large.is_none() {
+            return Err(fault::REASON_PT_NOT_PRESENT);
+        }
+        if va & (mmu::PDE_COVERAGE - 1) >= pde.size.coverage() {
+            return Err(fault::REASON_PT_TOO_SHORT);
+        }
+        if let Some(spt) = pde.small {
+            if let Some(pte) = self.read_pte(spt, mmu::spt_index(va))? {
+                return Ok(TlbEntry {
+                    page: pte.addr,
+                    target: pte.target,
+                    read_only: pte.read_only,
+                    supervisor: pte.supervisor,
+                });
+            }
+        }
+        if let Some(lpt) = pde.large {
+            if let Some(pte) = self.read_pte(lpt, mmu::lpt_index(va))? {
+                let sub = va & (mmu::LARGE_PAGE_SIZE - 1) & !(mmu::SMALL_PAGE_SIZE - 1);
+                return Ok(TlbEntry {
+                    page: pte.addr.wrapping_add(sub),
+                    target: pte.target,
+                    read_only: pte.read_only,
+                    supervisor: pte.supervisor,
+                });
+            }
+        }
+        Err(fault::REASON_PAGE_NOT_PRESENT)
+    }
+
+    fn read_pte(&mut self, pt: PtRef, index: u64) -> Result<Option<Pte>, u32> {
+        let raw = self
+            .mem
+            .read_u64(pt.target, pt.addr.wrapping_add(index * mmu::ENTRY_SIZE))
+            .ok_or(fault::REASON_PAGE_NOT_PRESENT)?;
+        Pte::decode(raw).map_err(|_| fault::REASON_INVALID_STORAGE_TYPE)
+    }
+
+    /// Reads `buf.len()` bytes at `va` for a channel (an unprivileged client), page by page.
+    /// Stops at the first fault (the bytes before it have been read).
+    pub(crate) fn read_va(&mut self, vs: &Vspace, va: u64, buf: &mut [u8]) -> Result<(), VaFault> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let a = va.wrapping_add(done as u64);
+            let (pa, target) = self.translate_as(vs, a, false, false)?;
+            let n = page_piece(a, buf.len() - done);
+            self.mem.read(target, pa, &mut buf[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `va`, page by page. Stops at the first fault (the bytes before it have
+    /// been written).
+    pub(crate) fn write_va(&mut self, vs: &Vspace, va: u64, data: &[u8]) -> Result<(), VaFault> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let a = va.wrapping_add(done as u64);
+            let (pa, target) = self.translate_as(vs, a, true, false)?;
+            let n = page_piece(a, data.len() - done);
+            self.mem.write(target, pa, &data[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads a u32 at `va`.
+    pub(crate) fn read_va_u32(&mut self, vs: &Vspace, va: u64) -> Result<u32, VaFault> {
+        let mut b = [0u8; 4];
+        self.read_va(vs, va, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+}
+
+/// Bytes from `va` to the end of its 4 KiB page, at most `rest`.
+pub(crate) fn page_piece(va: u64, rest: usize) -> usize {
+    let in_page = (mmu::SMALL_PAGE_SIZE - (va & (mmu::SMALL_PAGE_SIZE - 1))) as usize;
+    in_page.min(rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::CostModel;
+    use gf100::mmu::PtSize;
+
+    const PD: u64 = 0x10_0000;
+    const SPT: u64 = 0x20_0000;
+    const LPT: u64 = 0x30_0000;
+
+    fn core() -> Core {
+        Core::new(64 << 20, CostModel::instant())
+    }
+
+    fn vs() -> Vspace {
+        Vspace {
+            pd: Some((PD, Target::Vram)),
+            limit: mmu::VA_LIMIT - 1,
+        }
+    }
+
+    fn put(c: &mut Core, addr: u64, v: u64) {
+        assert!(c.mem.write(Target::Vram, addr, &v.to_le_bytes()));
+    }
+
+    fn pde(c: &mut Core, index: u64, small: Option<u64>, large: Option<u64>, size: PtSize) {
+        let r = |a| PtRef {
+            addr: a,
+            target: Target::Vram,
+            vol: false,
+        };
+        put(
+            c,
+            PD + index * 8,
+            Pde {
+                small: small.map(r),
+                large: large.map(r),
+                size,
+            }
+            .encode(),
+        );
+    }
+
+    #[test]
+    fn small_pages_translate_and_are_cached_until_flushed() {
+        let mut c = core();
+        pde(&mut c, 0, Some(SPT), None, PtSize::Full);
+        put(&mut c, SPT + 8, Pte::new(0x40_0000, Target::Vram).encode());
+        assert_eq!(
+            c.translate(&vs(), 0x1234, false),
+            Ok((0x40_0234, Target::Vram))
+        );
+        put(&mut c, SPT + 8, Pte::new(0x50_0000, Target::Vram).encode());
+        assert_eq!(
+            c.translate(&vs(), 0x1238, false),
+            Ok((0x40_0238, Target::Vram)),
+            "stale until flushed"
+        );
+        assert_eq!((c.stats.tlb_hits, c.stats.tlb_misses), (1, 1));
+        c.tlb.flush_pd(PD, Target::Vram);
+        assert_eq!(
+            c.translate(&vs(), 0x1238, false),
+            Ok((0x50_0238, Target::Vram))
+        );
+    }
+
+    #[test]
+    fn flush_of_another_pd_or_page_keeps_the_entry() {
+        let mut c = core();
+        pde(&mut c, 0, Some(SPT), None, PtSize::Full);
+        put(&mut c, SPT + 8, Pte::new(0x40_0000, Target::Vram).encode());
+        assert!(c.translate(&vs(), 0x1000, false).is_ok());
+        c.tlb.flush_pd(PD + 0x1000, Target::Vram);
+        c.tlb.flush_pd(PD, Target::SysCoherent);
+        c.tlb.flush_page(PD, Target::Vram, 0x2000);
+        assert_eq!(c.tlb.len(), 1);
+        c.tlb.flush_page(PD, Target::Vram, 0x1000);
+        assert_eq!(c.tlb.len(), 0);
+    }
+
+    #[test]
+    fn large_pages_are_used_when_the_small_pte_is_absent() {
+        let mut c = core();
+        pde(&mut c, 1, Some(SPT), Some(LPT), PtSize::Full);
+        let va = mmu::PDE_COVERAGE + 3 * mmu::LARGE_PAGE_SIZE + 0x5678;
+        put(
+            &mut c,
+            LPT + 3 * 8,
+            Pte::new(0x80_0000, Target::Vram).encode(),
+        );
+        assert_eq!(c.translate(&vs(), va, false), Ok((0x80_5678, Target::Vram)));
+    }
+
+    #[test]
+    fn fault_reasons() {
+        let mut c = core();
+        let r = |c: &mut Core, va, w| c.translate(&vs(), va, w).map_err(|f| f.reason);
+        assert_eq!(r(&mut c, 0, false), Err(fault::REASON_PT_NOT_PRESENT));
+        pde(&mut c, 0, Some(SPT), None, PtSize::Eighth);
+        assert_eq!(r(&mut c, 16 << 20, false), Err(fault::REASON_PT_TOO_SHORT));
+        assert_eq!(
+            r(&mut c, 0x3000, false),
+            Err(fault::REASON_PAGE_NOT_PRESENT)
+        );
+        let mut ro = Pte::new(0x40_0000, Target::Vram);
+        ro.read_only = true;
+        put(&mut c, SPT + 8, ro.encode());
+        assert_eq!(r(&mut c, 0x1000, false), Ok((0x40_0000, Target::Vram)));
+        assert_eq!(r(&mut c, 0x1000, true), Err(fault::REASON_PAGE_READ_ONLY));
+        // A supervisor-only page: the host's BARs reach it, a channel faults with reason 5.
+        let mut sup = Pte::new(0x40_0000, Target::Vram);
+        sup.supervisor = true;
+        put(&mut c, SPT + 8, sup.encode());
+        c.tlb = Tlb::default();
+        assert_eq!(r(&mut c, 0x1000, true), Ok((0x40_0000, Target::Vram)));
+        let mut b = [0u8; 4];
+        assert_eq!(
+            c.read_va(&vs(), 0x1000, &mut b).map_err(|f| f.reason),
+            Err(fault::REASON_PAGE_SYSTEM_ONLY)
+        );
+        assert_eq!(
+            c.write_va(&vs(), 0x1000, &b).map_err(|f| f.reason),
+            Err(fault::REASON_PAGE_SYSTEM_ONLY)
+        );
+        put(&mut c, SPT + 8, ro.encode());
+        c.tlb = Tlb::default();
+        put(
+            &mut c,
+            SPT + 16,
+            Pte::new(0x40_0000, Target::Vram).encode() | 1 << 33,
+        );
+        assert_eq!(
+            r(&mut c, 0x2000, false),
+            Err(fault::REASON_INVALID_STORAGE_TYPE)
+        );
+        let limited = Vspace {
+            pd: Some((PD, Target::Vram)),
+            limit: 0xfff,
+        };
+        assert_eq!(
+            c.translate(&limited, 0x1000, false).map_err(|f| f.reason),
+            Err(fault::REASON_VM_LIMIT_EXCEEDED)
+        );
+        assert_eq!(
+            r(&mut c, mmu::VA_LIMIT, false),
+            Err(fault::REASON_VM_LIMIT_EXCEEDED)
+        );
+        let nopd = Vspace {
+            pd: None,
+            limit: u64::MAX,
+        };
+        assert_eq!(
+            c.translate(&nopd, 0, false).map_err(|f| f.reason),
+            Err(fault::REASON_PT_NOT_PRESENT)
+        );
+    }
+
+    #[test]
+    fn va_accesses_cross_pages_and_stop_at_the_first_fault() {
+        let mut c = core();
+        pde(&mut c, 0, Some(SPT), None, PtSize::Full);
+        put(&mut c, SPT, Pte::new(0x40_0000, Target::Vram).encode());
+        put(&mut c, SPT + 8, Pte::new(0x60_0000, Target::Vram).encode());
+        assert_eq!(c.write_va(&vs(), 0xffe, &[1, 2, 3, 4]), Ok(()));
+        let mut b = [0u8; 2];
+        assert!(c.mem.read(Target::Vram, 0x60_0000, &mut b));
+        assert_eq!(b, [3, 4]);
+        let mut big = vec![0u8; 0x3000];
+        let err = c.read_va(&vs(), 0, &mut big);
+        assert_eq!(
+            err,
+            Err(VaFault {
+                va: 0x2000,
+                reason: fault::REASON_PAGE_NOT_PRESENT,
+                write: false
+            })
+        );
+        assert_eq!(&big[0xffe..0x1002], &[1, 2, 3, 4]);
+    }
+}
