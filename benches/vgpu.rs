@@ -334,5 +334,60 @@ fn doorbell(c: &mut Criterion) {
     drv.channel_free(ch).unwrap();
 }
 
-criterion_group!(benches, bar0, doorbell);
+/// `vgpu_bar1/read_aperture`: a 4-byte read of a VRAM buffer the driver mapped into BAR1 for
+/// CPU access. `trapped` = `Vgpu::bar_read(Bar1, ..)`: the lock, the aperture walk through the
+/// guest's BAR1 page tables (its software TLB after the first access) into the VM's slice, the
+/// counters and the after-access service. `bare` = `PhysicalGpu::read_vram` of the same word
+/// of the slice.
+fn bar1(c: &mut Criterion) {
+    let mut s = setup();
+    let buf = s
+        .drv
+        .buffer_new(s.ch.vm_mut(), 1 << 20, gpuvm_guest::MemLocation::Vram, true)
+        .expect("a CPU-visible VRAM buffer");
+    let words: Vec<u32> = (0..64).map(|i| 0x5eed_0000 + i).collect();
+    s.drv
+        .buffer_write_words(&buf, 0, &words)
+        .expect("write through BAR1");
+    let bva = buf.bar1().expect("mapped into BAR1") + 4 * 7;
+    let host_addr = s.vgpu.vram_slice().base.offset(buf.phys() + 4 * 7);
+    let phys = s.host.phys().clone();
+    let v = s.vgpu.clone();
+    let before = v.stats();
+    let mut group = c.benchmark_group("vgpu_bar1");
+    group.bench_function(BenchmarkId::new("read_aperture", "bare"), |b| {
+        b.iter(|| {
+            let mut d = [0u8; 4];
+            phys.read_vram(black_box(host_addr), &mut d);
+            d
+        })
+    });
+    group.bench_function(BenchmarkId::new("read_aperture", "trapped"), |b| {
+        b.iter(|| {
+            let mut d = [0u8; 4];
+            v.bar_read(Bar::Bar1, black_box(bva), &mut d);
+            d
+        })
+    });
+    group.finish();
+    let mut d = [0u8; 4];
+    v.bar_read(Bar::Bar1, bva, &mut d);
+    assert_eq!(
+        u32::from_le_bytes(d),
+        words[7],
+        "the read went to the buffer"
+    );
+    let mut d = [0u8; 4];
+    phys.read_vram(host_addr, &mut d);
+    assert_eq!(
+        u32::from_le_bytes(d),
+        words[7],
+        "the bare read names the same word"
+    );
+    let st = v.stats();
+    assert_eq!(st.violations.total, before.violations.total);
+    assert!(st.exits.bar1.reads > before.exits.bar1.reads);
+}
+
+criterion_group!(benches, bar0, doorbell, bar1);
 criterion_main!(benches);

@@ -190,6 +190,25 @@ impl GuestMem<'_> {
     }
 }
 
+/// The VM's memory: its VRAM slice and (once attached) its RAM with the IOVA window.
+#[derive(Debug, Clone)]
+pub(crate) struct VmMem {
+    pub slice: VramSlice,
+    pub ram: Option<GuestRam>,
+    pub iova_base: Iova,
+}
+
+impl VmMem {
+    /// The memory view of a VM with this memory on `phys`.
+    pub(crate) fn view<'a>(&'a self, phys: &'a dyn PhysicalGpu) -> GuestMem<'a> {
+        GuestMem {
+            phys,
+            slice: self.slice,
+            ram: self.ram.as_ref(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

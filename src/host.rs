@@ -29,9 +29,13 @@
 //! makes); physical interrupts and completions are serviced at the end of every VM access and in
 //! [`GpuHost::poll`]. VM interrupt lines are driven after the lock is released.
 
+pub(crate) mod dispatch;
 mod hold;
 mod init;
+pub(crate) mod irq_route;
 mod reclaim;
+pub(crate) mod runlist;
+pub(crate) mod runtime;
 
 pub use hold::{LockHolds, HOLD_BUCKETS};
 
@@ -42,25 +46,27 @@ use gf100::pci::{BAR1_SIZE, BAR3_SIZE};
 use gf100::{pfifo, userd};
 
 use crate::addr::{HostVram, Iova};
+use crate::channels::Effect;
 use crate::channels::VChan;
 use crate::clock::Clock;
+use crate::guest_mem::VmMem;
 use crate::guest_mem::VramSlice;
+use crate::host::dispatch::InFlight;
+use crate::host::runtime::{ChannelClock, Cursor};
 use crate::irq::IrqFlag;
 use crate::mmio::pci::PciConfig;
+use crate::mmio::vregs::VRegs;
 use crate::phys::{GpuStats, PhysicalGpu};
 use crate::profile::{ProfileError, VgpuProfile};
 use crate::sched::{Accounting, FifoScheduler, SchedStats, Scheduler};
 use crate::shadow_pt::ShadowPt;
+use crate::stats::RateLimit;
 use crate::vgpu::aperture::GuestBars;
-use crate::vgpu::runtime::{ChannelClock, Cursor};
-use crate::vgpu::stats::RateLimit;
-use crate::vgpu::submit::InFlight;
-use crate::vgpu::vregs::VRegs;
-use crate::vgpu::{Effect, LineSlot, Vgpu, VmCx, VmMem, VmState};
+use crate::vgpu::{GpuPort, LineSlot, Vgpu, VmCx, VmState};
 use crate::vram_alloc::{HypVram, RangeAllocator};
 
+use crate::layout::HostLayout;
 pub use crate::sched::VmId;
-pub(crate) use init::{phys_tlb_flush, wait_runlist, HostLayout};
 
 /// Host-wide settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -395,7 +401,7 @@ impl HostShared {
     pub(crate) fn next_event_ns(&self) -> Option<u64> {
         let st = self.lock();
         let watchdog =
-            crate::vgpu::submit::watchdog_deadline(&st, &*self.phys, self.cfg.watchdog_ns);
+            crate::host::dispatch::watchdog_deadline(&st, &*self.phys, self.cfg.watchdog_ns);
         [self.phys.next_event_ns(), st.sched_timer, watchdog]
             .into_iter()
             .flatten()
@@ -427,12 +433,12 @@ impl HostShared {
             }
             // What the GPU reported so far is routed while the VM still owns its channels.
             if self.irq.is_asserted() {
-                crate::vgpu::irq::service(st, phys);
+                crate::host::irq_route::service(st, phys);
             }
             let all_off = match st.vms.get_mut(&id) {
                 Some(vm) => {
                     let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, vm);
-                    let off = crate::channels::unbind_all(&mut cx);
+                    let off = crate::channels::unbind_all(&mut cx.chan());
                     let (sh, mut scx) = cx.shadow();
                     sh.destroy(&mut scx);
                     off
@@ -441,7 +447,7 @@ impl HostShared {
             };
             // Faults and errors the aborted work raised are still this VM's.
             if self.irq.is_asserted() {
-                crate::vgpu::irq::service(st, phys);
+                crate::host::irq_route::service(st, phys);
             }
             // What its channels ran is the VM's; the next owner of the channels starts from
             // zero.
@@ -460,7 +466,7 @@ impl HostShared {
             st.acct.remove_vm(id);
             st.counters.aborted += (dropped + before - st.inflight.len()) as u64;
             st.nonstall.remove(&id);
-            crate::channels::runlist::submit_physical(st, phys);
+            crate::host::runlist::submit_physical(st, phys);
             // The VM's channels are off the GPU: its shadows leave the quarantine now.
             reclaim::reclaim(st, phys, &self.irq);
             if all_off {
@@ -520,7 +526,7 @@ impl HostState {
         for e in effects {
             match e {
                 Effect::RunlistChanged => runlist = true,
-                Effect::Doorbell(g) => crate::vgpu::submit::doorbell(self, phys, id, g),
+                Effect::Doorbell(g) => crate::host::dispatch::doorbell(self, phys, id, g),
                 Effect::ChannelGone(g) => {
                     let now = self.now(phys);
                     self.drop_channel_work(phys, id, g, now);
@@ -528,7 +534,7 @@ impl HostState {
             }
         }
         if runlist {
-            crate::channels::runlist::submit_physical(self, phys);
+            crate::host::runlist::submit_physical(self, phys);
         }
     }
 
@@ -600,14 +606,14 @@ impl HostState {
     /// Services physical interrupts, completions and dispatch.
     fn service(&mut self, phys: &dyn PhysicalGpu, irq: &IrqFlag, cfg: &HostConfig) {
         if irq.is_asserted() {
-            crate::vgpu::irq::service(self, phys);
+            crate::host::irq_route::service(self, phys);
         }
         if !self.inflight.is_empty()
             || self.sched.queued() > 0
             || self.sched_timer.is_some()
             || self.engine_watch.is_some()
         {
-            crate::vgpu::submit::progress(self, phys, cfg.max_inflight, cfg.watchdog_ns);
+            crate::host::dispatch::progress(self, phys, cfg.max_inflight, cfg.watchdog_ns);
         }
         reclaim::reclaim(self, phys, irq);
     }
@@ -617,7 +623,7 @@ impl HostState {
     pub(crate) fn now(&self, phys: &dyn PhysicalGpu) -> u64 {
         match &self.clock {
             Some(c) => c.now_ns(),
-            None => crate::vgpu::submit::gpu_now(phys),
+            None => crate::host::dispatch::gpu_now(phys),
         }
     }
 
@@ -965,7 +971,7 @@ impl GpuHost {
         Ok(Arc::new(Vgpu {
             id,
             profile: profile.clone(),
-            shared: self.shared.clone(),
+            port: self.shared.clone(),
             line,
             phys_chans: chan_base..chan_base + profile.channels,
             slice: VramSlice {
@@ -981,7 +987,7 @@ impl GpuHost {
     /// partition. Afterwards its accesses read all-ones and
     /// its writes are dropped.
     pub fn destroy_vgpu(&self, v: &Vgpu) -> Result<(), HostError> {
-        if !Arc::ptr_eq(&self.shared, &v.shared) {
+        if !std::ptr::addr_eq(Arc::as_ptr(&self.shared), Arc::as_ptr(&v.port)) {
             return Err(HostError::NoSuchVm(v.id));
         }
         self.shared.destroy(v.id)
@@ -1093,10 +1099,29 @@ impl GpuHost {
     }
 }
 
-impl Vgpu {
-    /// When something next happens on the shared GPU without anyone touching it (see
-    /// [`GpuHost::next_event_ns`]): what a guest waiting with a simulated clock advances to.
-    pub fn next_event_ns(&self) -> Option<u64> {
-        self.shared.next_event_ns()
+impl GpuPort for HostShared {
+    fn phys(&self) -> &Arc<dyn PhysicalGpu> {
+        &self.phys
+    }
+
+    fn access_dyn(&self, id: VmId, f: &mut dyn FnMut(&mut VmCx)) -> bool {
+        self.access(id, f).is_some()
+    }
+
+    fn peek_dyn(&self, id: VmId, f: &mut dyn FnMut(&mut VmCx)) -> bool {
+        self.peek(id, f).is_some()
+    }
+
+    fn poll(&self) {
+        HostShared::poll(self);
+    }
+
+    fn next_event_ns(&self) -> Option<u64> {
+        HostShared::next_event_ns(self)
+    }
+
+    fn destroy(&self, id: VmId) {
+        // Already gone (an explicit destroy came first) is the only error.
+        let _ = HostShared::destroy(self, id);
     }
 }

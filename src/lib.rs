@@ -25,10 +25,13 @@
 pub mod channels;
 pub mod guest_mem;
 pub mod host;
+mod layout;
 pub mod mmio;
+mod phys_seq;
 pub mod profile;
 pub mod sched;
 pub mod shadow_pt;
+pub mod stats;
 pub mod vgpu;
 pub mod vram_alloc;
 

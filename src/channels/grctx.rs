@@ -31,9 +31,9 @@ use std::sync::OnceLock;
 
 use gf100::{inst, mmu};
 
+use super::cx::ChanCx;
 use crate::addr::HostVram;
-use crate::vgpu::vpgraph::CONTEXT_SIZE;
-use crate::vgpu::VmCx;
+use crate::mmio::vpgraph::CONTEXT_SIZE;
 
 // One context is one large page of the hypervisor's range.
 const _: () = assert!(CONTEXT_SIZE as u64 == mmu::LARGE_PAGE_SIZE);
@@ -64,7 +64,7 @@ fn guest_pointer(block: &[u8]) -> Option<u64> {
 /// Fills the GR context pointer of the shadow block `sh` of guest channel `g` from the guest's
 /// `block`: the host-owned context's VA if the guest names one, else 0. Returns true if a
 /// host context is attached (the shadow's VM limit must then cover the hypervisor's range).
-pub(crate) fn shadow_pointer(cx: &mut VmCx, g: u32, block: &[u8], sh: &mut [u8]) -> bool {
+pub(crate) fn shadow_pointer(cx: &mut ChanCx, g: u32, block: &[u8], sh: &mut [u8]) -> bool {
     let at = inst::GR_CTX as usize;
     sh[at..at + 8].fill(0);
     if guest_pointer(block).is_none() {
@@ -80,7 +80,7 @@ pub(crate) fn shadow_pointer(cx: &mut VmCx, g: u32, block: &[u8], sh: &mut [u8])
 }
 
 /// The VA of channel `g`'s host context, allocating and mapping it on first use.
-fn ensure(cx: &mut VmCx, g: u32) -> Option<u64> {
+fn ensure(cx: &mut ChanCx, g: u32) -> Option<u64> {
     let gi = g as usize;
     let existing = cx.vm.chans[gi].bound.as_ref().and_then(|b| b.grctx);
     let page = match existing {
@@ -111,7 +111,7 @@ fn ensure(cx: &mut VmCx, g: u32) -> Option<u64> {
 
 /// Channel `g` is being unbound: unmaps, scrubs and frees (through the quarantine) its host
 /// context, if it has one.
-pub(crate) fn release(cx: &mut VmCx, g: u32, page: Option<HostVram>) {
+pub(crate) fn release(cx: &mut ChanCx, g: u32, page: Option<HostVram>) {
     let Some(page) = page else {
         return;
     };

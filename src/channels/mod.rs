@@ -30,6 +30,7 @@
 //! the submission path in [`cmdscan`].
 
 pub mod cmdscan;
+mod cx;
 pub(crate) mod grctx;
 pub(crate) mod preempt;
 pub(crate) mod runlist;
@@ -39,9 +40,11 @@ use gf100::{inst, mmu, pfifo, userd as ud, Target};
 
 use crate::addr::HostVram;
 use crate::shadow_pt::GuestPdb;
-use crate::vgpu::{Effect, ViolationKind, VmCx};
+use crate::stats::ViolationKind;
 
 use cmdscan::ScanState;
+
+pub(crate) use cx::{ChanCx, ChanVm, Effect};
 
 /// A guest channel bound to its physical channel.
 #[derive(Debug, Clone)]
@@ -104,7 +107,7 @@ pub(crate) fn table_index(offset: u32) -> Option<(u32, bool)> {
 }
 
 /// Checks that `g` is one of the VM's channels; counts a violation otherwise.
-fn own(cx: &mut VmCx, g: u32, what: &str) -> bool {
+fn own(cx: &mut ChanCx, g: u32, what: &str) -> bool {
     if g < cx.vm.nchan() {
         return true;
     }
@@ -116,7 +119,7 @@ fn own(cx: &mut VmCx, g: u32, what: &str) -> bool {
 }
 
 /// A guest read of CHAN_TABLE\[g\].CHAN or .STATE.
-pub(crate) fn table_read(cx: &mut VmCx, g: u32, state: bool) -> u32 {
+pub(crate) fn table_read(cx: &mut ChanCx, g: u32, state: bool) -> u32 {
     if g >= cx.vm.nchan() {
         return 0;
     }
@@ -128,7 +131,7 @@ pub(crate) fn table_read(cx: &mut VmCx, g: u32, state: bool) -> u32 {
 }
 
 /// A guest write of CHAN_TABLE\[g\].CHAN or .STATE.
-pub(crate) fn table_write(cx: &mut VmCx, g: u32, state: bool, value: u32) {
+pub(crate) fn table_write(cx: &mut ChanCx, g: u32, state: bool, value: u32) {
     if !own(cx, g, if state { "STATE write" } else { "bind" }) {
         return;
     }
@@ -151,7 +154,7 @@ pub(crate) fn table_write(cx: &mut VmCx, g: u32, state: bool, value: u32) {
 
 /// KICK: the guest's channel id is translated; the register reads back the guest's id with the
 /// pending bit clear.
-pub(crate) fn kick(cx: &mut VmCx, value: u32) {
+pub(crate) fn kick(cx: &mut ChanCx, value: u32) {
     let g = value & (pfifo::CHANNELS - 1);
     cx.vm.regs.kick = g;
     if !own(cx, g, "kick") {
@@ -162,7 +165,7 @@ pub(crate) fn kick(cx: &mut VmCx, value: u32) {
     }
 }
 
-fn chan_write(cx: &mut VmCx, g: u32, value: u32) {
+fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
     let gi = g as usize;
     cx.vm.chans[gi].chan_word = value;
     if value & pfifo::CHAN_VALID == 0 {
@@ -245,7 +248,7 @@ fn chan_write(cx: &mut VmCx, g: u32, value: u32) {
         .entry(page_key(target, inst))
         .or_default()
         .push(g);
-    cx.vm.map_gen += 1;
+    *cx.vm.map_gen += 1;
     cx.vm.stats.channel_binds += 1;
 }
 
@@ -270,7 +273,7 @@ fn wr_u64(block: &mut [u8], off: u64, v: u64) {
 
 /// The guest's RAMFC USERD pointer must name a page of its own memory (it is never used
 /// physically: the shadow points at the hypervisor's page).
-fn check_userd(cx: &VmCx, block: &[u8]) -> Result<(), String> {
+fn check_userd(cx: &ChanCx, block: &[u8]) -> Result<(), String> {
     let raw = rd_u64(block, inst::RAMFC_USERD_LO);
     let (addr, t) =
         inst::userd_decode(raw).ok_or_else(|| format!("{raw:#x} has the invalid target"))?;
@@ -281,7 +284,7 @@ fn check_userd(cx: &VmCx, block: &[u8]) -> Result<(), String> {
 }
 
 /// Builds and writes the shadow instance block of bound channel `g` from the guest's `block`.
-fn write_shadow(cx: &mut VmCx, g: u32, block: &[u8]) {
+fn write_shadow(cx: &mut ChanCx, g: u32, block: &[u8]) {
     let gi = g as usize;
     let Some(old_pdb) = cx.vm.chans[gi].bound.as_ref().map(|b| b.pdb) else {
         return;
@@ -362,7 +365,7 @@ fn write_shadow(cx: &mut VmCx, g: u32, block: &[u8]) {
 }
 
 /// Re-copies the guest instance block of bound channel `g` after the guest wrote to it.
-pub(crate) fn refresh(cx: &mut VmCx, g: u32) {
+pub(crate) fn refresh(cx: &mut ChanCx, g: u32) {
     let Some((inst, target)) = cx.vm.chans[g as usize].bound.as_ref().map(|b| b.inst) else {
         return;
     };
@@ -390,7 +393,7 @@ pub(crate) fn refresh(cx: &mut VmCx, g: u32) {
 
 /// Refreshes every bound channel (after a para-virtual batch, which may write anywhere in the
 /// guest's tables).
-pub(crate) fn refresh_all(cx: &mut VmCx) {
+pub(crate) fn refresh_all(cx: &mut ChanCx) {
     for g in 0..cx.vm.nchan() {
         if cx.vm.chans[g as usize].bound.is_some() {
             refresh(cx, g);
@@ -401,7 +404,7 @@ pub(crate) fn refresh_all(cx: &mut VmCx) {
 /// Unbinds guest channel `g` (if bound): the physical channel is stopped and taken off the GPU
 /// ([`preempt::stop`]; an operation still running is aborted), unbound, the shadow detached and
 /// the shadow instance block scrubbed and retired (quarantined until released).
-pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
+pub(crate) fn unbind(cx: &mut ChanCx, g: u32) {
     cx.vm.chans[g as usize].killed = false;
     cx.vm.chans[g as usize].held = false;
     let Some(b) = cx.vm.chans[g as usize].bound.take() else {
@@ -438,7 +441,7 @@ pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
         if list.is_empty() {
             cx.vm.inst_pages.remove(&key);
         }
-        cx.vm.map_gen += 1;
+        *cx.vm.map_gen += 1;
     }
     if cx.vm.runlist.contains(&g) {
         cx.vm.runlist.retain(|&c| c != g);
@@ -449,7 +452,7 @@ pub(crate) fn unbind(cx: &mut VmCx, g: u32) {
 
 /// Stops and unbinds every channel of the VM (teardown). Returns false if a channel could not
 /// be taken off the GPU (its partition must then not be reused).
-pub(crate) fn unbind_all(cx: &mut VmCx) -> bool {
+pub(crate) fn unbind_all(cx: &mut ChanCx) -> bool {
     let mut all_off = true;
     for g in 0..cx.vm.nchan() {
         let p = cx.vm.phys_chid(g);
@@ -465,7 +468,7 @@ pub(crate) fn unbind_all(cx: &mut VmCx) -> bool {
 
 /// A guest write of `len` bytes at `addr` in `target` landed: refresh the shadow instance blocks
 /// of channels whose guest instance block it touched.
-pub(crate) fn on_guest_write(cx: &mut VmCx, target: Target, addr: u64, len: u64) {
+pub(crate) fn on_guest_write(cx: &mut ChanCx, target: Target, addr: u64, len: u64) {
     if cx.vm.inst_pages.is_empty() || len == 0 {
         return;
     }

@@ -10,14 +10,13 @@
 //! own runlist-done interrupt. The merged runlist — every VM's accepted channels, in VM order,
 //! as physical ids — is written into the other of two hypervisor buffers and submitted.
 
-use gf100::{pfifo, Target};
+use gf100::pfifo;
 
-use crate::host::HostState;
-use crate::phys::PhysicalGpu;
-use crate::vgpu::{Effect, ViolationKind, VmCx};
+use super::cx::{ChanCx, Effect};
+use crate::stats::ViolationKind;
 
 /// A guest write of RUNLIST_SUBMIT.
-pub(crate) fn guest_submit(cx: &mut VmCx, value: u32) {
+pub(crate) fn guest_submit(cx: &mut ChanCx, value: u32) {
     let regs = &mut cx.vm.regs;
     regs.runlist_len = value;
     regs.runlist_rd_base = regs.runlist_base;
@@ -79,37 +78,7 @@ pub(crate) fn guest_submit(cx: &mut VmCx, value: u32) {
             }
         }
     }
-    cx.vm.runlist = list;
+    *cx.vm.runlist = list;
     cx.vm.effects.push(Effect::RunlistChanged);
     cx.vm.regs.runlist_intr |= pfifo::INTR_RUNLIST_EVENT;
-}
-
-/// Builds the merged physical runlist from every VM's accepted channels and submits it.
-pub(crate) fn submit_physical(st: &mut HostState, phys: &dyn PhysicalGpu) {
-    let mut entries = Vec::new();
-    for vm in st.vms.values() {
-        for &g in &vm.runlist {
-            if vm.chans.get(g as usize).is_some_and(|c| c.bound.is_some()) {
-                entries.push(vm.phys_chid(g));
-            }
-        }
-    }
-    let buf = st.layout.runlists[st.runlist_next & 1];
-    st.runlist_next ^= 1;
-    let mut bytes = Vec::with_capacity(entries.len() * pfifo::RUNLIST_ENTRY_SIZE as usize);
-    for &p in &entries {
-        bytes.extend_from_slice(&p.to_le_bytes());
-        bytes.extend_from_slice(&pfifo::RUNLIST_ENTRY_WORD1.to_le_bytes());
-    }
-    phys.write_vram(buf, &bytes);
-    phys.write_reg(
-        pfifo::RUNLIST_BASE,
-        pfifo::runlist_base_encode(buf.raw(), Target::Vram),
-    );
-    phys.write_reg(
-        pfifo::RUNLIST_SUBMIT,
-        pfifo::RUNLIST_SUBMIT_UNK20 | (entries.len() as u32 & pfifo::RUNLIST_LEN_MASK),
-    );
-    crate::host::wait_runlist(phys);
-    st.counters.runlist_submits += 1;
 }

@@ -9,10 +9,11 @@
 
 use gf100::{pfifo, userd};
 
-use crate::vgpu::{Effect, ViolationKind, VmCx};
+use super::cx::{ChanCx, Effect};
+use crate::stats::ViolationKind;
 
 /// The guest channel and page offset of BAR1 offset `offset`, if it lies in the poll area.
-fn locate(cx: &VmCx, offset: u64) -> Option<(u32, u64)> {
+fn locate(cx: &ChanCx, offset: u64) -> Option<(u32, u64)> {
     let base = cx.vm.regs.poll_area()?;
     let rel = offset.checked_sub(base)?;
     let g = rel / userd::SIZE;
@@ -27,7 +28,7 @@ fn gp_put_overlap(reg: u64, len: u64) -> (bool, bool) {
 }
 
 /// A guest BAR1 read; false if `offset` is not in the poll area.
-pub(crate) fn read(cx: &mut VmCx, offset: u64, data: &mut [u8]) -> bool {
+pub(crate) fn read(cx: &mut ChanCx, offset: u64, data: &mut [u8]) -> bool {
     let Some((g, reg)) = locate(cx, offset) else {
         return false;
     };
@@ -64,7 +65,7 @@ pub(crate) fn read(cx: &mut VmCx, offset: u64, data: &mut [u8]) -> bool {
 }
 
 /// A guest BAR1 write; false if `offset` is not in the poll area.
-pub(crate) fn write(cx: &mut VmCx, offset: u64, data: &[u8]) -> bool {
+pub(crate) fn write(cx: &mut ChanCx, offset: u64, data: &[u8]) -> bool {
     let Some((g, reg)) = locate(cx, offset) else {
         return false;
     };

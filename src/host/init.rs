@@ -20,7 +20,9 @@ use gf100::{inst, pbus, pffb, pfifo, pmc, userd, Target};
 
 use crate::addr::HostVram;
 use crate::host::HostError;
+use crate::layout::HostLayout;
 use crate::phys::PhysicalGpu;
+use crate::phys_seq::{phys_tlb_flush, wait_runlist};
 use crate::vram_alloc::HypVram;
 
 /// Bytes of one runlist buffer (128 entries of 8 bytes fit in one page).
@@ -28,37 +30,6 @@ const RUNLIST_BYTES: u64 = gf100::PAGE_SIZE;
 
 /// Smallest hypervisor region: the host's own structures plus room for shadows.
 pub(crate) const MIN_HYPERVISOR_VRAM: u64 = 16 << 20;
-
-/// Bounded polls of a physical status register before giving up (the simulator answers at
-/// once; real hardware within microseconds).
-const STATUS_POLLS: u32 = 1000;
-
-/// Where the host's structures live in VRAM.
-#[derive(Debug, Clone)]
-pub(crate) struct HostLayout {
-    /// USERD page of physical channel 0 (channel p at `+ p * 4 KiB`).
-    pub userd: HostVram,
-    /// The host's BAR1 instance block.
-    pub bar1_inst: HostVram,
-    /// The host's BAR1 page directory.
-    pub bar1_pd: HostVram,
-    /// An all-absent page directory.
-    pub null_pd: HostVram,
-    /// The two runlist buffers.
-    pub runlists: [HostVram; 2],
-}
-
-impl HostLayout {
-    /// VRAM address of physical channel `p`'s USERD page.
-    pub(crate) fn userd_page(&self, p: u32) -> HostVram {
-        self.userd.offset(u64::from(p) * userd::SIZE)
-    }
-
-    /// Physical BAR1 offset of physical channel `p`'s USERD page.
-    pub(crate) fn userd_bar1(&self, p: u32) -> u64 {
-        u64::from(p) * userd::SIZE
-    }
-}
 
 fn alloc(
     phys: &dyn PhysicalGpu,
@@ -75,39 +46,6 @@ fn alloc(
 
 fn wr64(phys: &dyn PhysicalGpu, addr: HostVram, v: u64) {
     phys.write_vram(addr, &v.to_le_bytes());
-}
-
-/// Flushes the physical TLB for the page directory at `pd` (nouveau `gf100_vmm_invalidate`:
-/// wait for a free flush slot, write the page directory, trigger, wait until queued).
-pub(crate) fn phys_tlb_flush(phys: &dyn PhysicalGpu, pd: HostVram, hub_only: bool) {
-    let ok =
-        (0..STATUS_POLLS).any(|_| phys.read_reg(pffb::VM_CFG) & pffb::VM_CFG_FLUSH_SLOTS_MASK != 0);
-    if !ok {
-        log::warn!("physical TLB flush: no free flush slot");
-    }
-    phys.write_reg(
-        pffb::TLB_FLUSH_VSPACE,
-        pffb::vspace_encode(pd.raw(), Target::Vram),
-    );
-    let hub = if hub_only { pffb::FLUSH_HUB_ONLY } else { 0 };
-    phys.write_reg(
-        pffb::TLB_FLUSH_TRIGGER,
-        pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL | hub,
-    );
-    let ok =
-        (0..STATUS_POLLS).any(|_| phys.read_reg(pffb::VM_CFG) & pffb::VM_CFG_FLUSH_QUEUED != 0);
-    if !ok {
-        log::warn!("physical TLB flush of {pd} not acknowledged");
-    }
-}
-
-/// Waits (bounded) for a physical runlist update to finish.
-pub(crate) fn wait_runlist(phys: &dyn PhysicalGpu) {
-    let ok = (0..STATUS_POLLS)
-        .any(|_| phys.read_reg(pfifo::RUNLIST_RD_LEN) & pfifo::RUNLIST_PENDING == 0);
-    if !ok {
-        log::warn!("physical runlist update still pending");
-    }
 }
 
 /// Brings the physical GPU up and lays out the host's structures.

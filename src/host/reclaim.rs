@@ -43,7 +43,7 @@ pub(crate) fn reclaim(st: &mut HostState, phys: &dyn PhysicalGpu, irq: &IrqFlag)
     // Faults of the retired contexts were raised by now (their channels are off): route them
     // while the retired instance blocks are still known.
     if irq.is_asserted() {
-        crate::vgpu::irq::service(st, phys);
+        crate::host::irq_route::service(st, phys);
     }
     let mut released = Vec::new();
     for p in off {

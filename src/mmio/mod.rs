@@ -3,3 +3,8 @@
 
 pub mod pci;
 pub mod regions;
+pub mod vbios;
+mod vboard;
+pub(crate) mod vpgraph;
+mod vpmu;
+pub(crate) mod vregs;

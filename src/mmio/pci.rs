@@ -12,7 +12,7 @@
 //! back its size mask, because the address bits below the size are read-only zero and the low type
 //! bits are read-only). The expansion ROM BAR sizes the same way (512 KiB, as on the real card)
 //! and decodes only while its enable bit and memory decoding are both on
-//! ([`PciConfig::rom_enabled`]); what it decodes is the generated VBIOS (`crate::vgpu::vbios`).
+//! ([`PciConfig::rom_enabled`]); what it decodes is the generated VBIOS (`crate::mmio::vbios`).
 //! Three registers have side rules on top of the mask, as the specifications
 //! require: MSI multiple-message-enable is clamped to what is advertised, the PM power state
 //! discards writes of the unsupported D1/D2, and each BAR remembers whether it is being sized.
@@ -246,7 +246,7 @@ pub static LAYOUT: &[ConfigReg] = &[
     ),
     r(SUBSYS_ID, 2, id::SUBSYSTEM_ID as u32, 0, "Subsystem ID"),
     // Expansion ROM: 512 KiB as on the real card. It decodes the VBIOS the project generates
-    // from documented structures (`crate::vgpu::vbios`), not NVIDIA's image.
+    // from documented structures (`crate::mmio::vbios`), not NVIDIA's image.
     r(
         ROM,
         4,

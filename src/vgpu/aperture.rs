@@ -25,7 +25,7 @@ use gf100::mmu::{self, Pde, Pte};
 use gf100::pci::Bar;
 use gf100::{inst, pbus, Target};
 
-use crate::vgpu::vregs::VFault;
+use crate::mmio::vregs::VFault;
 use crate::vgpu::{ViolationKind, VmCx};
 
 /// How a guest BAR reaches memory.
@@ -274,7 +274,7 @@ pub(crate) fn bar_read(cx: &mut VmCx, bar: Bar, offset: u64, data: &mut [u8]) {
         });
         return;
     }
-    if bar == Bar::Bar1 && crate::channels::userd::read(cx, offset, data) {
+    if bar == Bar::Bar1 && crate::channels::userd::read(&mut cx.chan(), offset, data) {
         return;
     }
     cx.vm.stats.by_class.aperture.count(false);
@@ -321,7 +321,7 @@ pub(crate) fn bar_write(cx: &mut VmCx, bar: Bar, offset: u64, data: &[u8]) {
         });
         return;
     }
-    if bar == Bar::Bar1 && crate::channels::userd::write(cx, offset, data) {
+    if bar == Bar::Bar1 && crate::channels::userd::write(&mut cx.chan(), offset, data) {
         return;
     }
     cx.vm.stats.by_class.aperture.count(true);

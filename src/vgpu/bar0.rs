@@ -265,7 +265,7 @@ fn read_handler(cx: &mut VmCx, h: Handler, off: u32) -> Option<u32> {
         Handler::RunlistIntr => r.runlist_intr,
         Handler::ChannelTable => {
             let (g, state) = crate::channels::table_index(off)?;
-            crate::channels::table_read(cx, g, state)
+            crate::channels::table_read(&mut cx.chan(), g, state)
         }
         Handler::Pbdma => {
             let i = ((off - pfifo::PBDMA_BASE) / pfifo::PBDMA_STRIDE) as usize;
@@ -377,7 +377,7 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
             cx.vm.map_gen += 1;
         }
         Handler::RunlistBase => r.runlist_base = v,
-        Handler::RunlistSubmit => crate::channels::runlist::guest_submit(cx, v),
+        Handler::RunlistSubmit => crate::channels::runlist::guest_submit(&mut cx.chan(), v),
         Handler::FaultReports => {
             if off == pfifo::VM_FAULT_SOURCE {
                 r.vm_fault_source &= !v;
@@ -387,10 +387,10 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
             pfifo::SUBFIFO_INTR_SOURCE | pfifo::ENGINE_INTR_SOURCE => {}
             o => r.engine_intr[index(o, pfifo::ENGINE_INTR)] &= !v,
         },
-        Handler::Kick => crate::channels::kick(cx, v),
+        Handler::Kick => crate::channels::kick(&mut cx.chan(), v),
         Handler::RunlistIntr => r.runlist_intr &= !v,
         Handler::ChannelTable => match crate::channels::table_index(off) {
-            Some((g, state)) => crate::channels::table_write(cx, g, state, v),
+            Some((g, state)) => crate::channels::table_write(&mut cx.chan(), g, state, v),
             None => return false,
         },
         Handler::Pbdma => {

@@ -22,17 +22,9 @@
 pub(crate) mod aperture;
 mod bar0;
 pub mod direct_map;
-pub(crate) mod irq;
+pub(crate) mod port;
 mod pv;
-pub(crate) mod runtime;
-pub mod stats;
-pub(crate) mod submit;
 pub mod tap;
-pub mod vbios;
-mod vboard;
-pub(crate) mod vpgraph;
-mod vpmu;
-pub(crate) mod vregs;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,10 +35,10 @@ use gf100::Target;
 use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 
 use crate::addr::{Gpa, HostVram, Iova};
-use crate::channels::VChan;
-use crate::guest_mem::{GuestMem, GuestRam, VramSlice};
-use crate::host::{HostLayout, HostShared};
+use crate::channels::{ChanCx, ChanVm, Effect, VChan};
+use crate::guest_mem::{GuestMem, GuestRam, VmMem, VramSlice};
 use crate::irq::IrqLine;
+use crate::layout::HostLayout;
 use crate::mmio::pci::PciConfig;
 use crate::mmio::regions::{Policy, BAR0_REGIONS};
 use crate::phys::{Bar, DmaError, PhysicalGpu};
@@ -55,13 +47,15 @@ use crate::sched::VmId;
 use crate::shadow_pt::{ShadowCtx, ShadowPt};
 use crate::vram_alloc::HypVram;
 
+pub use crate::mmio::vbios;
+pub use crate::stats::{self, PciCounts, VgpuStats, ViolationKind};
 pub use direct_map::{DirectMap, DirectRun};
-pub use stats::{PciCounts, VgpuStats, ViolationKind};
 pub use tap::AccessTap;
 
+use crate::mmio::vregs::VRegs;
+use crate::stats::RateLimit;
 use aperture::GuestBars;
-use stats::RateLimit;
-use vregs::VRegs;
+pub(crate) use port::GpuPort;
 
 /// Why a vGPU operation failed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -110,26 +104,6 @@ pub struct BarRegion {
 
 fn ser_bar<S: serde::Serializer>(b: &Bar, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_u8(b.index())
-}
-
-/// A host-level consequence of a guest access, applied by the host after the access (it needs
-/// state beyond the VM: the scheduler, the merged runlist).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Effect {
-    /// The VM's runlist changed: rebuild and submit the physical runlist.
-    RunlistChanged,
-    /// The guest rang the doorbell of its channel `g`.
-    Doorbell(u32),
-    /// Guest channel `g` was unbound: drop its queued and in-flight work.
-    ChannelGone(u32),
-}
-
-/// The VM's memory: its VRAM slice and (once attached) its RAM with the IOVA window.
-#[derive(Debug, Clone)]
-pub(crate) struct VmMem {
-    pub slice: VramSlice,
-    pub ram: Option<GuestRam>,
-    pub iova_base: Iova,
 }
 
 /// The interrupt line of one VM, applied outside the host lock with sequence numbers so that a
@@ -281,6 +255,32 @@ impl<'a> VmCx<'a> {
         )
     }
 
+    /// The channel code's view of this access (`crate::channels::ChanCx`).
+    pub(crate) fn chan(&mut self) -> ChanCx<'_> {
+        let vm = &mut *self.vm;
+        ChanCx {
+            phys: self.phys,
+            hyp: &mut *self.hyp,
+            layout: self.layout,
+            vm: ChanVm {
+                id: vm.id,
+                name: &vm.profile.name,
+                chan_base: vm.chan_base,
+                chans: &mut vm.chans,
+                runlist: &mut vm.runlist,
+                inst_pages: &mut vm.inst_pages,
+                retired_insts: &mut vm.retired_insts,
+                effects: &mut vm.effects,
+                map_gen: &mut vm.map_gen,
+                regs: &mut vm.regs,
+                stats: &mut vm.stats,
+                log: &mut vm.log,
+                mem: &vm.mem,
+                shadow: &mut vm.shadow,
+            },
+        }
+    }
+
     /// Counts a violation and logs it (rate-limited).
     pub(crate) fn violation(&mut self, kind: ViolationKind, what: impl FnOnce() -> String) {
         self.vm.stats.violations.add(kind, 1);
@@ -298,7 +298,7 @@ impl<'a> VmCx<'a> {
     /// Flushes the physical TLB for each shadow page directory in `pds`.
     pub(crate) fn phys_tlb_flush(&mut self, pds: &[HostVram]) {
         for &pd in pds {
-            crate::host::phys_tlb_flush(self.phys, pd, false);
+            crate::phys_seq::phys_tlb_flush(self.phys, pd, false);
             self.vm.stats.phys_tlb_flushes += 1;
         }
     }
@@ -317,7 +317,7 @@ impl<'a> VmCx<'a> {
             let (sh, mut scx) = self.shadow();
             sh.guest_wrote(&mut scx, target, addr, len);
         }
-        crate::channels::on_guest_write(self, target, addr, len);
+        crate::channels::on_guest_write(&mut self.chan(), target, addr, len);
         Ok(())
     }
 }
@@ -327,7 +327,7 @@ impl<'a> VmCx<'a> {
 pub struct Vgpu {
     pub(crate) id: VmId,
     pub(crate) profile: VgpuProfile,
-    pub(crate) shared: Arc<HostShared>,
+    pub(crate) port: Arc<dyn GpuPort>,
     pub(crate) line: Arc<LineSlot>,
     pub(crate) phys_chans: Range<u32>,
     pub(crate) slice: VramSlice,
@@ -369,21 +369,21 @@ impl Vgpu {
     /// Bytes of the VRAM slice in use as far as the physical GPU can tell
     /// ([`PhysicalGpu::vram_resident_bytes`]: written and not scrubbed since), if it can.
     pub fn vram_in_use_bytes(&self) -> Option<u64> {
-        self.shared
-            .phys
+        self.port
+            .phys()
             .vram_resident_bytes(self.slice.base, self.slice.size)
     }
 
     /// The physical GPU underneath (for harnesses that wait on its clock).
     pub fn phys(&self) -> &Arc<dyn PhysicalGpu> {
-        &self.shared.phys
+        self.port.phys()
     }
 
     /// Reads PCI configuration space (1, 2 or 4 bytes, naturally aligned; anything else, or a
     /// destroyed vGPU, reads all-ones).
     pub fn config_read(&self, offset: u16, data: &mut [u8]) {
         if self
-            .shared
+            .port
             .access(self.id, |cx| cx.vm.pci.read(offset, data))
             .is_none()
         {
@@ -396,7 +396,7 @@ impl Vgpu {
     /// drops writes (and the direct-map plans are empty); with bus mastering off the VM's DMA
     /// windows are unmapped, so its GPU work reaches none of its RAM (see [`PciCounts`]).
     pub fn config_write(&self, offset: u16, data: &[u8]) {
-        self.shared.access(self.id, |cx| {
+        self.port.access(self.id, |cx| {
             let (mem0, bm0) = (cx.vm.pci.memory_enabled(), cx.vm.pci.bus_master());
             cx.vm.pci.write(offset, data);
             let (mem1, bm1) = (cx.vm.pci.memory_enabled(), cx.vm.pci.bus_master());
@@ -418,7 +418,7 @@ impl Vgpu {
     /// ([`vbios`]), zero past the image, all-ones beyond the 512 KiB BAR or while the ROM BAR
     /// does not decode (enable bit or memory decoding off; counted).
     pub fn rom_read(&self, offset: u64, data: &mut [u8]) {
-        let done = self.shared.access(self.id, |cx| {
+        let done = self.port.access(self.id, |cx| {
             let inside = offset
                 .checked_add(data.len() as u64)
                 .is_some_and(|end| end <= gf100::pci::ROM_SIZE);
@@ -438,7 +438,7 @@ impl Vgpu {
     /// The MSI message the guest programmed (a VMM that delivers MSIs routes the interrupt line
     /// with it); `None` once destroyed.
     pub fn msi(&self) -> Option<crate::mmio::pci::MsiState> {
-        self.shared.access(self.id, |cx| cx.vm.pci.msi())
+        self.port.access(self.id, |cx| cx.vm.pci.msi())
     }
 
     /// Reads `data.len()` (1, 2, 4 or 8) bytes of `bar` at `offset`.
@@ -452,7 +452,7 @@ impl Vgpu {
     }
 
     fn bar_read_direct(&self, bar: Bar, offset: u64, data: &mut [u8]) {
-        let done = self.shared.access(self.id, |cx| match bar {
+        let done = self.port.access(self.id, |cx| match bar {
             _ if !cx.vm.pci.memory_enabled() => {
                 cx.vm.stats.pci.decode_off.count(false);
                 data.fill(0xff);
@@ -479,7 +479,7 @@ impl Vgpu {
     }
 
     fn bar_write_direct(&self, bar: Bar, offset: u64, data: &[u8]) {
-        self.shared
+        self.port
             .access(self.id, |cx| write_locked(cx, bar, offset, data));
     }
 
@@ -502,7 +502,7 @@ impl Vgpu {
         let mut at = offset;
         while at < end {
             let stop = end.min((at / FILL_CHUNK + 1) * FILL_CHUNK);
-            self.shared.access(self.id, |cx| {
+            self.port.access(self.id, |cx| {
                 for (off, n) in aligned_pieces(at, stop) {
                     write_locked(cx, bar, off, &fill[..n]);
                 }
@@ -562,7 +562,7 @@ impl Vgpu {
     /// walks the guest's BAR page tables; call it only when
     /// [`Vgpu::direct_map_generation`] moved.
     pub fn direct_map(&self, bar: Bar) -> DirectMap {
-        self.shared
+        self.port
             .peek(self.id, |cx| direct_map::plan(cx, bar))
             .unwrap_or_default()
     }
@@ -570,7 +570,7 @@ impl Vgpu {
     /// The generation of the direct-map plans (cheap: one lock, no GPU service); a new value
     /// means [`Vgpu::direct_map`] may answer differently.
     pub fn direct_map_generation(&self) -> u64 {
-        self.shared
+        self.port
             .peek(self.id, |cx| direct_map::generation(cx.vm))
             .unwrap_or(u64::MAX)
     }
@@ -579,7 +579,7 @@ impl Vgpu {
     /// GPU's `map_dma` (GPA `g` at IOVA `window base + g`); from then on the guest's
     /// system-memory page-table entries may name it.
     pub fn attach_guest_memory(&self, mem: GuestMemoryMmap) -> Result<(), VgpuError> {
-        self.shared
+        self.port
             .access(self.id, |cx| {
                 let window = cx.vm.window.1;
                 attach_memory(cx, window, mem)
@@ -593,7 +593,7 @@ impl Vgpu {
     /// Guest page-table entries naming system memory that is no longer attached fault as any
     /// unmapped address does. A no-op if nothing is attached.
     pub fn detach_guest_memory(&self) -> Result<(), VgpuError> {
-        self.shared
+        self.port
             .access(self.id, detach_memory)
             .ok_or(VgpuError::Destroyed)
     }
@@ -605,7 +605,7 @@ impl Vgpu {
 
     /// The VM's counters.
     pub fn stats(&self) -> VgpuStats {
-        self.shared
+        self.port
             .access(self.id, |cx| cx.vm.stats_snapshot())
             .unwrap_or_default()
     }
@@ -614,7 +614,14 @@ impl Vgpu {
     /// [`crate::host::GpuHost::poll`]). Every access does this too; call it while the guest is
     /// idle (waiting with `hlt`).
     pub fn poll(&self) {
-        self.shared.poll();
+        self.port.poll();
+    }
+
+    /// When something next happens on the shared GPU without anyone touching it (see
+    /// [`crate::host::GpuHost::next_event_ns`]): what a guest waiting with a simulated clock
+    /// advances to.
+    pub fn next_event_ns(&self) -> Option<u64> {
+        self.port.next_event_ns()
     }
 }
 
@@ -622,7 +629,7 @@ impl Drop for Vgpu {
     fn drop(&mut self) {
         // A VM still alive when its last handle goes is destroyed; an explicit destroy before
         // makes this a no-op.
-        let _ = self.shared.destroy(self.id);
+        self.port.destroy(self.id);
     }
 }
 

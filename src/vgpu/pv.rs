@@ -95,7 +95,7 @@ fn submit(cx: &mut VmCx) {
     cx.vm.regs.pv.status = outcome.applied;
     cx.vm.regs.pv.error = outcome.error;
     // The ops wrote guest memory: instance blocks and BAR page tables may have changed.
-    crate::channels::refresh_all(cx);
+    crate::channels::refresh_all(&mut cx.chan());
     cx.vm.bars.flush();
     cx.vm.map_gen += 1;
 }

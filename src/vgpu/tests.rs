@@ -1072,7 +1072,7 @@ fn shadow_vram_is_reserved_per_vm_and_admission_is_refused_when_full() {
     assert!(vms.len() as u64 * per_vm <= HYP);
     for v in &vms {
         assert_eq!(
-            v.shared.access(v.id, |cx| cx.vm.shadow.shadow_limit()),
+            v.port.access(v.id, |cx| cx.vm.shadow.shadow_limit()),
             Some(per_vm)
         );
     }

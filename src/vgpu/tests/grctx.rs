@@ -23,7 +23,7 @@ fn u32_at(gpu: &SimGpu, at: HostVram) -> u32 {
 
 /// (shadow instance block, host context, guest PDB) of guest channel `g`.
 fn bound(v: &Vgpu, g: u32) -> (HostVram, Option<HostVram>, GuestPdb) {
-    v.shared
+    v.port
         .peek(v.id, |cx| {
             let b = cx.vm.chans[g as usize].bound.as_ref().expect("bound");
             (b.shadow_inst, b.grctx, b.pdb.expect("valid PDB"))
@@ -33,7 +33,7 @@ fn bound(v: &Vgpu, g: u32) -> (HostVram, Option<HostVram>, GuestPdb) {
 
 /// Where `va` leads through the shadow of `pdb`.
 fn through_shadow(v: &Vgpu, pdb: GuestPdb, va: u64) -> Option<crate::shadow_pt::ShadowTranslation> {
-    v.shared
+    v.port
         .peek(v.id, |cx| {
             let (sh, scx) = cx.shadow();
             sh.translate(&scx, pdb, va)
@@ -53,7 +53,7 @@ fn flush(v: &Vgpu) {
         pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL | pffb::FLUSH_HUB_ONLY,
     );
     // Lazy mode rebuilds before the next submission; resync stands in for it here.
-    v.shared.peek(v.id, |cx| {
+    v.port.peek(v.id, |cx| {
         let (sh, mut scx) = cx.shadow();
         sh.resync(&mut scx, None)
     });
@@ -135,13 +135,13 @@ fn gr_contexts_are_host_owned_in_every_shadow_mode() {
         for v in [&a, &b] {
             let s = v.vram_slice();
             assert!(
-                ctx.raw() + u64::from(crate::vgpu::vpgraph::CONTEXT_SIZE) <= s.base.raw()
+                ctx.raw() + u64::from(crate::mmio::vpgraph::CONTEXT_SIZE) <= s.base.raw()
                     || ctx.raw() >= s.base.raw() + s.size,
                 "{mode:?}: the context is in no VM's slice"
             );
         }
         // Its contents are the host golden context: the guest's patch list is not there.
-        let mut img = vec![0u8; crate::vgpu::vpgraph::CONTEXT_SIZE as usize];
+        let mut img = vec![0u8; crate::mmio::vpgraph::CONTEXT_SIZE as usize];
         r.gpu.read_vram(ctx, &mut img);
         assert_eq!(img, crate::channels::grctx::golden(), "{mode:?}");
         assert_eq!(u32_at(&r.gpu, ctx.offset(inst::GRCTX_MMIO_COUNT)), 0);
@@ -195,7 +195,7 @@ fn gr_contexts_are_host_owned_in_every_shadow_mode() {
         r.run_for(1_000_000);
         assert!(
             r.host.stats().hypervisor_vram_released
-                >= released + u64::from(crate::vgpu::vpgraph::CONTEXT_SIZE),
+                >= released + u64::from(crate::mmio::vpgraph::CONTEXT_SIZE),
             "{mode:?}: released through the quarantine"
         );
         assert_eq!(u32_at(&r.gpu, ctx.offset(0x1000)), 0, "{mode:?}: scrubbed");

@@ -194,7 +194,7 @@ fn expansion_rom_bar_offers_the_vbios_only_while_enabled() {
     v.config_write(ROM_BAR, &0xdb00_0001u32.to_le_bytes());
     v.rom_read(0, &mut b);
     assert_eq!(&b[..2], &[0x55, 0xaa]);
-    let image = crate::vgpu::vbios::image();
+    let image = crate::mmio::vbios::image();
     let mut all = vec![0u8; image.len()];
     v.rom_read(0, &mut all);
     assert_eq!(all, image);

@@ -58,6 +58,11 @@ impl Buffer {
             Memory::Sysram(d) => d.addr(),
         }
     }
+    /// Its BAR1 address, if it is mapped there for CPU access.
+    pub fn bar1(&self) -> Option<u64> {
+        self.bar1
+    }
+
     /// Page size of its GPU mapping.
     pub fn page_size(&self) -> PageSize {
         self.page

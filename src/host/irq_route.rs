@@ -26,9 +26,9 @@ use gf100::fault::FaultFlags;
 use gf100::{pfifo, Target};
 
 use crate::host::HostState;
+use crate::mmio::vregs::VFault;
 use crate::phys::PhysicalGpu;
 use crate::sched::VmId;
-use crate::vgpu::vregs::VFault;
 
 /// Services every pending physical PFIFO interrupt.
 pub(crate) fn service(st: &mut HostState, phys: &dyn PhysicalGpu) {

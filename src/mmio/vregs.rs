@@ -85,7 +85,7 @@ pub(crate) struct VRegs {
     pub kick: u32,
     pub pv: VPv,
     /// Board registers, the PMU and PGRAPH stand-ins, the VBIOS (`super::vboard`).
-    pub board: Box<super::vboard::VBoard>,
+    pub board: Box<crate::mmio::vboard::VBoard>,
 }
 
 impl Default for VRegs {
