@@ -120,8 +120,12 @@ pub fn render(r: &KvmReport) -> String {
         t.row([
             format!("vm{}", vm.vm),
             format!("{ok}/{}", vm.workloads.len()),
-            k.exit_code
-                .map_or_else(|| "stopped".to_string(), |c| c.to_string()),
+            match (&k.handoff, k.exit_code) {
+                (Some(Handoff::Snapshot(_)), _) => "snapshot".to_string(),
+                (Some(Handoff::Migration(_)), _) => "migrated".to_string(),
+                (None, Some(c)) => c.to_string(),
+                (None, None) => "stopped".to_string(),
+            },
             table::ns(k.wall_ns),
             k.exits.mmio_reads.to_string(),
             k.exits.mmio_writes.to_string(),

@@ -1688,9 +1688,10 @@ fn collect_results(
         mmio_reads: 0,
         mmio_writes: 0,
         verified: false,
-        error: Some(match &info.stopped {
-            Some(s) => format!("not run: {s}"),
-            None => "not run".to_string(),
+        error: Some(match (&info.stopped, &info.handoff) {
+            (Some(s), _) => format!("not run: {s}"),
+            (None, Some(_)) => "not run here: the guest continues elsewhere".to_string(),
+            (None, None) => "not run".to_string(),
         }),
     };
     let entry = |index: usize, name: &str| -> WorkloadRun {
@@ -1718,9 +1719,10 @@ fn collect_results(
         let error = match state {
             abi::STATE_ERROR => Some(String::from_utf8_lossy(&err).into_owned()),
             abi::STATE_DONE => None,
-            _ => Some(match &info.stopped {
-                Some(s) => format!("did not finish: {s}"),
-                None => "did not finish".to_string(),
+            _ => Some(match (&info.stopped, &info.handoff) {
+                (Some(s), _) => format!("did not finish: {s}"),
+                (None, Some(_)) => "did not finish here: the guest continues elsewhere".to_string(),
+                (None, None) => "did not finish".to_string(),
             }),
         };
         WorkloadRun {

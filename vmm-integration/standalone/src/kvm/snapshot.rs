@@ -1174,9 +1174,10 @@ impl Loaded {
         );
         ensure!(
             head.version == Some(VERSION),
-            "{}: version {:?}; this gpuvm reads version {VERSION}",
+            "{}: version {}; this gpuvm reads version {VERSION}",
             path.display(),
             head.version
+                .map_or("missing".to_string(), |v| v.to_string())
         );
         let manifest: Manifest = serde_json::from_slice(&text)
             .with_context(|| format!("{}: invalid manifest", path.display()))?;
