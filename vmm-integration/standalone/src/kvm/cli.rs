@@ -22,7 +22,7 @@ pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
             .guest
             .apply(&mut opts)
             .with_context(|| format!("restoring {}", dir.display()))?;
-        run_kvm_with(&opts, Some(Incoming::Restore(loaded)))?
+        run_kvm_with(&opts, Some(Incoming::Restore(Box::new(loaded))))?
     } else if let Some(socket) = &opts.migrate_listen {
         let mut inc = migrate::listen(socket, opts.timeout)?;
         let mut opts = opts.clone();
@@ -30,7 +30,7 @@ pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
             inc.refuse(&e);
             return Err(e.context("the migrating guest"));
         }
-        run_kvm_with(&opts, Some(Incoming::Migration(inc)))?
+        run_kvm_with(&opts, Some(Incoming::Migration(Box::new(inc))))?
     } else {
         match &opts.vfio_user {
             Some(socket) => remote::run_remote(opts, socket)?,

@@ -192,9 +192,9 @@ impl Outgoing {
 #[derive(Debug)]
 pub enum Incoming {
     /// A snapshot directory, manifest checked.
-    Restore(snapshot::Loaded),
+    Restore(Box<snapshot::Loaded>),
     /// A migration stream, HELLO checked.
-    Migration(migrate::Incoming),
+    Migration(Box<migrate::Incoming>),
 }
 
 /// How the guest left this process.
@@ -912,7 +912,7 @@ fn vm_workloads(opts: &KvmOptions, index: usize) -> &[Workload] {
 struct RestoredState {
     machine: snapshot::MachineState,
     vgpu_bytes: Vec<u8>,
-    migration: Option<migrate::Incoming>,
+    migration: Option<Box<migrate::Incoming>>,
     report: Restored,
     t0: Instant,
 }
@@ -932,6 +932,7 @@ fn restore_machine(
     };
     match inc {
         Incoming::Restore(l) => {
+            let l = *l;
             l.load_ram(&gvm.mem)?;
             let vgpu_bytes = l.vgpu_bytes()?;
             let notes = put(&l.manifest.machine)?;
@@ -947,7 +948,8 @@ fn restore_machine(
                 t0,
             })
         }
-        Incoming::Migration(mut m) => {
+        Incoming::Migration(m) => {
+            let mut m = *m;
             let r = m
                 .receive(&gvm.mem)
                 .and_then(|(machine, vb)| Ok((put(&machine)?, machine, vb)));
@@ -964,7 +966,7 @@ fn restore_machine(
                     },
                     machine,
                     vgpu_bytes,
-                    migration: Some(m),
+                    migration: Some(Box::new(m)),
                     t0,
                 }),
             }
