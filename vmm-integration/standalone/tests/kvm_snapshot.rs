@@ -355,7 +355,10 @@ fn a_running_guest_migrates_live_to_another_process_and_finishes_there() {
     let sock = tmp.join("m.sock");
     let dst = destination(&sock);
     // Early (20 exits): the guest is still printing, so pre-copy rounds find dirty pages.
+    // With --irq the destination's guest waits for its fences by interrupt: the irqchip and
+    // the local APIC it restored deliver them.
     let out = gpuvm(&args(&[
+        "--irq",
         "--migrate-to",
         sock.to_str().unwrap(),
         "--migrate-after-exits",
@@ -389,6 +392,8 @@ fn a_running_guest_migrates_live_to_another_process_and_finishes_there() {
 
     let dst = &json(&dout)["vms"][0];
     assert_finished(dst);
+    assert_eq!(dst["kvm"]["fence_irq"], true, "{dst:#}");
+    assert!(dst["kvm"]["irqs_seen"].as_u64().unwrap() > 0, "{dst:#}");
     let r = &dst["kvm"]["restored"];
     assert!(
         r["from"].as_str().unwrap().starts_with("migration "),
@@ -449,5 +454,39 @@ fn a_destination_refuses_a_stream_that_is_not_a_migration() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("not a gpuvm migration stream"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_migration_of_a_guest_that_used_its_vgpu_is_aborted_and_the_source_goes_on() {
+    if !kvm_available("a_migration_of_a_guest_that_used_its_vgpu_is_aborted_and_the_source_goes_on")
+    {
+        return;
+    }
+    let tmp = scratch("abort");
+    let sock = tmp.join("a.sock");
+    let dst = destination(&sock);
+    // Pre-copy starts during the BAR0 reads of the calibration: by the stop the vGPU has
+    // been used, so the source must abort rather than send a blank vGPU.
+    let out = gpuvm(&args(&[
+        "--migrate-to",
+        sock.to_str().unwrap(),
+        "--migrate-after-exits",
+        "45000",
+    ]));
+    let dout = dst.wait_with_output().unwrap();
+    assert!(!out.status.success(), "source: {}", stderr(&out));
+    let vm = &json(&out)["vms"][0];
+    let e = vm["kvm"]["handoff_error"].as_str().unwrap();
+    assert!(e.contains("the guest has used its vGPU"), "{e}");
+    assert!(vm["kvm"]["handoff"].is_null());
+    assert_finished(vm);
+    let derr = stderr(&dout);
+    assert!(!dout.status.success(), "destination: {derr}");
+    assert!(
+        derr.contains("the source aborted the migration") && derr.contains("used its vGPU"),
+        "{derr}"
+    );
+    assert!(!derr.contains("panicked"), "{derr}");
     let _ = std::fs::remove_dir_all(&tmp);
 }

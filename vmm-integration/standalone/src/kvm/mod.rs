@@ -450,6 +450,16 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
     if handoff {
         snapshot::check_supported(opts)?;
     }
+    if let Some(Outgoing::Snapshot { dir, .. }) = &opts.outgoing {
+        // Said now rather than after the guest has run up to the snapshot.
+        if let Ok(mut entries) = std::fs::read_dir(dir) {
+            anyhow::ensure!(
+                entries.next().is_none(),
+                "--snapshot-to {}: the directory is not empty",
+                dir.display()
+            );
+        }
+    }
     if opts.vms == 0 || opts.vms > 64 {
         anyhow::bail!("vms = {} must be 1..=64", opts.vms);
     }
