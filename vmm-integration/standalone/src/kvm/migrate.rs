@@ -506,7 +506,14 @@ impl Source {
             std::io::Error::last_os_error()
         );
         // SAFETY: `fd` is a valid, open KVM VM descriptor that nothing else owns.
-        let vm = unsafe { kvm.create_vmfd_from_rawfd(fd) }.context("VM fd for the dirty log")?;
+        let vm = match unsafe { kvm.create_vmfd_from_rawfd(fd) } {
+            Ok(vm) => vm,
+            Err(e) => {
+                // SAFETY: `fd` is ours (the dup above) and nothing took it.
+                unsafe { libc::close(fd) };
+                bail!("VM fd for the dirty log: {e}");
+            }
+        };
         let mem = gvm.mem.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, rx) = mpsc::sync_channel::<Handover>(1);
@@ -551,6 +558,16 @@ impl Source {
                 .join()
                 .unwrap_or_else(|_| Err(anyhow::anyhow!("the migration thread panicked"))),
             None => bail!("the migration already ended"),
+        }
+    }
+}
+
+impl Drop for Source {
+    /// The thread signals this (vCPU) thread: it must end before this thread does, even if
+    /// the run loop was left early.
+    fn drop(&mut self) {
+        if self.handle.is_some() {
+            let _ = self.join();
         }
     }
 }
@@ -681,8 +698,9 @@ fn run_source(
     // Stop-and-copy: ask the vCPU thread to pause at its next exit boundary; the kick makes
     // KVM_RUN return even if the guest does not exit by itself.
     stop.store(true, Ordering::SeqCst);
-    // SAFETY: `vcpu_thread` is the vCPU thread, which joins this thread before it ends (in
-    // `Source::join`), so it is alive; the kick signal's handler is installed (its Kicker).
+    // SAFETY: `vcpu_thread` is the vCPU thread, which joins this thread before it ends
+    // (`Source::join`, also from `Drop`), so it is alive; the kick signal's handler is
+    // installed (the thread's Kicker) or, once that is dropped, does nothing.
     unsafe { libc::pthread_kill(vcpu_thread, super::kick::kick_signal()) };
     let handed = rx
         .recv()
