@@ -1272,6 +1272,92 @@ impl Loaded {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kvm::device::LocalVgpu;
+    use gpuvm::host::{GpuHost, HostConfig};
+    use gpuvm::phys::sim::{SimConfig, SimGpu};
+
+    fn cfg_read(d: &dyn VgpuDevice, off: u16) -> u32 {
+        let mut b = [0u8; 4];
+        d.config_read(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    // No KVM needed: the seam on the in-process device model.
+    #[test]
+    fn a_pristine_vgpu_comes_back_with_its_configuration_space_and_a_used_one_is_refused() {
+        let sim = Arc::new(SimGpu::new(SimConfig {
+            vram_size: 1 << 30,
+            ..SimConfig::default()
+        }));
+        let host = GpuHost::new(sim.clone(), HostConfig::default()).unwrap();
+        let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        let make = |name: &str, vram_mib: u64| {
+            let v = host
+                .create_vgpu(&VgpuProfile {
+                    name: name.into(),
+                    vram_mib,
+                    channels: 8,
+                    ..VgpuProfile::default()
+                })
+                .unwrap();
+            let d = PristineVgpu::new(Arc::new(LocalVgpu::new(v, sim.clone())));
+            d.attach_ram(&ram).unwrap();
+            d
+        };
+        let a = make("a", 128);
+        // What the guest does before its first BAR access: size BAR0, place it and BAR1, turn
+        // memory decoding and bus mastering on, program the interrupt line.
+        a.config_write(0x10, &[0xff; 4]);
+        let size0 = !(cfg_read(&a, 0x10) & !0xf) + 1;
+        assert!(size0 >= 16 << 20, "BAR0 sizes to {size0:#x}");
+        a.config_write(0x10, &0xcc00_0000u32.to_le_bytes());
+        a.config_write(0x14, &0xc000_0000u32.to_le_bytes());
+        a.config_write(0x3c, &[11]);
+        a.config_write(0x04, &[0x06, 0x00]);
+        let bytes = a.save().unwrap();
+        assert_eq!(a.kind(), "gpuvm-vgpu-pristine/1");
+
+        let b = make("b", 128);
+        assert_ne!(
+            cfg_read(&b, 0x10),
+            cfg_read(&a, 0x10),
+            "BAR0 not placed yet"
+        );
+        b.restore(&bytes).unwrap();
+        for off in (0..0x100).step_by(4) {
+            assert_eq!(
+                cfg_read(&a, off),
+                cfg_read(&b, off),
+                "config dword {off:#x}"
+            );
+        }
+        // Into a vGPU that is not fresh, or of another profile, or from garbage: refused.
+        let e = b.restore(&bytes).unwrap_err().to_string();
+        assert!(e.contains("not fresh"), "{e}");
+        let e = make("c", 64).restore(&bytes).unwrap_err().to_string();
+        assert!(e.contains("differs from the snapshot's"), "{e}");
+        let e = make("d", 128).restore(b"{}").unwrap_err();
+        assert!(format!("{e:#}").contains("not valid"), "{e:#}");
+        let mut bad: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        bad["config_writes"][0]["offset"] = 0x1000.into();
+        let e = make("e", 128)
+            .restore(&serde_json::to_vec(&bad).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not within one dword of the header"), "{e}");
+
+        // One BAR access and the state is the device model's: save refuses.
+        let mut d = [0u8; 4];
+        a.bar_read(Bar::Bar0, 0, &mut d);
+        assert_ne!(u32::from_le_bytes(d), 0, "BOOT_0 reads the chip id");
+        let e = a.save().unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "the guest has used its vGPU (1 BAR accesses, 1 counted by the device model"
+            ),
+            "{e}"
+        );
+    }
 
     #[test]
     fn blobs_keep_their_bytes_and_refuse_other_lengths() {
