@@ -744,6 +744,206 @@ fn run_source(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kvm::snapshot::{
+        Blob, DeviceInfo, SerialRegs, Summary, VcpuState, VmState, VmmState,
+    };
+    use crate::kvm::ExitCounts;
+
+    const RAM_PAGES: u64 = 4;
+
+    fn spec() -> GuestSpec {
+        GuestSpec {
+            size: 16,
+            workloads: vec!["madd".into()],
+            fence_irq: false,
+            ecam: false,
+            calibrate: 0,
+            mode: 0,
+            shadow: gpuvm::profile::ShadowMode::Lazy,
+            scheme: None,
+            vram_mib: 0,
+            guest_ram: 0,
+            ram_bytes: RAM_PAGES * PAGE,
+            pvh: false,
+            guest_elf_hash: String::new(),
+        }
+    }
+
+    /// A state that decodes (its blobs are only checked when restored into KVM).
+    fn machine() -> MachineState {
+        let b = Blob::of(&0u64);
+        MachineState {
+            vm: VmState {
+                irqchip: vec![],
+                clock: b.clone(),
+            },
+            vcpus: vec![VcpuState {
+                id: 0,
+                summary: Summary {
+                    rip: String::new(),
+                    rsp: String::new(),
+                    rflags: String::new(),
+                    cr3: String::new(),
+                    cs: String::new(),
+                },
+                regs: b.clone(),
+                sregs: b.clone(),
+                xsave: b.clone(),
+                xcrs: b.clone(),
+                debugregs: b.clone(),
+                lapic: b.clone(),
+                mp_state: b.clone(),
+                events: b.clone(),
+                cpuid: vec![],
+                msrs: vec![],
+                tsc_khz: 0,
+            }],
+            vmm: VmmState {
+                serial: SerialRegs {
+                    regs: [0; 9],
+                    in_buffer: vec![],
+                },
+                console_partial: vec![],
+                console: vec![],
+                pci_address: 0,
+                exits: ExitCounts::default(),
+                marks: vec![],
+                elapsed_ns: 0,
+            },
+            vgpu: DeviceInfo {
+                kind: "test".into(),
+                len: 0,
+                hash: String::new(),
+            },
+        }
+    }
+
+    fn state_msg(ram_hash: String) -> (u8, Vec<u8>) {
+        let s = StateMsg {
+            machine: machine(),
+            ram_hash,
+            vgpu_hex: "00ff".into(),
+        };
+        (STATE, serde_json::to_vec(&s).unwrap())
+    }
+
+    fn round_end(round: u32, pages: u64) -> (u8, Vec<u8>) {
+        let mut p = round.to_le_bytes().to_vec();
+        p.extend_from_slice(&pages.to_le_bytes());
+        (ROUND_END, p)
+    }
+
+    /// A destination (`listen` + `receive`, here) fed by a fake source that sends a HELLO of
+    /// `version`, then `msgs`. Returns the destination's result and RAM.
+    fn session(
+        name: &str,
+        version: u32,
+        msgs: Vec<(u8, Vec<u8>)>,
+    ) -> (anyhow::Result<(MachineState, Vec<u8>)>, GuestMemoryMmap) {
+        let dir = std::env::temp_dir().join(format!("gpuvm-migtest-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("s");
+        let path = sock.clone();
+        let src = std::thread::spawn(move || {
+            // Waiting for the listener in this process to bind: nothing to block on.
+            while !path.exists() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let mut s = UnixStream::connect(&path).unwrap();
+            let mut hello = MAGIC.to_vec();
+            hello.extend_from_slice(&version.to_le_bytes());
+            hello.extend_from_slice(
+                &serde_json::to_vec(&Hello {
+                    guest: spec(),
+                    ram_bytes: RAM_PAGES * PAGE,
+                    page_size: PAGE,
+                })
+                .unwrap(),
+            );
+            let _ = write_msg(&mut s, HELLO, &hello);
+            let _ = read_msg(&mut s, "destination");
+            for (t, p) in msgs {
+                if write_msg(&mut s, t, &p).is_err() {
+                    break;
+                }
+            }
+        });
+        let m = mem(RAM_PAGES);
+        let r = listen(&sock, Duration::from_secs(30)).and_then(|mut inc| inc.receive(&m));
+        src.join().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        (r, m)
+    }
+
+    fn refused(name: &str, version: u32, msgs: Vec<(u8, Vec<u8>)>, expect: &str) {
+        let (r, _) = session(name, version, msgs);
+        let e = format!("{:#}", r.err().expect("accepted"));
+        assert!(e.contains(expect), "expected '{expect}' in: {e}");
+    }
+
+    #[test]
+    fn a_destination_receives_rounds_and_checks_the_ram_hash() {
+        let want = mem(RAM_PAGES);
+        want.write_slice(&[7; PAGE as usize], GuestAddress(2 * PAGE))
+            .unwrap();
+        let hash = snapshot::ram_hash(&want, RAM_PAGES * PAGE).unwrap();
+        let msgs = vec![
+            (PAGES, pages_msg(0, &[(2, Some(7)), (3, Some(1))])),
+            round_end(0, 2),
+            (PAGES, pages_msg(1, &[(3, None)])),
+            round_end(1, 1),
+            state_msg(hash.clone()),
+        ];
+        let (r, got) = session("ok", VERSION, msgs);
+        let (m, vgpu) = r.unwrap();
+        assert_eq!(m, machine());
+        assert_eq!(vgpu, vec![0x00, 0xff]);
+        assert_eq!(snapshot::ram_hash(&got, RAM_PAGES * PAGE).unwrap(), hash);
+        // Page 3 was sent with data in round 0, then as a zero page in round 1.
+        assert_eq!(got.read_obj::<u8>(GuestAddress(3 * PAGE)).unwrap(), 0);
+        assert_eq!(got.read_obj::<u8>(GuestAddress(2 * PAGE + 9)).unwrap(), 7);
+    }
+
+    #[test]
+    fn a_destination_refuses_what_a_gpuvm_source_would_not_send() {
+        refused("version", 2, vec![], "speaks stream version 2");
+        refused(
+            "round",
+            VERSION,
+            vec![(PAGES, pages_msg(1, &[(0, None)]))],
+            "PAGES of round 1 inside round 0",
+        );
+        refused(
+            "count",
+            VERSION,
+            vec![(PAGES, pages_msg(0, &[(0, None)])), round_end(0, 5)],
+            "5 pages announced; 1 pages of round 0 arrived",
+        );
+        refused(
+            "outside",
+            VERSION,
+            vec![(PAGES, pages_msg(0, &[(RAM_PAGES, Some(1))]))],
+            "outside RAM",
+        );
+        refused(
+            "abort",
+            VERSION,
+            vec![(ABORT, b"because".to_vec())],
+            "the source aborted the migration: because",
+        );
+        refused("tag", VERSION, vec![(99, vec![])], "unknown (99)");
+        refused(
+            "hash",
+            VERSION,
+            vec![
+                (PAGES, pages_msg(0, &[(1, Some(3))])),
+                round_end(0, 1),
+                state_msg("0".repeat(16)),
+            ],
+            "pages were lost",
+        );
+        refused("eof", VERSION, vec![], "the source closed the stream");
+    }
 
     fn mem(pages: u64) -> GuestMemoryMmap {
         GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), (pages * PAGE) as usize)]).unwrap()
