@@ -877,7 +877,7 @@ mod tests {
 
     fn refused(name: &str, version: u32, msgs: Vec<(u8, Vec<u8>)>, expect: &str) {
         let (r, _) = session(name, version, msgs);
-        let e = format!("{:#}", r.err().expect("accepted"));
+        let e = format!("{:#}", r.expect_err("accepted"));
         assert!(e.contains(expect), "expected '{expect}' in: {e}");
     }
 
