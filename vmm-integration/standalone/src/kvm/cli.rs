@@ -1,15 +1,41 @@
 //! `gpuvm run --kvm`: output (the table, or JSON in the shape of the in-process `gpuvm run`
 //! with a `kvm` object per VM).
 
-use super::{remote, run_kvm, KvmOptions, KvmReport};
+use anyhow::Context;
+
+use super::{
+    migrate, remote, run_kvm, run_kvm_with, snapshot, Handoff, Incoming, KvmOptions, KvmReport,
+    Outgoing,
+};
 use crate::table::{self, Table};
 
 /// Runs the VMs and prints the report; `Ok(false)` if a workload did not verify or a VM was
 /// stopped.
 pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
-    let report = match &opts.vfio_user {
-        Some(socket) => remote::run_remote(opts, socket)?,
-        None => run_kvm(opts)?,
+    let report = if let Some(dir) = &opts.restore {
+        // The guest's parameters come from the snapshot; the command line keeps the run's
+        // control (timeout, console, coalescing, output).
+        let loaded = snapshot::Loaded::open(dir)?;
+        let mut opts = opts.clone();
+        loaded
+            .manifest
+            .guest
+            .apply(&mut opts)
+            .with_context(|| format!("restoring {}", dir.display()))?;
+        run_kvm_with(&opts, Some(Incoming::Restore(Box::new(loaded))))?
+    } else if let Some(socket) = &opts.migrate_listen {
+        let mut inc = migrate::listen(socket, opts.timeout)?;
+        let mut opts = opts.clone();
+        if let Err(e) = inc.hello.guest.apply(&mut opts) {
+            inc.refuse(&e);
+            return Err(e.context("the migrating guest"));
+        }
+        run_kvm_with(&opts, Some(Incoming::Migration(Box::new(inc))))?
+    } else {
+        match &opts.vfio_user {
+            Some(socket) => remote::run_remote(opts, socket)?,
+            None => run_kvm(opts)?,
+        }
     };
     for f in &report.recorded {
         eprintln!("gpuvm: recorded {}", f.display());
@@ -49,6 +75,7 @@ pub fn render(r: &KvmReport) -> String {
         if let Some(s) = &vm.kvm.stopped {
             out += &format!("stopped: {s}\n");
         }
+        out += &render_handoff(&vm.kvm);
         if let Some(m) = &vm.kvm.remap {
             out += &format!(
                 "BAR remap: {} remaps, {} slots now (max {}, limit {}), {} pages mapped ({} read-only), {} over the slot limit, {} read-only pages trapping (no KVM_CAP_READONLY_MEM)\n",
@@ -93,8 +120,12 @@ pub fn render(r: &KvmReport) -> String {
         t.row([
             format!("vm{}", vm.vm),
             format!("{ok}/{}", vm.workloads.len()),
-            k.exit_code
-                .map_or_else(|| "stopped".to_string(), |c| c.to_string()),
+            match (&k.handoff, k.exit_code) {
+                (Some(Handoff::Snapshot(_)), _) => "snapshot".to_string(),
+                (Some(Handoff::Migration(_)), _) => "migrated".to_string(),
+                (None, Some(c)) => c.to_string(),
+                (None, None) => "stopped".to_string(),
+            },
             table::ns(k.wall_ns),
             k.exits.mmio_reads.to_string(),
             k.exits.mmio_writes.to_string(),
@@ -118,6 +149,70 @@ pub fn render(r: &KvmReport) -> String {
         t.render(),
         table::ns(r.host.gpu.busy_ns),
     );
+    out
+}
+
+/// Where the guest came from and where it went (snapshot, restore, migration).
+fn render_handoff(k: &super::KvmVmInfo) -> String {
+    let mut out = String::new();
+    let ms = |ns: u64| format!("{:.1} ms", ns as f64 / 1e6);
+    let rounds = |rs: &[migrate::Round]| {
+        let mut t = Table::new(["round", "pages", "zero pages", "bytes", "time", "guest"]);
+        for r in rs {
+            t.row([
+                r.round.to_string(),
+                r.pages.to_string(),
+                r.zero_pages.to_string(),
+                r.bytes.to_string(),
+                ms(r.ns),
+                if r.stop_and_copy { "paused" } else { "running" }.to_string(),
+            ]);
+        }
+        t.render()
+    };
+    if let Some(r) = &k.restored {
+        out += &format!("restored from {} in {}\n", r.from, ms(r.load_ns));
+        if let Some(m) = &r.migration {
+            out += &format!(
+                "migration received: {} rounds, {} bytes, {} from HELLO to loaded (state loaded in {})\n{}",
+                m.rounds.len(),
+                m.bytes,
+                ms(m.total_ns),
+                ms(m.load_ns),
+                rounds(&m.rounds)
+            );
+        }
+    }
+    match &k.handoff {
+        Some(Handoff::Snapshot(w)) => {
+            out += &format!(
+                "snapshot written to {}: {} of {} RAM pages non-zero ({} bytes on disk), manifest {} bytes, {}\n",
+                w.dir.display(),
+                w.data_pages,
+                w.ram_bytes / snapshot::PAGE,
+                w.ram_file_disk_bytes,
+                w.manifest_bytes,
+                ms(w.write_ns)
+            );
+        }
+        Some(Handoff::Migration(m)) => {
+            out += &format!(
+                "migrated to {}: {} rounds, {} bytes, total {}, downtime {} (of which RAM hash {}), state {} bytes\n{}",
+                m.socket.display(),
+                m.rounds.len(),
+                m.bytes,
+                ms(m.total_ns),
+                ms(m.downtime_ns),
+                ms(m.hash_ns),
+                m.state_bytes,
+                rounds(&m.rounds)
+            );
+        }
+        None => {}
+    }
+    if let Some(e) = &k.handoff_error {
+        out += &format!("{e}\n");
+    }
     out
 }
 
@@ -225,6 +320,41 @@ pub struct KvmArgs {
     /// itself. Workloads only (no --hostile, --calibrate, --ecam).
     #[arg(long, requires = "kvm")]
     pub pvh: bool,
+    /// With --kvm (one VM): after --snapshot-after-exits exits, pause the guest at an exit
+    /// boundary, write it (vCPU, irqchip, the VMM's devices, the vGPU, RAM) into DIR (new or
+    /// empty) and end. Refused, with the guest going on, once the guest has used its vGPU
+    /// (the device model's state cannot be captured yet). See docs/migration.md.
+    #[arg(long, value_name = "DIR", requires = "kvm", conflicts_with_all = ["migrate_to", "vfio_user"])]
+    pub snapshot_to: Option<std::path::PathBuf>,
+    /// With --snapshot-to: the number of exits (of this process) before the snapshot.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "snapshot_to")]
+    pub snapshot_after_exits: u64,
+    /// With --kvm: start the guest from the snapshot in DIR instead of booting it; its
+    /// parameters (size, workloads, RAM, fence mode, vGPU profile) come from the snapshot.
+    #[arg(long, value_name = "DIR", requires = "kvm", conflicts_with_all = ["migrate_listen", "vfio_user"])]
+    pub restore: Option<std::path::PathBuf>,
+    /// With --kvm (one VM): after --migrate-after-exits exits, migrate the running guest to the
+    /// VMM listening on the Unix socket SOCK (pre-copy with KVM's dirty log, then
+    /// stop-and-copy). If it fails, the guest goes on here.
+    #[arg(
+        long,
+        value_name = "SOCK",
+        requires = "kvm",
+        conflicts_with = "vfio_user"
+    )]
+    pub migrate_to: Option<std::path::PathBuf>,
+    /// With --migrate-to: the number of exits (of this process) before pre-copy starts.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "migrate_to")]
+    pub migrate_after_exits: u64,
+    /// With --kvm: wait on the Unix socket SOCK for one guest migrating in (--migrate-to),
+    /// then run it to its end; its parameters come from the source.
+    #[arg(
+        long,
+        value_name = "SOCK",
+        requires = "kvm",
+        conflicts_with = "vfio_user"
+    )]
+    pub migrate_listen: Option<std::path::PathBuf>,
 }
 
 /// Loop iterations of a kernel that runs `ns` of modeled GPU time on the simulated GF100.
@@ -330,6 +460,19 @@ impl KvmArgs {
             ecam: self.ecam,
             vfio_user: self.vfio_user.clone(),
             pvh: self.pvh,
+            outgoing: match (&self.snapshot_to, &self.migrate_to) {
+                (Some(dir), _) => Some(Outgoing::Snapshot {
+                    dir: dir.clone(),
+                    after_exits: self.snapshot_after_exits,
+                }),
+                (None, Some(socket)) => Some(Outgoing::Migrate {
+                    socket: socket.clone(),
+                    after_exits: self.migrate_after_exits,
+                }),
+                (None, None) => None,
+            },
+            restore: self.restore.clone(),
+            migrate_listen: self.migrate_listen.clone(),
             ..KvmOptions::default()
         })
     }

@@ -46,6 +46,11 @@ pub trait VgpuDevice: Send + Sync {
     fn vgpu(&self) -> Option<&Arc<Vgpu>> {
         None
     }
+    /// The device's snapshot seam, if it has one (see [`super::snapshot::DeviceSnapshot`]):
+    /// without it a snapshot or migration of the VM is refused.
+    fn snapshot(&self) -> Option<&dyn super::snapshot::DeviceSnapshot> {
+        None
+    }
 }
 
 /// The irqfd line of an in-process device, once connected, and how many edges it sent.

@@ -19,6 +19,7 @@ pub mod device;
 pub mod ecam;
 pub mod isolation;
 pub mod kick;
+pub mod migrate;
 pub mod mmio;
 pub mod passthrough;
 pub mod pci;
@@ -33,6 +34,7 @@ pub mod scheme;
 pub mod serial;
 pub mod setup;
 pub mod shared_ram;
+pub mod snapshot;
 pub mod vm;
 
 use std::path::Path;
@@ -52,7 +54,7 @@ use gpuvm_harness::WorkloadRun;
 use gpuvm_sim::{SimConfig, SimGpu};
 use gpuvm_trace::record::TapRecorder;
 use kvm_ioctls::{IoEventAddress, Kvm, VcpuExit, VcpuFd, VmFd};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use vm_memory::Bytes;
 use vmm_sys_util::eventfd::EventFd;
 
@@ -149,6 +151,73 @@ pub struct KvmOptions {
     /// the guest switches to ring 3 itself) instead of directly in ring 3 (see [`pvh_boot`]).
     /// Normal mode only: no hostile modes, streams, gate, calibration or ECAM.
     pub pvh: bool,
+    /// Snapshot or migrate the (single) guest after some exits ([`snapshot`], [`migrate`]).
+    pub outgoing: Option<Outgoing>,
+    /// Start the guest from this snapshot directory instead of booting it.
+    pub restore: Option<std::path::PathBuf>,
+    /// Wait on this Unix socket for a guest migrating in, then run it.
+    pub migrate_listen: Option<std::path::PathBuf>,
+}
+
+/// Where the guest goes when its time comes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outgoing {
+    /// Pause after `after_exits` exits (of this process), write a snapshot into `dir`, end.
+    Snapshot {
+        /// The snapshot directory (new or empty).
+        dir: std::path::PathBuf,
+        /// Exits before the pause.
+        after_exits: u64,
+    },
+    /// After `after_exits` exits, migrate live to the VMM listening on `socket`.
+    Migrate {
+        /// The destination's socket.
+        socket: std::path::PathBuf,
+        /// Exits before pre-copy starts.
+        after_exits: u64,
+    },
+}
+
+impl Outgoing {
+    fn after_exits(&self) -> u64 {
+        match self {
+            Outgoing::Snapshot { after_exits, .. } | Outgoing::Migrate { after_exits, .. } => {
+                *after_exits
+            }
+        }
+    }
+}
+
+/// Where a guest that did not boot here came from.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A snapshot directory, manifest checked.
+    Restore(Box<snapshot::Loaded>),
+    /// A migration stream, HELLO checked.
+    Migration(Box<migrate::Incoming>),
+}
+
+/// How the guest left this process.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum Handoff {
+    /// Written into a snapshot directory.
+    Snapshot(snapshot::Written),
+    /// Migrated to another VMM.
+    Migration(migrate::SourceStats),
+}
+
+/// How the guest came into this process.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Restored {
+    /// "snapshot DIR" or "migration SOCKET".
+    pub from: String,
+    /// From the first byte read to the guest ready to run, ns.
+    pub load_ns: u64,
+    /// What could not be put back exactly.
+    pub notes: snapshot::RestoreNotes,
+    /// The migration as the destination saw it.
+    pub migration: Option<migrate::DestStats>,
 }
 
 impl KvmOptions {
@@ -183,12 +252,15 @@ impl Default for KvmOptions {
             scheme: None,
             vfio_user: None,
             pvh: false,
+            outgoing: None,
+            restore: None,
+            migrate_listen: None,
         }
     }
 }
 
 /// Exit counts of one VM.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitCounts {
     /// MMIO reads dispatched to the vGPU.
     pub mmio_reads: u64,
@@ -261,6 +333,19 @@ pub struct KvmVmInfo {
     pub destroyed_in_flight: Option<u64>,
     /// The timeout kicked the vCPU out of `KVM_RUN` (it was spinning without exits).
     pub kicked: bool,
+    /// The guest came from a snapshot or a migration.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restored: Option<Restored>,
+    /// The guest left this process (snapshot written, or migrated).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<Handoff>,
+    /// A snapshot or migration that was asked for and failed; the guest went on here.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handoff_error: Option<String>,
+    /// The origin of the VM's phase times when it was restored (its start, shifted back by the
+    /// time it had run before).
+    #[serde(skip)]
+    pub origin: Option<Instant>,
 }
 
 /// A phase marker the guest wrote, as the VMM timestamped it.
@@ -290,7 +375,12 @@ pub struct KvmVmReport {
 impl KvmVmReport {
     /// True if the VM ran to its exit port, the driver came up and every workload verified.
     pub fn all_verified(&self) -> bool {
-        self.kvm.stopped.is_none()
+        if self.kvm.handoff.is_some() {
+            // It continues elsewhere: success is that it left intact.
+            return self.kvm.stopped.is_none();
+        }
+        self.kvm.handoff_error.is_none()
+            && self.kvm.stopped.is_none()
             && self.kvm.exit_code == Some(abi::EXIT_PASS)
             && self.init.verified
             && self.workloads.iter().all(|w| w.verified)
@@ -350,7 +440,26 @@ fn ram_layout(opts: &KvmOptions) -> (u64, u64, u64) {
 
 /// Runs the workloads in `opts.vms` KVM VMs at once on one simulated GPU.
 pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
+    run_kvm_with(opts, None)
+}
+
+/// [`run_kvm`], VM 0 starting from `incoming` (a snapshot or a migration) instead of booting.
+pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Result<KvmReport> {
     let kvm = open_kvm()?;
+    let handoff = incoming.is_some() || opts.outgoing.is_some();
+    if handoff {
+        snapshot::check_supported(opts)?;
+    }
+    if let Some(Outgoing::Snapshot { dir, .. }) = &opts.outgoing {
+        // Said now rather than after the guest has run up to the snapshot.
+        if let Ok(mut entries) = std::fs::read_dir(dir) {
+            anyhow::ensure!(
+                entries.next().is_none(),
+                "--snapshot-to {}: the directory is not empty",
+                dir.display()
+            );
+        }
+    }
     if opts.vms == 0 || opts.vms > 64 {
         anyhow::bail!("vms = {} must be 1..=64", opts.vms);
     }
@@ -460,6 +569,7 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
         gate: Gate::new(gated),
         start,
         recorders,
+        incoming: std::sync::Mutex::new(incoming),
     };
     let sampler = Sampler::new();
     let reports: Vec<KvmVmReport> = std::thread::scope(|s| {
@@ -475,7 +585,12 @@ pub fn run_kvm(opts: &KvmOptions) -> anyhow::Result<KvmReport> {
             .enumerate()
             .map(|(i, vgpu)| {
                 let (kvm, ctx) = (&kvm, &ctx);
-                let dev: Arc<dyn VgpuDevice> = Arc::new(LocalVgpu::new(vgpu.clone(), sim.clone()));
+                let mut dev: Arc<dyn VgpuDevice> =
+                    Arc::new(LocalVgpu::new(vgpu.clone(), sim.clone()));
+                if handoff {
+                    // The snapshot seam (see `snapshot::PristineVgpu`).
+                    dev = Arc::new(snapshot::PristineVgpu::new(dev));
+                }
                 std::thread::Builder::new()
                     .name(format!("vm{i}"))
                     .spawn_scoped(s, move || run_vm(kvm, i, dev, ctx, opts))
@@ -534,6 +649,8 @@ struct RunCtx<'a> {
     start: Instant,
     /// One trace recorder per VM (with `record`; empty otherwise).
     recorders: Vec<Arc<TapRecorder>>,
+    /// Where VM 0 comes from, if it does not boot (taken by its thread).
+    incoming: std::sync::Mutex<Option<Incoming>>,
 }
 
 impl RunCtx<'_> {
@@ -546,6 +663,7 @@ impl RunCtx<'_> {
             gate: Gate::new(0),
             start: Instant::now(),
             recorders: Vec::new(),
+            incoming: std::sync::Mutex::new(None),
         }
     }
 }
@@ -660,11 +778,12 @@ fn run_vm(
         _ => vm_workloads(opts, index).iter().map(|w| w.name()).collect(),
     };
     let (init, workloads) = collect_results(ram.as_ref(), &marks, &names, &info);
+    let origin = info.origin.unwrap_or(ctx.start);
     info.phases = marks
         .iter()
         .map(|m| PhaseMark {
             phase: m.phase,
-            at_ns: m.at.saturating_duration_since(ctx.start).as_nanos() as u64,
+            at_ns: m.at.saturating_duration_since(origin).as_nanos() as u64,
         })
         .collect();
     KvmVmReport {
@@ -798,6 +917,126 @@ fn vm_workloads(opts: &KvmOptions, index: usize) -> &[Workload] {
         .unwrap_or(&opts.workloads)
 }
 
+/// A guest's state, read from where it came from and put into the new VM: everything but the
+/// vGPU, which is restored once RAM and its interrupt are attached.
+struct RestoredState {
+    machine: snapshot::MachineState,
+    vgpu_bytes: Vec<u8>,
+    migration: Option<Box<migrate::Incoming>>,
+    report: Restored,
+    t0: Instant,
+}
+
+/// Loads RAM and puts the VM's and the vCPU's state back (a migration: receives the pre-copy
+/// rounds and the state first; on failure the source is told why, so it resumes the guest).
+fn restore_machine(
+    gvm: &vm::GuestVm,
+    vcpu: &VcpuFd,
+    inc: Incoming,
+) -> anyhow::Result<RestoredState> {
+    let t0 = Instant::now();
+    let put = |machine: &snapshot::MachineState| -> anyhow::Result<snapshot::RestoreNotes> {
+        let state = machine.vcpus.first().context("the state has no vCPU")?;
+        snapshot::restore_vm(&gvm.fd, &machine.vm)?;
+        snapshot::restore_vcpu(&gvm.fd, vcpu, state)
+    };
+    match inc {
+        Incoming::Restore(l) => {
+            let l = *l;
+            l.load_ram(&gvm.mem)?;
+            let vgpu_bytes = l.vgpu_bytes()?;
+            let notes = put(&l.manifest.machine)?;
+            Ok(RestoredState {
+                report: Restored {
+                    from: format!("snapshot {}", l.dir.display()),
+                    notes,
+                    ..Restored::default()
+                },
+                machine: l.manifest.machine,
+                vgpu_bytes,
+                migration: None,
+                t0,
+            })
+        }
+        Incoming::Migration(m) => {
+            let mut m = *m;
+            let r = m
+                .receive(&gvm.mem)
+                .and_then(|(machine, vb)| Ok((put(&machine)?, machine, vb)));
+            match r {
+                Err(e) => {
+                    m.refuse(&e);
+                    Err(e)
+                }
+                Ok((notes, machine, vgpu_bytes)) => Ok(RestoredState {
+                    report: Restored {
+                        from: format!("migration {}", m.socket().display()),
+                        notes,
+                        ..Restored::default()
+                    },
+                    machine,
+                    vgpu_bytes,
+                    migration: Some(Box::new(m)),
+                    t0,
+                }),
+            }
+        }
+    }
+}
+
+/// What the VMM keeps about the guest, for a snapshot.
+fn vmm_state(
+    uart: &serial::Uart,
+    pci: &PciBus,
+    ex: &ExitCounts,
+    marks: &[Mark],
+    start: Instant,
+) -> snapshot::VmmState {
+    snapshot::VmmState {
+        serial: snapshot::SerialRegs::of(&uart.state()),
+        console_partial: uart.writer().partial().to_vec(),
+        console: uart.writer().lines.clone(),
+        pci_address: pci.address(),
+        exits: *ex,
+        marks: marks
+            .iter()
+            .map(|m| snapshot::MarkState {
+                phase: m.phase,
+                at_ns: m.at.saturating_duration_since(start).as_nanos() as u64,
+                busy_ns: m.busy_ns,
+                reads: m.reads,
+                writes: m.writes,
+            })
+            .collect(),
+        elapsed_ns: start.elapsed().as_nanos() as u64,
+    }
+}
+
+/// Captures everything but RAM; the vGPU first, as it is what refuses.
+fn capture_machine(
+    kvm: &Kvm,
+    gvm: &vm::GuestVm,
+    vcpu: &VcpuFd,
+    vgpu: &dyn VgpuDevice,
+    vmm: snapshot::VmmState,
+) -> anyhow::Result<(snapshot::MachineState, Vec<u8>)> {
+    let seam = vgpu
+        .snapshot()
+        .context("this vGPU has no snapshot support")?;
+    let bytes = seam.save().context("the vGPU")?;
+    let vcpus = vec![snapshot::capture_vcpu(kvm, &gvm.fd, vcpu)?];
+    let vm = snapshot::capture_vm(&gvm.fd)?;
+    Ok((
+        snapshot::MachineState {
+            vm,
+            vcpus,
+            vmm,
+            vgpu: snapshot::device_info(seam, &bytes),
+        },
+        bytes,
+    ))
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_vcpu(
     kvm: &Kvm,
@@ -823,15 +1062,29 @@ fn run_vcpu(
     } else {
         vm::GuestVm::new(kvm, ram)?
     };
-    let entry = gvm.load_elf(GUEST_ELF)?;
     let mut vcpu = gvm.create_vcpu()?;
-    if opts.pvh {
-        pvh_setup(kvm, &vcpu, &gvm, opts, index, ram, fence_irq)?;
-    } else {
-        cpu::write_system_tables(&gvm.mem)?;
-        cpu::setup(kvm, &vcpu, entry, fence_irq)?;
-        write_boot_params(&gvm, &vcpu, opts, index, fence_irq)?;
-    }
+    let incoming = match index {
+        0 => ctx
+            .incoming
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take(),
+        _ => None,
+    };
+    let mut restored = match incoming {
+        None => {
+            let entry = gvm.load_elf(GUEST_ELF)?;
+            if opts.pvh {
+                pvh_setup(kvm, &vcpu, &gvm, opts, index, ram, fence_irq)?;
+            } else {
+                cpu::write_system_tables(&gvm.mem)?;
+                cpu::setup(kvm, &vcpu, entry, fence_irq)?;
+                write_boot_params(&gvm, &vcpu, opts, index, fence_irq)?;
+            }
+            None
+        }
+        Some(inc) => Some(restore_machine(&gvm, &vcpu, inc)?),
+    };
 
     vgpu.attach_ram(&gvm.mem)
         .context("attaching guest RAM to the vGPU")?;
@@ -862,9 +1115,62 @@ fn run_vcpu(
     let mut uart = serial::uart(&name, opts.echo_console);
     let mut windows = BarWindows::default();
     let mut ex = ExitCounts::default();
-    let start = Instant::now();
+    let mut start = Instant::now();
+    if let Some(r) = restored.as_mut() {
+        // The vGPU last, once RAM and its interrupt are attached, as when the guest first ran.
+        let res = vgpu
+            .snapshot()
+            .context("this vGPU has no snapshot support")
+            .and_then(|seam| snapshot::restore_device(seam, &r.machine.vgpu, &r.vgpu_bytes));
+        if let (Some(m), Err(e)) = (r.migration.as_mut(), &res) {
+            m.refuse(e);
+        }
+        res.context("restoring the vGPU")?;
+        let v = &r.machine.vmm;
+        pci.set_address(v.pci_address);
+        uart = serial::restored_uart(
+            &name,
+            opts.echo_console,
+            &v.serial.state(),
+            &v.console_partial,
+            &v.console,
+        )?;
+        ex = v.exits;
+        start = start
+            .checked_sub(Duration::from_nanos(v.elapsed_ns))
+            .unwrap_or(start);
+        *marks = v
+            .marks
+            .iter()
+            .map(|m| Mark {
+                phase: m.phase,
+                at: start + Duration::from_nanos(m.at_ns),
+                busy_ns: m.busy_ns,
+                reads: m.reads,
+                writes: m.writes,
+            })
+            .collect();
+        info.origin = Some(start);
+        let mut report = std::mem::take(&mut r.report);
+        if let Some(m) = r.migration.as_mut() {
+            report.migration = Some(m.loaded()?);
+        }
+        report.load_ns = r.t0.elapsed().as_nanos() as u64;
+        if !report.notes.msrs_refused.is_empty() || report.notes.tsc_khz.is_some() {
+            eprintln!(
+                "gpuvm: {name}: restored with differences: {:?}",
+                report.notes
+            );
+        }
+        eprintln!(
+            "gpuvm: {name}: restored from {} in {:.1} ms; the guest continues",
+            report.from,
+            report.load_ns as f64 / 1e6
+        );
+        info.restored = Some(report);
+    }
     let timeout = setup.timeout.unwrap_or(opts.timeout);
-    let deadline = start + timeout;
+    let deadline = Instant::now() + timeout;
     // Declared after `vcpu`, so dropped (disarmed) before it.
     let kicker = kick::Kicker::arm(&mut vcpu, deadline, setup.stall)?;
     let mut at_gate = false;
@@ -885,15 +1191,149 @@ fn run_vcpu(
         vcpu.map_coalesced_mmio_ring()
             .context("mapping the coalesced MMIO ring")?;
     }
-    let stop: Result<u32, String> = loop {
+    // How the loop ended.
+    enum End {
+        Exit(u32),
+        Stop(String),
+        /// Snapshot written or migrated: the guest goes on elsewhere.
+        HandedOff,
+    }
+    // Exits in this process (what `--snapshot-after-exits`/`--migrate-after-exits` count).
+    let mut exits_here = 0u64;
+    let mut handoff_tried = false;
+    let mut source: Option<migrate::Source> = None;
+    let spec = match &opts.outgoing {
+        Some(_) => Some(snapshot::GuestSpec::of(opts)?),
+        None => None,
+    };
+    let stop: End = loop {
+        // A kick (timeout, or the migration asking for the stop) sets `immediate_exit`; it has
+        // done its work once the checks below see why it was sent (each sender sets its
+        // reason before it signals).
+        vcpu.set_kvm_immediate_exit(0);
+        if let (Some(out), Some(spec)) = (&opts.outgoing, &spec) {
+            // A migration that failed before asking for the stop: the guest goes on here.
+            if source
+                .as_ref()
+                .is_some_and(|s| !s.wants_stop() && s.finished())
+            {
+                if let Some(mut s) = source.take() {
+                    let e = s.join().err().map_or_else(
+                        || "the migration thread ended without a stop".to_string(),
+                        |e| format!("{e:#}"),
+                    );
+                    handoff_failed(info, &gvm, &name, "migration", e);
+                }
+            }
+            let due = !handoff_tried && exits_here >= out.after_exits();
+            if let (Outgoing::Migrate { socket, .. }, true) = (out, due) {
+                handoff_tried = true;
+                match migrate::set_dirty_log(&gvm, true)
+                    .and_then(|()| migrate::Source::start(kvm, &gvm, socket, spec.clone()))
+                {
+                    Ok(s) => {
+                        eprintln!(
+                            "gpuvm: {name}: migrating to {} after {exits_here} exits (pre-copy)",
+                            socket.display()
+                        );
+                        source = Some(s);
+                    }
+                    Err(e) => handoff_failed(info, &gvm, &name, "migration", format!("{e:#}")),
+                }
+            }
+            let pause = match out {
+                Outgoing::Snapshot { .. } => due,
+                Outgoing::Migrate { .. } => source.as_ref().is_some_and(|s| s.wants_stop()),
+            };
+            if pause {
+                handoff_tried = true;
+                let paused = Instant::now();
+                // Finish the pending exit, replay queued writes, then capture.
+                let captured = snapshot::complete_pending_io(&mut vcpu)
+                    .and_then(|()| {
+                        if opts.coalesce {
+                            drain_coalesced(
+                                &mut vcpu,
+                                &windows,
+                                &**vgpu,
+                                &mut ex,
+                                remap.as_mut(),
+                                &name,
+                            )
+                            .map_err(|e| anyhow::anyhow!(e))?;
+                        }
+                        Ok(())
+                    })
+                    .and_then(|()| {
+                        let vmm = vmm_state(&uart, &pci, &ex, marks, start);
+                        capture_machine(kvm, &gvm, &vcpu, &**vgpu, vmm)
+                    });
+                match out {
+                    Outgoing::Snapshot { dir, after_exits } => {
+                        let written = captured.and_then(|(machine, bytes)| {
+                            snapshot::write_dir(
+                                dir,
+                                spec.clone(),
+                                format!("--snapshot-after-exits {after_exits}"),
+                                machine,
+                                &bytes,
+                                &gvm.mem,
+                            )
+                        });
+                        match written {
+                            Ok(w) => {
+                                eprintln!(
+                                    "gpuvm: {name}: snapshot written to {} after {exits_here} exits ({} of {} RAM pages non-zero, {:.1} ms)",
+                                    dir.display(),
+                                    w.data_pages,
+                                    w.ram_bytes / snapshot::PAGE,
+                                    w.write_ns as f64 / 1e6
+                                );
+                                info.handoff = Some(Handoff::Snapshot(w));
+                                break End::HandedOff;
+                            }
+                            Err(e) => handoff_failed(
+                                info,
+                                &gvm,
+                                &name,
+                                "snapshot",
+                                format!("to {}: {e:#}", dir.display()),
+                            ),
+                        }
+                    }
+                    Outgoing::Migrate { .. } => {
+                        if let Some(mut s) = source.take() {
+                            match s.hand_over(captured.map_err(|e| format!("{e:#}"))) {
+                                Ok(mut st) => {
+                                    st.downtime_ns = paused.elapsed().as_nanos() as u64;
+                                    eprintln!(
+                                        "gpuvm: {name}: migrated to {}: {} rounds, {} bytes, {:.1} ms in all, downtime {:.1} ms",
+                                        st.socket.display(),
+                                        st.rounds.len(),
+                                        st.bytes,
+                                        st.total_ns as f64 / 1e6,
+                                        st.downtime_ns as f64 / 1e6
+                                    );
+                                    info.handoff = Some(Handoff::Migration(st));
+                                    break End::HandedOff;
+                                }
+                                Err(e) => {
+                                    handoff_failed(info, &gvm, &name, "migration", format!("{e:#}"))
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
         if let Err(msg) = sync_ram(&gvm) {
-            break Err(msg);
+            break End::Stop(msg);
         }
         if opts.coalesce {
             if let Err(msg) =
                 drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, remap.as_mut(), &name)
             {
-                break Err(msg);
+                break End::Stop(msg);
             }
         }
         if pci.take_dirty() {
@@ -909,18 +1349,18 @@ fn run_vcpu(
             r.update(&gvm.fd, v, &windows);
         }
         if let Some(msg) = vgpu.failure() {
-            break Err(msg);
+            break End::Stop(msg);
         }
         if let Some(stall) = setup
             .stall
             .filter(|&s| kicker.fired() && kicker.since_exit() > s)
         {
-            break Err(format!(
+            break End::Stop(format!(
                 "{name}: no exit for {stall:?} (kicked out of KVM_RUN: it was spinning without exits): VM stopped"
             ));
         }
         if Instant::now() > deadline {
-            break Err(format!(
+            break End::Stop(format!(
                 "{name}: still running after {:?}{}: VM stopped",
                 timeout,
                 match kicker.since_exit() {
@@ -948,6 +1388,7 @@ fn run_vcpu(
         if !matches!(&run, Err(e) if e.errno() == libc::EINTR) {
             // A kick's EINTR is not the guest's progress.
             kicker.exited();
+            exits_here += 1;
         }
         let mut ram_err = match &run {
             Ok(VcpuExit::MmioRead(..)) | Ok(VcpuExit::MmioWrite(..)) => sync_ram(&gvm).err(),
@@ -1022,7 +1463,7 @@ fn run_vcpu(
             if let Err(msg) =
                 drain_coalesced(&mut vcpu, &windows, &**vgpu, &mut ex, remap.as_mut(), &name)
             {
-                break Err(msg);
+                break End::Stop(msg);
             }
         }
         match after {
@@ -1044,7 +1485,7 @@ fn run_vcpu(
                     false
                 };
                 if !done {
-                    break Err(format!(
+                    break End::Stop(format!(
                         "{name}: guest read {len} bytes at {addr:#x}, outside the vGPU's BARs ({}): VM stopped",
                         windows.describe()
                     ));
@@ -1063,19 +1504,19 @@ fn run_vcpu(
                 } else if addr & !0xfff == abi::NULL_MMIO {
                     ex.other += 1;
                 } else {
-                    break Err(format!(
+                    break End::Stop(format!(
                         "{name}: guest wrote {len} bytes at {addr:#x}, outside the vGPU's BARs ({}): VM stopped",
                         windows.describe()
                     ));
                 }
             }
-            After::Exit(code) => break Ok(code),
-            After::Stop(msg) => break Err(msg),
+            After::Exit(code) => break End::Exit(code),
+            After::Stop(msg) => break End::Stop(msg),
             After::Fault(what) => {
                 let rip = vcpu.get_regs().map(|r| r.rip).unwrap_or(0);
                 log::debug!("{name}: regs {:?}", vcpu.get_regs());
                 log::debug!("{name}: sregs {:?}", vcpu.get_sregs());
-                break Err(format!("{name}: {what} at rip {rip:#x}: VM stopped"));
+                break End::Stop(format!("{name}: {what} at rip {rip:#x}: VM stopped"));
             }
         }
     };
@@ -1112,14 +1553,24 @@ fn run_vcpu(
         }
     }
     uart.writer_mut().finish();
+    if let Some(mut s) = source.take() {
+        // The guest ended (or was stopped) while pre-copy ran.
+        let e = match s.join() {
+            Ok(_) => "the guest ended before the migration stopped it".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
+        handoff_failed(info, &gvm, &name, "migration", e);
+    }
+    let handed_off = matches!(stop, End::HandedOff);
     match stop {
-        Ok(code) => info.exit_code = Some(code),
-        Err(msg) => {
+        End::Exit(code) => info.exit_code = Some(code),
+        End::Stop(msg) => {
             eprintln!("gpuvm: {msg}");
             info.stopped = Some(msg);
         }
+        End::HandedOff => {}
     }
-    if marks.last().is_none_or(|m| m.phase != abi::PHASE_DONE) {
+    if !handed_off && marks.last().is_none_or(|m| m.phase != abi::PHASE_DONE) {
         marks.push(mark(abi::PHASE_DONE, &ex));
     }
     info.wall_ns = wall.as_nanos() as u64;
@@ -1135,6 +1586,18 @@ fn run_vcpu(
     info.console = std::mem::take(&mut uart.writer_mut().lines);
     *ram_out = Some(gvm);
     Ok(())
+}
+
+/// Records a snapshot or migration that failed; the guest goes on in this process.
+fn handoff_failed(info: &mut KvmVmInfo, gvm: &vm::GuestVm, name: &str, what: &str, e: String) {
+    if what == "migration" {
+        if let Err(e) = migrate::set_dirty_log(gvm, false) {
+            log::warn!("{name}: turning dirty logging off: {e:#}");
+        }
+    }
+    let msg = format!("{name}: {what} failed: {e}; the guest goes on here");
+    eprintln!("gpuvm: {msg}");
+    info.handoff_error = Some(msg);
 }
 
 /// Answers an MMIO read exit after the exit's borrow of the vCPU ended (the coalesced ring had
@@ -1237,9 +1700,10 @@ fn collect_results(
         mmio_reads: 0,
         mmio_writes: 0,
         verified: false,
-        error: Some(match &info.stopped {
-            Some(s) => format!("not run: {s}"),
-            None => "not run".to_string(),
+        error: Some(match (&info.stopped, &info.handoff) {
+            (Some(s), _) => format!("not run: {s}"),
+            (None, Some(_)) => "not run here: the guest continues elsewhere".to_string(),
+            (None, None) => "not run".to_string(),
         }),
     };
     let entry = |index: usize, name: &str| -> WorkloadRun {
@@ -1267,9 +1731,10 @@ fn collect_results(
         let error = match state {
             abi::STATE_ERROR => Some(String::from_utf8_lossy(&err).into_owned()),
             abi::STATE_DONE => None,
-            _ => Some(match &info.stopped {
-                Some(s) => format!("did not finish: {s}"),
-                None => "did not finish".to_string(),
+            _ => Some(match (&info.stopped, &info.handoff) {
+                (Some(s), _) => format!("did not finish: {s}"),
+                (None, Some(_)) => "did not finish here: the guest continues elsewhere".to_string(),
+                (None, None) => "did not finish".to_string(),
             }),
         };
         WorkloadRun {

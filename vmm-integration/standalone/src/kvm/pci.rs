@@ -127,6 +127,16 @@ impl PciBus {
         }
     }
 
+    /// The configuration-address latch (port 0xCF8), which a snapshot keeps.
+    pub fn address(&self) -> u32 {
+        self.addr
+    }
+
+    /// Restores the configuration-address latch.
+    pub fn set_address(&mut self, addr: u32) {
+        self.addr = addr;
+    }
+
     /// Reads a dword of the vGPU's configuration space.
     pub fn vgpu_dword(&self, offset: u16) -> u32 {
         let mut b = [0u8; 4];

@@ -56,6 +56,11 @@ impl Console {
         }
     }
 
+    /// The unfinished line so far (a snapshot keeps it).
+    pub fn partial(&self) -> &[u8] {
+        &self.line
+    }
+
     /// Flushes a partial last line.
     pub fn finish(&mut self) {
         if !self.line.is_empty() {
@@ -88,4 +93,20 @@ pub type Uart = Serial<NoIrq, vm_superio::serial::NoEvents, Console>;
 /// A UART for VM `name`.
 pub fn uart(name: &str, echo: bool) -> Uart {
     Serial::new(NoIrq, Console::new(name, echo))
+}
+
+/// A UART for VM `name` with a snapshot's registers, unfinished line and console lines (the
+/// lines are kept for the report, not echoed again).
+pub fn restored_uart(
+    name: &str,
+    echo: bool,
+    state: &vm_superio::serial::SerialState,
+    partial: &[u8],
+    lines: &[String],
+) -> anyhow::Result<Uart> {
+    let mut console = Console::new(name, echo);
+    console.line = partial.iter().copied().take(MAX_LINE).collect();
+    console.lines = lines.iter().take(MAX_LINES).cloned().collect();
+    Serial::from_state(state, NoIrq, vm_superio::serial::NoEvents, console)
+        .map_err(|e| anyhow::anyhow!("the serial port's state: {e:?}"))
 }

@@ -1,0 +1,1399 @@
+//! Snapshot and restore of a whole KVM guest (`gpuvm run --kvm --snapshot-to DIR
+//! --snapshot-after-exits N`, `gpuvm run --kvm --restore DIR`), and the state that live
+//! migration ([`super::migrate`]) sends over its stream.
+//!
+//! What is captured, with the vCPU paused at an exit boundary ([`complete_pending_io`]):
+//!
+//! * the vCPU: regs, sregs, XSAVE area (x87/SSE/AVX), XCRs, debug registers, local APIC, MP
+//!   state, pending events, CPUID, every MSR of `KVM_GET_MSR_INDEX_LIST` that reads back (the
+//!   TSC among them, so the guest's clock continues where it stopped), the TSC frequency;
+//! * the VM: the in-kernel irqchip (both PICs and the IOAPIC) and the KVM clock (no PIT is
+//!   created);
+//! * the VMM's own devices: the 16550's registers and console, the PCI configuration-address
+//!   latch (0xCF8), the exit counters and phase marks the report is built from, the wall time
+//!   the guest has run (BAR windows, coalesced zones and the ECAM window are derived from the
+//!   vGPU's configuration space and need nothing of their own);
+//! * guest RAM, as a sparse file holding only the non-zero pages;
+//! * the vGPU, through the [`DeviceSnapshot`] seam: opaque bytes the device produces and takes
+//!   back. Today the only implementation is [`PristineVgpu`], which can capture a vGPU the
+//!   guest has **not** made a single BAR access to (its state is then the profile plus the
+//!   configuration-space writes, which it replays); any BAR access makes it refuse, because the
+//!   device model's own state (registers, shadow page tables, channels, VRAM) is not
+//!   serializable yet. Snapshot and migration therefore fail with a clear error rather than
+//!   restore a blank vGPU under a guest that had used it.
+//!
+//! The directory: `manifest.json` (versioned, [`Manifest`]), `ram.bin` (sparse, RAM size
+//! long), `vgpu.bin` (the seam's bytes). The manifest is written last (renamed into place), so
+//! a directory without one is an unfinished snapshot. Every length, hash and field is checked
+//! on restore.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{bail, ensure, Context};
+use gpuvm::profile::{ShadowMode, VgpuProfile};
+use gpuvm::vgpu::{Vgpu, VgpuStats};
+use gpuvm_guest::hal::Bar;
+use gpuvm_guest::workloads::Workload;
+use kvm_bindings::{
+    kvm_clock_data, kvm_cpuid_entry2, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
+    kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_MAX_CPUID_ENTRIES,
+};
+use kvm_ioctls::{Cap, Kvm, VcpuFd, VmFd};
+use serde::{Deserialize, Serialize};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
+use super::device::VgpuDevice;
+use super::{abi, scheme, ExitCounts, KvmOptions};
+
+/// The manifest's `format`.
+pub const FORMAT: &str = "gpuvm-kvm-snapshot";
+/// The manifest's `version`; a snapshot of another version is refused.
+pub const VERSION: u32 = 1;
+/// Guest page size of the RAM file and of the migration stream.
+pub const PAGE: u64 = 4096;
+/// File names inside a snapshot directory.
+pub const MANIFEST: &str = "manifest.json";
+const RAM_FILE: &str = "ram.bin";
+const VGPU_FILE: &str = "vgpu.bin";
+/// Largest manifest read (it holds the console lines; 10 000 lines of 512 bytes at most).
+const MAX_MANIFEST: u64 = 64 << 20;
+/// Most configuration-space writes [`PristineVgpu`] keeps (a normal bring-up makes ~20).
+const MAX_CONFIG_WRITES: usize = 65_536;
+
+// ---------------------------------------------------------------------------------------------
+// Byte blobs and the RAM hash
+
+/// A KVM structure as its exact bytes, hex in the manifest; the length is checked on restore.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Blob(String);
+
+impl Blob {
+    /// The bytes of `x`.
+    pub fn of<T: IntoBytes + Immutable>(x: &T) -> Blob {
+        Blob(hex(x.as_bytes()))
+    }
+
+    /// The structure back; an error names `what` if the length or the hex is wrong.
+    pub fn get<T: FromBytes>(&self, what: &str) -> anyhow::Result<T> {
+        let bytes = unhex(&self.0).with_context(|| format!("{what}: not hex"))?;
+        let want = std::mem::size_of::<T>();
+        ensure!(
+            bytes.len() == want,
+            "{what}: {} bytes, expected {want} (a snapshot of another KVM ABI, or damaged)",
+            bytes.len()
+        );
+        T::read_from_bytes(&bytes)
+            .map_err(|_| anyhow::anyhow!("{what}: not a valid {want}-byte value"))
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    const D: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(b.len() * 2);
+    for &x in b {
+        s.push(D[(x >> 4) as usize] as char);
+        s.push(D[(x & 15) as usize] as char);
+    }
+    s
+}
+
+fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
+    ensure!(s.len() % 2 == 0, "odd length");
+    let nib = |c: u8| -> anyhow::Result<u8> {
+        Ok(match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            b'A'..=b'F' => c - b'A' + 10,
+            _ => bail!("bad hex digit {:?}", c as char),
+        })
+    };
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| Ok(nib(p[0])? << 4 | nib(p[1])?))
+        .collect()
+}
+
+/// A 64-bit hash of a byte string (four multiply-xor lanes over 64-bit words; not
+/// cryptographic: it finds damaged files and pages the dirty log missed, not forgery).
+#[derive(Debug, Clone, Copy)]
+pub struct Hasher {
+    lanes: [u64; 4],
+    len: u64,
+}
+
+impl Default for Hasher {
+    fn default() -> Self {
+        Hasher {
+            lanes: [
+                0x243f_6a88_85a3_08d3,
+                0x1319_8a2e_0370_7344,
+                0xa409_3822_299f_31d0,
+                0x082e_fa98_ec4e_6c89,
+            ],
+            len: 0,
+        }
+    }
+}
+
+impl Hasher {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+
+    /// Adds `b` (callers feed whole pages, so the word split does not depend on chunking).
+    pub fn update(&mut self, b: &[u8]) {
+        self.len += b.len() as u64;
+        let mut chunks = b.chunks_exact(32);
+        for c in &mut chunks {
+            for (i, lane) in self.lanes.iter_mut().enumerate() {
+                let w = u64::from_le_bytes(c[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+                *lane = (*lane ^ w).wrapping_mul(Self::K).rotate_left(29);
+            }
+        }
+        for (i, &x) in chunks.remainder().iter().enumerate() {
+            let lane = &mut self.lanes[i % 4];
+            *lane = (*lane ^ u64::from(x)).wrapping_mul(Self::K);
+        }
+    }
+
+    /// The hash, as 16 hex digits.
+    pub fn finish(&self) -> String {
+        let mut h = self.len.wrapping_mul(Self::K);
+        for l in self.lanes {
+            h = (h ^ l).wrapping_mul(Self::K).rotate_left(31);
+        }
+        format!("{h:016x}")
+    }
+}
+
+/// Hashes all of guest RAM, page by page.
+pub fn ram_hash(mem: &GuestMemoryMmap, ram: u64) -> anyhow::Result<String> {
+    let mut h = Hasher::default();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < ram {
+        let n = (ram - at).min(buf.len() as u64) as usize;
+        mem.read_slice(&mut buf[..n], GuestAddress(at))
+            .context("reading guest RAM")?;
+        h.update(&buf[..n]);
+        at += n as u64;
+    }
+    Ok(h.finish())
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the guest was started with
+
+/// The parameters that define the guest (its program, RAM layout, boot parameters and vGPU
+/// profile): a restore takes them from the snapshot, not from the command line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GuestSpec {
+    /// Problem size.
+    pub size: u32,
+    /// Workload names, in order.
+    pub workloads: Vec<String>,
+    /// The guest waits for fences by interrupt (its irqfd is wired on restore).
+    pub fence_irq: bool,
+    /// PCI through ECAM.
+    pub ecam: bool,
+    /// Calibration exits of each kind.
+    pub calibrate: u32,
+    /// `abi::MODE_*`.
+    pub mode: u32,
+    /// The vGPU's shadow mode.
+    pub shadow: ShadowMode,
+    /// The scheme (`fv-naive` or none: BAR remap is refused).
+    pub scheme: Option<String>,
+    /// VRAM slice, MiB.
+    pub vram_mib: u64,
+    /// `--guest-ram-mib` as bytes (0: derived from the size).
+    pub guest_ram: u64,
+    /// The RAM size that came out of it, bytes.
+    pub ram_bytes: u64,
+    /// Started through the PVH entry.
+    pub pvh: bool,
+    /// Hash of the guest program this VMM embeds: the guest in RAM and the VMM share the ABI of
+    /// `guest-bin/src/abi.rs` (boot parameters, results block, ports).
+    pub guest_elf_hash: String,
+}
+
+impl GuestSpec {
+    /// The spec of VM 0 of `opts`, or why its run cannot be snapshotted.
+    pub fn of(opts: &KvmOptions) -> anyhow::Result<GuestSpec> {
+        check_supported(opts)?;
+        let setup = opts.setups.first().cloned().unwrap_or_default();
+        Ok(GuestSpec {
+            size: opts.size,
+            workloads: super::vm_workloads(opts, 0)
+                .iter()
+                .map(|w| w.name().to_string())
+                .collect(),
+            fence_irq: setup.fence_irq.unwrap_or(opts.fence_irq),
+            ecam: opts.ecam,
+            calibrate: opts.calibrate,
+            mode: opts.modes.first().copied().unwrap_or(abi::MODE_NORMAL),
+            shadow: opts.shadow,
+            scheme: opts.scheme.map(|s| s.name().to_string()),
+            vram_mib: opts.vram_mib,
+            guest_ram: opts.guest_ram,
+            ram_bytes: super::ram_layout(opts).0,
+            pvh: opts.pvh,
+            guest_elf_hash: elf_hash(),
+        })
+    }
+
+    /// Overwrites the guest-defining options of `opts` with this spec (the command line keeps
+    /// the run's control: timeout, console, coalescing, JSON) and checks the result.
+    pub fn apply(&self, opts: &mut KvmOptions) -> anyhow::Result<()> {
+        ensure!(
+            self.guest_elf_hash == elf_hash(),
+            "the snapshot's guest program (hash {}) is not the one this gpuvm embeds ({}): restore it with the gpuvm build that took it",
+            self.guest_elf_hash,
+            elf_hash()
+        );
+        let workloads = self
+            .workloads
+            .iter()
+            .map(|w| {
+                w.parse::<Workload>()
+                    .map_err(|e| anyhow::anyhow!("workload '{w}': {e}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        ensure!(
+            workloads.len() <= abi::MAX_WORKLOADS,
+            "{} workloads (at most {})",
+            workloads.len(),
+            abi::MAX_WORKLOADS
+        );
+        ensure!(
+            (1..=1024).contains(&self.size),
+            "size {} out of range",
+            self.size
+        );
+        let scheme = match &self.scheme {
+            None => None,
+            Some(s) => Some(
+                <scheme::KvmScheme as clap::ValueEnum>::from_str(s, false)
+                    .map_err(|e| anyhow::anyhow!("scheme '{s}': {e}"))?,
+            ),
+        };
+        opts.vms = 1;
+        opts.size = self.size;
+        opts.workloads = workloads;
+        opts.fence_irq = self.fence_irq;
+        opts.ecam = self.ecam;
+        opts.calibrate = self.calibrate;
+        opts.modes = vec![self.mode];
+        opts.shadow = self.shadow;
+        opts.scheme = scheme;
+        opts.vram_mib = self.vram_mib;
+        opts.guest_ram = self.guest_ram;
+        opts.pvh = self.pvh;
+        let weight = opts.setups.first().map_or(1, |s| s.weight);
+        let (timeout, stall) = opts
+            .setups
+            .first()
+            .map_or((None, None), |s| (s.timeout, s.stall));
+        opts.setups = vec![super::setup::VmSetup {
+            weight,
+            timeout,
+            stall,
+            ..Default::default()
+        }];
+        check_supported(opts)?;
+        let ram = super::ram_layout(opts).0;
+        ensure!(
+            ram == self.ram_bytes,
+            "the snapshot's RAM is {} bytes but its parameters give {ram}",
+            self.ram_bytes
+        );
+        Ok(())
+    }
+}
+
+/// Hash of the embedded guest program.
+pub fn elf_hash() -> String {
+    let mut h = Hasher::default();
+    h.update(super::GUEST_ELF);
+    h.finish()
+}
+
+/// Refuses the runs whose state this VMM cannot capture.
+pub fn check_supported(opts: &KvmOptions) -> anyhow::Result<()> {
+    ensure!(
+        opts.vms == 1,
+        "snapshot and migration take one guest: run --vms 1 (this run has {})",
+        opts.vms
+    );
+    ensure!(
+        opts.vfio_user.is_none(),
+        "snapshot and migration need the vGPU in this process (not --vfio-user)"
+    );
+    ensure!(
+        opts.record.is_none(),
+        "snapshot and migration cannot be combined with --record (both use the RAM slot's dirty log)"
+    );
+    ensure!(
+        opts.sample_every.is_none(),
+        "snapshot and migration are not for the experiments' sampler"
+    );
+    if let Some(s) = opts.scheme {
+        ensure!(
+            !s.remaps() && s != scheme::KvmScheme::Native,
+            "snapshot and migration need every BAR access to exit (--scheme {} maps VRAM into the guest or passes the GPU through): use --scheme fv-naive or no --scheme",
+            s.name()
+        );
+    }
+    if let Some(s) = opts.setups.first() {
+        ensure!(
+            s.stream.is_none() && !s.gate && s.workloads.is_none(),
+            "snapshot and migration are not for kernel streams, the start gate or per-VM workload lists"
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The vCPU and the VM
+
+/// One MSR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Msr {
+    /// Index.
+    pub index: u32,
+    /// Value.
+    pub data: u64,
+}
+
+/// Informational copy of a few registers (restore ignores it; the blobs are the state).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Summary {
+    /// RIP.
+    pub rip: String,
+    /// RSP.
+    pub rsp: String,
+    /// RFLAGS.
+    pub rflags: String,
+    /// CR3.
+    pub cr3: String,
+    /// CS selector (0x23: ring 3).
+    pub cs: String,
+}
+
+/// One vCPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VcpuState {
+    /// vCPU id.
+    pub id: u32,
+    /// For people reading the manifest.
+    pub summary: Summary,
+    /// `kvm_regs`.
+    pub regs: Blob,
+    /// `kvm_sregs`.
+    pub sregs: Blob,
+    /// `kvm_xsave` (the legacy 4096-byte layout; hosts needing more are refused).
+    pub xsave: Blob,
+    /// `kvm_xcrs`.
+    pub xcrs: Blob,
+    /// `kvm_debugregs`.
+    pub debugregs: Blob,
+    /// `kvm_lapic_state`.
+    pub lapic: Blob,
+    /// `kvm_mp_state`.
+    pub mp_state: Blob,
+    /// `kvm_vcpu_events`.
+    pub events: Blob,
+    /// `kvm_cpuid_entry2` each.
+    pub cpuid: Vec<Blob>,
+    /// Every MSR that read back.
+    pub msrs: Vec<Msr>,
+    /// TSC frequency, kHz.
+    pub tsc_khz: u32,
+}
+
+/// The VM-wide KVM state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmState {
+    /// `kvm_irqchip` of the PIC master, PIC slave and IOAPIC.
+    pub irqchip: Vec<Blob>,
+    /// `kvm_clock_data`.
+    pub clock: Blob,
+}
+
+const IRQCHIPS: [u32; 3] = [
+    KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE,
+    KVM_IRQCHIP_IOAPIC,
+];
+
+/// Finishes the exit the vCPU last took (an `in` or MMIO read completes only when `KVM_RUN` is
+/// entered again) without running a guest instruction: `KVM_RUN` with `immediate_exit` set,
+/// which KVM documents as the way to make the state consistent before saving it. Also clears a
+/// kick's `immediate_exit` afterwards.
+pub fn complete_pending_io(vcpu: &mut VcpuFd) -> anyhow::Result<()> {
+    vcpu.set_kvm_immediate_exit(1);
+    let r = vcpu.run();
+    let r = match r {
+        Err(e) if e.errno() == libc::EINTR => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("KVM_RUN with immediate_exit: {e}")),
+        Ok(exit) => Err(anyhow::anyhow!(
+            "KVM_RUN with immediate_exit returned an exit ({exit:?}) instead of EINTR"
+        )),
+    };
+    vcpu.set_kvm_immediate_exit(0);
+    r
+}
+
+/// The XSAVE size KVM needs on this host, if it is more than the legacy 4096 bytes.
+fn xsave_too_big(vm: &VmFd) -> Option<i32> {
+    let n = vm.check_extension_int(Cap::Xsave2);
+    (n > std::mem::size_of::<kvm_xsave>() as i32).then_some(n)
+}
+
+/// Captures vCPU `vcpu` (paused: see [`complete_pending_io`]).
+pub fn capture_vcpu(kvm: &Kvm, vm: &VmFd, vcpu: &VcpuFd) -> anyhow::Result<VcpuState> {
+    if let Some(n) = xsave_too_big(vm) {
+        bail!("this host's XSAVE area is {n} bytes; only the 4096-byte KVM_GET_XSAVE layout is implemented");
+    }
+    let regs = vcpu.get_regs().context("KVM_GET_REGS")?;
+    let sregs = vcpu.get_sregs().context("KVM_GET_SREGS")?;
+    let xsave = vcpu.get_xsave().context("KVM_GET_XSAVE")?;
+    let xcrs = vcpu.get_xcrs().context("KVM_GET_XCRS")?;
+    let debugregs = vcpu.get_debug_regs().context("KVM_GET_DEBUGREGS")?;
+    let lapic = vcpu.get_lapic().context("KVM_GET_LAPIC")?;
+    let mp_state = vcpu.get_mp_state().context("KVM_GET_MP_STATE")?;
+    let events = vcpu.get_vcpu_events().context("KVM_GET_VCPU_EVENTS")?;
+    let cpuid = vcpu
+        .get_cpuid2(KVM_MAX_CPUID_ENTRIES)
+        .context("KVM_GET_CPUID2")?;
+    let tsc_khz = vcpu.get_tsc_khz().context("KVM_GET_TSC_KHZ")?;
+    // Every MSR KVM saves or emulates, one at a time: KVM_GET_MSRS stops at the first it cannot
+    // read, and which ones a host refuses varies.
+    let list = kvm.get_msr_index_list().context("KVM_GET_MSR_INDEX_LIST")?;
+    let mut msrs = Vec::new();
+    for &index in list.as_slice() {
+        let mut m = Msrs::from_entries(&[kvm_msr_entry {
+            index,
+            ..Default::default()
+        }])
+        .map_err(|e| anyhow::anyhow!("MSR list: {e:?}"))?;
+        if let Ok(1) = vcpu.get_msrs(&mut m) {
+            msrs.push(Msr {
+                index,
+                data: m.as_slice()[0].data,
+            });
+        }
+    }
+    Ok(VcpuState {
+        id: 0,
+        summary: Summary {
+            rip: format!("{:#x}", regs.rip),
+            rsp: format!("{:#x}", regs.rsp),
+            rflags: format!("{:#x}", regs.rflags),
+            cr3: format!("{:#x}", sregs.cr3),
+            cs: format!("{:#x}", sregs.cs.selector),
+        },
+        regs: Blob::of(&regs),
+        sregs: Blob::of(&sregs),
+        xsave: Blob::of(&xsave),
+        xcrs: Blob::of(&xcrs),
+        debugregs: Blob::of(&debugregs),
+        lapic: Blob::of(&lapic),
+        mp_state: Blob::of(&mp_state),
+        events: Blob::of(&events),
+        cpuid: cpuid.as_slice().iter().map(Blob::of).collect(),
+        msrs,
+        tsc_khz,
+    })
+}
+
+/// What a restore could not put back exactly (reported, not fatal).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RestoreNotes {
+    /// MSRs KVM refused to set, by index.
+    pub msrs_refused: Vec<String>,
+    /// The TSC frequency differs from the snapshot's and could not be set.
+    pub tsc_khz: Option<String>,
+}
+
+/// Decodes every blob of `s` first (so a damaged snapshot fails before KVM is touched), then
+/// sets the vCPU in the order Firecracker uses (CPUID, MP state, regs, sregs, XSAVE, XCRs,
+/// debug registers, LAPIC, MSRs, events last).
+pub fn restore_vcpu(vm: &VmFd, vcpu: &VcpuFd, s: &VcpuState) -> anyhow::Result<RestoreNotes> {
+    ensure!(s.id == 0, "vCPU id {} (this VMM has vCPU 0 only)", s.id);
+    let regs: kvm_regs = s.regs.get("regs")?;
+    let sregs: kvm_sregs = s.sregs.get("sregs")?;
+    let xsave: kvm_xsave = s.xsave.get("xsave")?;
+    let xcrs: kvm_xcrs = s.xcrs.get("xcrs")?;
+    let debugregs: kvm_debugregs = s.debugregs.get("debugregs")?;
+    let lapic: kvm_lapic_state = s.lapic.get("lapic")?;
+    let mp_state: kvm_mp_state = s.mp_state.get("mp_state")?;
+    let events: kvm_vcpu_events = s.events.get("events")?;
+    ensure!(
+        !s.cpuid.is_empty() && s.cpuid.len() <= KVM_MAX_CPUID_ENTRIES,
+        "{} CPUID entries",
+        s.cpuid.len()
+    );
+    let entries = s
+        .cpuid
+        .iter()
+        .map(|b| b.get::<kvm_cpuid_entry2>("cpuid entry"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    ensure!(s.msrs.len() <= 4096, "{} MSRs", s.msrs.len());
+    if let Some(n) = xsave_too_big(vm) {
+        bail!("this host's XSAVE area is {n} bytes; only the 4096-byte KVM_SET_XSAVE layout is implemented");
+    }
+    let mut notes = RestoreNotes::default();
+    let here = vcpu.get_tsc_khz().unwrap_or(0);
+    if s.tsc_khz != 0 && here != s.tsc_khz {
+        if let Err(e) = vcpu.set_tsc_khz(s.tsc_khz) {
+            notes.tsc_khz = Some(format!(
+                "TSC {here} kHz here, {} kHz in the snapshot, KVM_SET_TSC_KHZ: {e}",
+                s.tsc_khz
+            ));
+        }
+    }
+    let cpuid =
+        CpuId::from_entries(&entries).map_err(|e| anyhow::anyhow!("CPUID entries: {e:?}"))?;
+    vcpu.set_cpuid2(&cpuid).context("KVM_SET_CPUID2")?;
+    vcpu.set_mp_state(mp_state).context("KVM_SET_MP_STATE")?;
+    vcpu.set_regs(&regs).context("KVM_SET_REGS")?;
+    vcpu.set_sregs(&sregs).context("KVM_SET_SREGS")?;
+    // SAFETY: `xsave_too_big` returned None: KVM's XSAVE area fits the 4096-byte `kvm_xsave`,
+    // so KVM_SET_XSAVE reads no further than this struct.
+    unsafe { vcpu.set_xsave(&xsave) }.context("KVM_SET_XSAVE")?;
+    vcpu.set_xcrs(&xcrs).context("KVM_SET_XCRS")?;
+    vcpu.set_debug_regs(&debugregs)
+        .context("KVM_SET_DEBUGREGS")?;
+    vcpu.set_lapic(&lapic).context("KVM_SET_LAPIC")?;
+    let entries: Vec<kvm_msr_entry> = s
+        .msrs
+        .iter()
+        .map(|m| kvm_msr_entry {
+            index: m.index,
+            data: m.data,
+            ..Default::default()
+        })
+        .collect();
+    let all = Msrs::from_entries(&entries).map_err(|e| anyhow::anyhow!("MSRs: {e:?}"))?;
+    let set = vcpu.set_msrs(&all).context("KVM_SET_MSRS")?;
+    if set < entries.len() {
+        // KVM stops at the first it refuses: retry the rest one by one to name them.
+        for e in &entries[set..] {
+            let one = Msrs::from_entries(&[*e]).map_err(|e| anyhow::anyhow!("MSR: {e:?}"))?;
+            if !matches!(vcpu.set_msrs(&one), Ok(1)) {
+                notes.msrs_refused.push(format!("{:#x}", e.index));
+            }
+        }
+    }
+    vcpu.set_vcpu_events(&events)
+        .context("KVM_SET_VCPU_EVENTS")?;
+    Ok(notes)
+}
+
+/// Captures the irqchip and the KVM clock.
+pub fn capture_vm(vm: &VmFd) -> anyhow::Result<VmState> {
+    let mut irqchip = Vec::new();
+    for id in IRQCHIPS {
+        let mut c = kvm_irqchip {
+            chip_id: id,
+            ..Default::default()
+        };
+        vm.get_irqchip(&mut c).context("KVM_GET_IRQCHIP")?;
+        irqchip.push(Blob::of(&c));
+    }
+    let clock = vm.get_clock().context("KVM_GET_CLOCK")?;
+    Ok(VmState {
+        irqchip,
+        clock: Blob::of(&clock),
+    })
+}
+
+/// Puts the irqchip and the KVM clock back.
+pub fn restore_vm(vm: &VmFd, s: &VmState) -> anyhow::Result<()> {
+    ensure!(
+        s.irqchip.len() == IRQCHIPS.len(),
+        "{} irqchips, expected {} (PIC master, PIC slave, IOAPIC)",
+        s.irqchip.len(),
+        IRQCHIPS.len()
+    );
+    let chips = s
+        .irqchip
+        .iter()
+        .map(|b| b.get::<kvm_irqchip>("irqchip"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for (c, id) in chips.iter().zip(IRQCHIPS) {
+        ensure!(
+            c.chip_id == id,
+            "irqchip {} where {id} was expected",
+            c.chip_id
+        );
+    }
+    let clock: kvm_clock_data = s.clock.get("clock")?;
+    for c in &chips {
+        vm.set_irqchip(c).context("KVM_SET_IRQCHIP")?;
+    }
+    let clock = kvm_clock_data {
+        clock: clock.clock,
+        ..Default::default()
+    };
+    vm.set_clock(&clock).context("KVM_SET_CLOCK")?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The VMM's devices
+
+/// The 16550's registers (vm-superio's `SerialState`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SerialRegs {
+    /// DLL, DLM, IER, IIR, LCR, LSR, MCR, MSR, SCR.
+    pub regs: [u8; 9],
+    /// Received bytes not yet read.
+    pub in_buffer: Vec<u8>,
+}
+
+impl SerialRegs {
+    /// From vm-superio's state.
+    pub fn of(s: &vm_superio::serial::SerialState) -> SerialRegs {
+        SerialRegs {
+            regs: [
+                s.baud_divisor_low,
+                s.baud_divisor_high,
+                s.interrupt_enable,
+                s.interrupt_identification,
+                s.line_control,
+                s.line_status,
+                s.modem_control,
+                s.modem_status,
+                s.scratch,
+            ],
+            in_buffer: s.in_buffer.clone(),
+        }
+    }
+
+    /// Back to vm-superio's state.
+    pub fn state(&self) -> vm_superio::serial::SerialState {
+        let r = self.regs;
+        vm_superio::serial::SerialState {
+            baud_divisor_low: r[0],
+            baud_divisor_high: r[1],
+            interrupt_enable: r[2],
+            interrupt_identification: r[3],
+            line_control: r[4],
+            line_status: r[5],
+            modem_control: r[6],
+            modem_status: r[7],
+            scratch: r[8],
+            in_buffer: self.in_buffer.clone(),
+        }
+    }
+}
+
+/// A phase mark, relative to the VM's start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MarkState {
+    /// Phase id.
+    pub phase: u32,
+    /// ns after the VM started (time the guest was not running excluded).
+    pub at_ns: u64,
+    /// GPU busy time so far.
+    pub busy_ns: u64,
+    /// MMIO reads so far.
+    pub reads: u64,
+    /// MMIO writes so far.
+    pub writes: u64,
+}
+
+/// What the VMM itself keeps about the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VmmState {
+    /// The UART.
+    pub serial: SerialRegs,
+    /// The console's unfinished line.
+    pub console_partial: Vec<u8>,
+    /// Console lines so far.
+    pub console: Vec<String>,
+    /// The PCI configuration-address latch (port 0xCF8).
+    pub pci_address: u32,
+    /// Exits so far.
+    pub exits: ExitCounts,
+    /// Phase marks so far.
+    pub marks: Vec<MarkState>,
+    /// Wall time the guest has run, ns (summed over the processes it ran in).
+    pub elapsed_ns: u64,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The device seam
+
+/// The seam through which the VMM saves and restores a device's own state: opaque bytes the
+/// device produces and takes back. The VMM stores them (`vgpu.bin`, or the migration stream's
+/// state record) with a length and a hash and never looks inside.
+pub trait DeviceSnapshot: Send + Sync {
+    /// What produced the bytes, with a version (checked on restore).
+    fn kind(&self) -> String;
+    /// The device's state, or why it cannot be captured (the snapshot is then refused).
+    fn save(&self) -> anyhow::Result<Vec<u8>>;
+    /// Puts the state back into a freshly created device (same profile).
+    fn restore(&self, bytes: &[u8]) -> anyhow::Result<()>;
+}
+
+/// One configuration-space write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigWrite {
+    offset: u16,
+    data: Vec<u8>,
+}
+
+/// The bytes of a [`PristineVgpu`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PristineState {
+    profile: VgpuProfile,
+    config_writes: Vec<ConfigWrite>,
+}
+
+/// A vGPU the guest has made no BAR access to can be recreated exactly: a fresh vGPU of the
+/// same profile plus the configuration-space writes the guest made (BAR placement, command
+/// register, MSI), replayed in order, which is all its state then holds (configuration writes
+/// reach nothing but `PciConfig` and, with bus mastering, the DMA windows of the attached RAM,
+/// which the replay recreates). This wrapper sits between the VMM and the in-process vGPU,
+/// logs those writes and counts BAR accesses; with any BAR access [`DeviceSnapshot::save`]
+/// refuses, naming them, instead of producing a blank vGPU.
+pub struct PristineVgpu {
+    inner: Arc<dyn VgpuDevice>,
+    writes: Mutex<Vec<ConfigWrite>>,
+    overflow: AtomicU64,
+    bar_accesses: AtomicU64,
+}
+
+impl PristineVgpu {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn VgpuDevice>) -> PristineVgpu {
+        PristineVgpu {
+            inner,
+            writes: Mutex::new(Vec::new()),
+            overflow: AtomicU64::new(0),
+            bar_accesses: AtomicU64::new(0),
+        }
+    }
+
+    /// BAR accesses the guest made through this wrapper.
+    pub fn bar_accesses(&self) -> u64 {
+        self.bar_accesses.load(Ordering::SeqCst)
+    }
+
+    fn writes(&self) -> std::sync::MutexGuard<'_, Vec<ConfigWrite>> {
+        self.writes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl DeviceSnapshot for PristineVgpu {
+    fn kind(&self) -> String {
+        "gpuvm-vgpu-pristine/1".to_string()
+    }
+
+    fn save(&self) -> anyhow::Result<Vec<u8>> {
+        let here = self.bar_accesses();
+        let model = self.inner.stats().exits.total();
+        let irqs = self.inner.irqs_raised();
+        if here != 0 || model != 0 || irqs != 0 {
+            bail!(
+                "the guest has used its vGPU ({} BAR accesses, {model} counted by the device model, {irqs} interrupts): the vGPU's own state (registers, shadow page tables, channels, VRAM) cannot be captured yet, and a snapshot would restore a blank GPU under it; refused (take it before the guest's first BAR access)",
+                here
+            );
+        }
+        ensure!(
+            self.overflow.load(Ordering::SeqCst) == 0,
+            "more than {MAX_CONFIG_WRITES} configuration-space writes: refused"
+        );
+        let Some(v) = self.inner.vgpu() else {
+            bail!("this vGPU is not in this process");
+        };
+        Ok(serde_json::to_vec(&PristineState {
+            profile: v.profile().clone(),
+            config_writes: self.writes().clone(),
+        })?)
+    }
+
+    fn restore(&self, bytes: &[u8]) -> anyhow::Result<()> {
+        let s: PristineState =
+            serde_json::from_slice(bytes).context("the vGPU state is not valid")?;
+        let Some(v) = self.inner.vgpu() else {
+            bail!("this vGPU is not in this process");
+        };
+        let p = v.profile();
+        ensure!(
+            (p.vram_mib, p.channels, p.shadow) == (s.profile.vram_mib, s.profile.channels, s.profile.shadow),
+            "the vGPU here ({} MiB, {} channels, shadow {}) differs from the snapshot's ({} MiB, {} channels, shadow {})",
+            p.vram_mib,
+            p.channels,
+            p.shadow,
+            s.profile.vram_mib,
+            s.profile.channels,
+            s.profile.shadow
+        );
+        ensure!(
+            self.bar_accesses() == 0 && self.writes().is_empty(),
+            "restoring into a vGPU that is not fresh"
+        );
+        ensure!(
+            s.config_writes.len() <= MAX_CONFIG_WRITES,
+            "{} configuration writes (at most {MAX_CONFIG_WRITES})",
+            s.config_writes.len()
+        );
+        for w in &s.config_writes {
+            ensure!(
+                !w.data.is_empty()
+                    && w.data.len() <= 4
+                    && w.offset < 0x100
+                    && (w.offset as usize & 3) + w.data.len() <= 4,
+                "configuration write of {} bytes at {:#x}: not within one dword of the header",
+                w.data.len(),
+                w.offset
+            );
+        }
+        for w in &s.config_writes {
+            self.config_write(w.offset, &w.data);
+        }
+        Ok(())
+    }
+}
+
+impl VgpuDevice for PristineVgpu {
+    fn config_read(&self, offset: u16, data: &mut [u8]) {
+        self.inner.config_read(offset, data)
+    }
+    fn config_write(&self, offset: u16, data: &[u8]) {
+        {
+            let mut w = self.writes();
+            if w.len() < MAX_CONFIG_WRITES {
+                w.push(ConfigWrite {
+                    offset,
+                    data: data.to_vec(),
+                });
+            } else {
+                self.overflow.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        self.inner.config_write(offset, data)
+    }
+    fn bar_read(&self, bar: Bar, offset: u64, data: &mut [u8]) {
+        self.bar_accesses.fetch_add(1, Ordering::SeqCst);
+        self.inner.bar_read(bar, offset, data)
+    }
+    fn bar_write(&self, bar: Bar, offset: u64, data: &[u8]) {
+        self.bar_accesses.fetch_add(1, Ordering::SeqCst);
+        self.inner.bar_write(bar, offset, data)
+    }
+    fn needs_shared_ram(&self) -> bool {
+        self.inner.needs_shared_ram()
+    }
+    fn attach_ram(&self, mem: &GuestMemoryMmap) -> anyhow::Result<()> {
+        self.inner.attach_ram(mem)
+    }
+    fn connect_irq(&self, evt: EventFd) -> anyhow::Result<()> {
+        self.inner.connect_irq(evt)
+    }
+    fn irqs_raised(&self) -> u64 {
+        self.inner.irqs_raised()
+    }
+    fn busy_ns(&self) -> u64 {
+        self.inner.busy_ns()
+    }
+    fn stats(&self) -> VgpuStats {
+        self.inner.stats()
+    }
+    fn vm_id(&self) -> Option<u32> {
+        self.inner.vm_id()
+    }
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+    fn vgpu(&self) -> Option<&Arc<Vgpu>> {
+        self.inner.vgpu()
+    }
+    fn snapshot(&self) -> Option<&dyn DeviceSnapshot> {
+        Some(self)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Everything but RAM, and the directory
+
+/// The device's bytes as they travel: who made them, length, hash; the bytes themselves are in
+/// `vgpu.bin` (or follow in the stream).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceInfo {
+    /// [`DeviceSnapshot::kind`].
+    pub kind: String,
+    /// Length.
+    pub len: u64,
+    /// [`Hasher`] of the bytes.
+    pub hash: String,
+}
+
+/// The guest's state except RAM.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineState {
+    /// The VM.
+    pub vm: VmState,
+    /// The vCPUs.
+    pub vcpus: Vec<VcpuState>,
+    /// The VMM's devices.
+    pub vmm: VmmState,
+    /// The vGPU's bytes.
+    pub vgpu: DeviceInfo,
+}
+
+/// Where RAM is and how to check it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RamInfo {
+    /// RAM size, bytes (GPA 0..size, one slot).
+    pub size: u64,
+    /// Page size of the file.
+    pub page_size: u64,
+    /// The file (sparse: zero pages are holes).
+    pub file: String,
+    /// Non-zero pages written.
+    pub data_pages: u64,
+    /// [`Hasher`] of all of RAM.
+    pub hash: String,
+}
+
+/// `manifest.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// [`FORMAT`].
+    pub format: String,
+    /// [`VERSION`].
+    pub version: u32,
+    /// The gpuvm that wrote it.
+    pub created_by: String,
+    /// Why it was taken (`--snapshot-after-exits N`).
+    pub trigger: String,
+    /// The guest's parameters.
+    pub guest: GuestSpec,
+    /// RAM.
+    pub ram: RamInfo,
+    /// The rest.
+    pub machine: MachineState,
+    /// The vGPU's file.
+    pub vgpu_file: String,
+}
+
+/// The device's bytes with their [`DeviceInfo`].
+pub fn device_info(dev: &dyn DeviceSnapshot, bytes: &[u8]) -> DeviceInfo {
+    let mut h = Hasher::default();
+    h.update(bytes);
+    DeviceInfo {
+        kind: dev.kind(),
+        len: bytes.len() as u64,
+        hash: h.finish(),
+    }
+}
+
+/// Checks `bytes` against `info` and gives them to `dev`.
+pub fn restore_device(
+    dev: &dyn DeviceSnapshot,
+    info: &DeviceInfo,
+    bytes: &[u8],
+) -> anyhow::Result<()> {
+    ensure!(
+        info.kind == dev.kind(),
+        "the vGPU state was made by '{}', this vGPU takes '{}'",
+        info.kind,
+        dev.kind()
+    );
+    ensure!(
+        bytes.len() as u64 == info.len,
+        "the vGPU state is {} bytes, the manifest says {}",
+        bytes.len(),
+        info.len
+    );
+    let mut h = Hasher::default();
+    h.update(bytes);
+    ensure!(
+        h.finish() == info.hash,
+        "the vGPU state's hash {} is not the manifest's {}",
+        h.finish(),
+        info.hash
+    );
+    dev.restore(bytes)
+}
+
+/// Sizes of what [`write_dir`] wrote.
+#[derive(Debug, Clone, Serialize)]
+pub struct Written {
+    /// The directory.
+    pub dir: PathBuf,
+    /// RAM size.
+    pub ram_bytes: u64,
+    /// Non-zero pages written to the RAM file.
+    pub data_pages: u64,
+    /// Bytes the RAM file occupies on disk (holes not counted).
+    pub ram_file_disk_bytes: u64,
+    /// Length of the manifest.
+    pub manifest_bytes: u64,
+    /// Time to write everything, ns.
+    pub write_ns: u64,
+}
+
+/// Writes a snapshot directory: the RAM file (non-zero pages only, at their offsets: a sparse
+/// file), the device's bytes, and the manifest last, renamed into place.
+pub fn write_dir(
+    dir: &Path,
+    guest: GuestSpec,
+    trigger: String,
+    mut machine: MachineState,
+    vgpu_bytes: &[u8],
+    mem: &GuestMemoryMmap,
+) -> anyhow::Result<Written> {
+    let t0 = std::time::Instant::now();
+    if dir.exists() {
+        let empty = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .next()
+            .is_none();
+        ensure!(
+            empty,
+            "{} exists and is not empty: a snapshot goes into a new or empty directory",
+            dir.display()
+        );
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let ram = guest.ram_bytes;
+    let mut f = std::fs::File::create(dir.join(RAM_FILE)).context("creating ram.bin")?;
+    let mut h = Hasher::default();
+    let mut page = vec![0u8; PAGE as usize];
+    let mut data_pages = 0;
+    for i in 0..ram / PAGE {
+        mem.read_slice(&mut page, GuestAddress(i * PAGE))
+            .context("reading guest RAM")?;
+        h.update(&page);
+        if page.iter().any(|&b| b != 0) {
+            f.seek(SeekFrom::Start(i * PAGE))?;
+            f.write_all(&page).context("writing ram.bin")?;
+            data_pages += 1;
+        }
+    }
+    f.set_len(ram).context("sizing ram.bin")?;
+    f.sync_all().context("syncing ram.bin")?;
+    let disk = {
+        use std::os::unix::fs::MetadataExt;
+        f.metadata()?.blocks() * 512
+    };
+    std::fs::write(dir.join(VGPU_FILE), vgpu_bytes).context("writing vgpu.bin")?;
+    machine.vmm.console.truncate(10_000);
+    let manifest = Manifest {
+        format: FORMAT.to_string(),
+        version: VERSION,
+        created_by: format!("gpuvm {}", env!("CARGO_PKG_VERSION")),
+        trigger,
+        ram: RamInfo {
+            size: ram,
+            page_size: PAGE,
+            file: RAM_FILE.to_string(),
+            data_pages,
+            hash: h.finish(),
+        },
+        guest,
+        machine,
+        vgpu_file: VGPU_FILE.to_string(),
+    };
+    let text = serde_json::to_vec_pretty(&manifest)?;
+    let tmp = dir.join("manifest.json.tmp");
+    std::fs::write(&tmp, &text).context("writing the manifest")?;
+    std::fs::rename(&tmp, dir.join(MANIFEST)).context("renaming the manifest into place")?;
+    Ok(Written {
+        dir: dir.to_path_buf(),
+        ram_bytes: ram,
+        data_pages,
+        ram_file_disk_bytes: disk,
+        manifest_bytes: text.len() as u64,
+        write_ns: t0.elapsed().as_nanos() as u64,
+    })
+}
+
+/// A snapshot directory, its manifest read and checked (RAM and device bytes are read by
+/// [`Loaded::load_ram`] and [`Loaded::vgpu_bytes`]).
+#[derive(Debug)]
+pub struct Loaded {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Its manifest.
+    pub manifest: Manifest,
+}
+
+impl Loaded {
+    /// Reads and checks `DIR/manifest.json` (format, version, the file names it points at).
+    pub fn open(dir: &Path) -> anyhow::Result<Loaded> {
+        let path = dir.join(MANIFEST);
+        let f = std::fs::File::open(&path).with_context(|| {
+            format!(
+                "{}: no snapshot here (an unfinished snapshot has no manifest)",
+                path.display()
+            )
+        })?;
+        let mut text = Vec::new();
+        f.take(MAX_MANIFEST + 1).read_to_end(&mut text)?;
+        ensure!(
+            text.len() as u64 <= MAX_MANIFEST,
+            "{}: larger than {MAX_MANIFEST} bytes",
+            path.display()
+        );
+        // The format and version first, so an old or foreign file says what it is.
+        #[derive(Deserialize)]
+        struct Head {
+            format: Option<String>,
+            version: Option<u32>,
+        }
+        let head: Head = serde_json::from_slice(&text)
+            .with_context(|| format!("{}: not a JSON manifest", path.display()))?;
+        ensure!(
+            head.format.as_deref() == Some(FORMAT),
+            "{}: format {:?}, expected \"{FORMAT}\"",
+            path.display(),
+            head.format
+        );
+        ensure!(
+            head.version == Some(VERSION),
+            "{}: version {}; this gpuvm reads version {VERSION}",
+            path.display(),
+            head.version
+                .map_or("missing".to_string(), |v| v.to_string())
+        );
+        let manifest: Manifest = serde_json::from_slice(&text)
+            .with_context(|| format!("{}: invalid manifest", path.display()))?;
+        let m = &manifest;
+        ensure!(
+            m.ram.file == RAM_FILE && m.vgpu_file == VGPU_FILE,
+            "{}: unexpected file names",
+            path.display()
+        );
+        ensure!(
+            m.ram.page_size == PAGE
+                && m.ram.size > 0
+                && m.ram.size % PAGE == 0
+                && m.ram.size == m.guest.ram_bytes
+                && m.ram.size < abi::MMIO_HOLE,
+            "{}: RAM of {:#x} bytes in pages of {} is not valid here",
+            path.display(),
+            m.ram.size,
+            m.ram.page_size
+        );
+        ensure!(
+            m.machine.vcpus.len() == 1,
+            "{}: {} vCPUs (this VMM runs one)",
+            path.display(),
+            m.machine.vcpus.len()
+        );
+        Ok(Loaded {
+            dir: dir.to_path_buf(),
+            manifest,
+        })
+    }
+
+    /// Reads the RAM file into `mem`, which must be fresh (all zero: only non-zero pages are
+    /// written), and checks its length and hash.
+    pub fn load_ram(&self, mem: &GuestMemoryMmap) -> anyhow::Result<()> {
+        let ram = self.manifest.ram.size;
+        let path = self.dir.join(RAM_FILE);
+        let mut f =
+            std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let len = f.metadata()?.len();
+        ensure!(
+            len == ram,
+            "{}: {len} bytes, the manifest says {ram} (truncated or damaged)",
+            path.display()
+        );
+        ensure!(
+            mem.last_addr().0 + 1 == ram,
+            "guest RAM here is {:#x} bytes, the snapshot's {ram:#x}",
+            mem.last_addr().0 + 1
+        );
+        let mut h = Hasher::default();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < ram {
+            let n = (ram - at).min(buf.len() as u64) as usize;
+            f.read_exact(&mut buf[..n])
+                .with_context(|| format!("reading {}", path.display()))?;
+            h.update(&buf[..n]);
+            // Fresh guest RAM is zero: writing only the non-zero pages leaves the rest of it
+            // unallocated (a 1 GiB guest with 47 non-zero pages stays small).
+            for (i, page) in buf[..n].chunks(PAGE as usize).enumerate() {
+                if page.iter().any(|&b| b != 0) {
+                    mem.write_slice(page, GuestAddress(at + (i as u64) * PAGE))
+                        .context("writing guest RAM")?;
+                }
+            }
+            at += n as u64;
+        }
+        ensure!(
+            h.finish() == self.manifest.ram.hash,
+            "{}: hash {} is not the manifest's {} (damaged)",
+            path.display(),
+            h.finish(),
+            self.manifest.ram.hash
+        );
+        Ok(())
+    }
+
+    /// The device's bytes (checked against the manifest by [`restore_device`]).
+    pub fn vgpu_bytes(&self) -> anyhow::Result<Vec<u8>> {
+        let path = self.dir.join(VGPU_FILE);
+        let max = self.manifest.machine.vgpu.len;
+        ensure!(max <= MAX_MANIFEST, "vGPU state of {max} bytes: too large");
+        let f =
+            std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        let mut b = Vec::new();
+        f.take(max + 1).read_to_end(&mut b)?;
+        Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kvm::device::LocalVgpu;
+    use gpuvm::host::{GpuHost, HostConfig};
+    use gpuvm_sim::{SimConfig, SimGpu};
+
+    fn cfg_read(d: &dyn VgpuDevice, off: u16) -> u32 {
+        let mut b = [0u8; 4];
+        d.config_read(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    // No KVM needed: the seam on the in-process device model.
+    #[test]
+    fn a_pristine_vgpu_comes_back_with_its_configuration_space_and_a_used_one_is_refused() {
+        let sim = Arc::new(SimGpu::new(SimConfig {
+            vram_size: 1 << 30,
+            ..SimConfig::default()
+        }));
+        let host = GpuHost::new(sim.clone(), HostConfig::default()).unwrap();
+        let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
+        let make = |name: &str, vram_mib: u64| {
+            let v = host
+                .create_vgpu(&VgpuProfile {
+                    name: name.into(),
+                    vram_mib,
+                    channels: 8,
+                    ..VgpuProfile::default()
+                })
+                .unwrap();
+            let d = PristineVgpu::new(Arc::new(LocalVgpu::new(v, sim.clone())));
+            d.attach_ram(&ram).unwrap();
+            d
+        };
+        let a = make("a", 128);
+        // What the guest does before its first BAR access: size BAR0, place it and BAR1, turn
+        // memory decoding and bus mastering on, program the interrupt line.
+        a.config_write(0x10, &[0xff; 4]);
+        let size0 = !(cfg_read(&a, 0x10) & !0xf) + 1;
+        assert!(size0 >= 16 << 20, "BAR0 sizes to {size0:#x}");
+        a.config_write(0x10, &0xcc00_0000u32.to_le_bytes());
+        a.config_write(0x14, &0xc000_0000u32.to_le_bytes());
+        a.config_write(0x3c, &[11]);
+        a.config_write(0x04, &[0x06, 0x00]);
+        let bytes = a.save().unwrap();
+        assert_eq!(a.kind(), "gpuvm-vgpu-pristine/1");
+
+        let b = make("b", 128);
+        assert_ne!(
+            cfg_read(&b, 0x10),
+            cfg_read(&a, 0x10),
+            "BAR0 not placed yet"
+        );
+        b.restore(&bytes).unwrap();
+        for off in (0..0x100).step_by(4) {
+            assert_eq!(
+                cfg_read(&a, off),
+                cfg_read(&b, off),
+                "config dword {off:#x}"
+            );
+        }
+        // Into a vGPU that is not fresh, or of another profile, or from garbage: refused.
+        let e = b.restore(&bytes).unwrap_err().to_string();
+        assert!(e.contains("not fresh"), "{e}");
+        let e = make("c", 64).restore(&bytes).unwrap_err().to_string();
+        assert!(e.contains("differs from the snapshot's"), "{e}");
+        let e = make("d", 128).restore(b"{}").unwrap_err();
+        assert!(format!("{e:#}").contains("not valid"), "{e:#}");
+        let mut bad: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        bad["config_writes"][0]["offset"] = 0x1000.into();
+        let e = make("e", 128)
+            .restore(&serde_json::to_vec(&bad).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not within one dword of the header"), "{e}");
+
+        // One BAR access and the state is the device model's: save refuses.
+        let mut d = [0u8; 4];
+        a.bar_read(Bar::Bar0, 0, &mut d);
+        assert_ne!(u32::from_le_bytes(d), 0, "BOOT_0 reads the chip id");
+        let e = a.save().unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "the guest has used its vGPU (1 BAR accesses, 1 counted by the device model"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn blobs_keep_their_bytes_and_refuse_other_lengths() {
+        let r = kvm_regs {
+            rip: 0x10_1234,
+            rsp: 0x5f_fff8,
+            ..Default::default()
+        };
+        let b = Blob::of(&r);
+        assert_eq!(b.get::<kvm_regs>("regs").unwrap(), r);
+        let short = Blob(b.0[..b.0.len() - 2].to_string());
+        let e = short.get::<kvm_regs>("regs").unwrap_err().to_string();
+        assert!(e.contains("expected 144"), "{e}");
+        assert!(Blob("zz".into()).get::<u8>("x").is_err());
+    }
+
+    #[test]
+    fn the_hash_sees_one_changed_byte_and_the_length() {
+        let mut a = vec![0u8; 8192];
+        let h0 = {
+            let mut h = Hasher::default();
+            h.update(&a);
+            h.finish()
+        };
+        a[4097] = 1;
+        let mut h = Hasher::default();
+        h.update(&a);
+        assert_ne!(h.finish(), h0);
+        let mut h = Hasher::default();
+        h.update(&a[..4096]);
+        let mut g = Hasher::default();
+        g.update(&a[..4096]);
+        g.update(&[]);
+        assert_eq!(h.finish(), g.finish());
+        let mut z = Hasher::default();
+        z.update(&[0u8; 4096]);
+        assert_ne!(z.finish(), h0, "length is part of the hash");
+    }
+}

@@ -1,0 +1,492 @@
+//! Snapshot, restore and live migration of a whole KVM guest between `gpuvm` processes
+//! (docs/migration.md, "The standalone KVM VMM"). Without a usable /dev/kvm every test prints
+//! "SKIPPED: /dev/kvm not available" and returns.
+//!
+//! The guest calibrates first (`--calibrate 20000`: 20 000 port-I/O exits, then 20 000 MMIO
+//! reads of an address outside every BAR, then BAR0 reads): the first 40 000 exits after PCI
+//! set-up make no BAR access, which is the window in which the vGPU can be captured today. It
+//! then brings the driver up and runs `madd`, which checks its result: a guest that resumed in
+//! the wrong place, with a wrong register or a wrong page, does not verify.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{gpuvm, json, kvm_available};
+
+/// The guest of every test here.
+const GUEST: &[&str] = &[
+    "run",
+    "--kvm",
+    "--vms",
+    "1",
+    "--workload",
+    "madd",
+    "--size",
+    "16",
+    "--calibrate",
+    "20000",
+    "--json",
+    "--quiet-console",
+    "--timeout",
+    "300",
+];
+
+fn scratch(test: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gpuvm-kvmsnap-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    GUEST.iter().copied().chain(extra.iter().copied()).collect()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// The guest ran to its exit port here with the driver up and `madd` verified.
+fn assert_finished(vm: &Value) {
+    let k = &vm["kvm"];
+    assert_eq!(k["exit_code"], 0, "{vm:#}");
+    assert!(k["stopped"].is_null(), "{vm:#}");
+    assert_eq!(vm["init"]["verified"], true, "{vm:#}");
+    assert_eq!(vm["workloads"][0]["name"], "madd", "{vm:#}");
+    assert_eq!(vm["workloads"][0]["verified"], true, "{vm:#}");
+    let console: Vec<&str> = k["console"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert!(console.iter().any(|l| l.starts_with("PASS")), "{console:?}");
+    // The calibration phases were timed (they span the hand-off in these tests).
+    let cal = &k["calibration"];
+    for key in ["pio_exit_ns", "bare_mmio_exit_ns", "vgpu_mmio_exit_ns"] {
+        assert!(cal[key].as_u64().unwrap() > 0, "{cal}");
+    }
+}
+
+/// Takes a snapshot after `exits` exits into `dir`; returns the source's report of vm0.
+fn take_snapshot(dir: &Path, exits: &str) -> Value {
+    let out = gpuvm(&args(&[
+        "--snapshot-to",
+        dir.to_str().unwrap(),
+        "--snapshot-after-exits",
+        exits,
+    ]));
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    json(&out)["vms"][0].clone()
+}
+
+#[test]
+fn a_snapshot_restores_in_a_new_process_and_the_guest_finishes_its_run() {
+    if !kvm_available("a_snapshot_restores_in_a_new_process_and_the_guest_finishes_its_run") {
+        return;
+    }
+    let tmp = scratch("restore");
+    let dir = tmp.join("snap");
+    let src = take_snapshot(&dir, "3000");
+    let k = &src["kvm"];
+    assert_eq!(k["handoff"]["kind"], "snapshot", "{k:#}");
+    assert!(
+        k["exit_code"].is_null(),
+        "the guest did not finish in the source: {k:#}"
+    );
+    // The pause came at the 3000th exit; every one of them so far was port I/O (serial, PCI
+    // configuration, the calibration's port loop).
+    assert_eq!(k["exits"]["pio"], 3000, "{k:#}");
+    assert_eq!(k["exits"]["mmio_reads"], 0, "{k:#}");
+    let pages = k["handoff"]["data_pages"].as_u64().unwrap();
+    let ram = k["handoff"]["ram_bytes"].as_u64().unwrap();
+    assert!(pages > 0 && pages < ram / 4096, "{k:#}");
+    // The RAM file is sparse: it occupies about the non-zero pages, not the RAM size.
+    assert!(
+        k["handoff"]["ram_file_disk_bytes"].as_u64().unwrap() < ram / 4,
+        "{k:#}"
+    );
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["format"], "gpuvm-kvm-snapshot");
+    assert_eq!(manifest["version"], 1);
+    assert_eq!(manifest["guest"]["workloads"][0], "madd");
+    assert_eq!(manifest["machine"]["vcpus"][0]["summary"]["cs"], "0x23");
+    assert_eq!(manifest["machine"]["vgpu"]["kind"], "gpuvm-vgpu-pristine/1");
+    assert_eq!(
+        std::fs::metadata(dir.join("ram.bin")).unwrap().len(),
+        ram,
+        "the RAM file has the RAM's length"
+    );
+
+    // A new process: only the snapshot says what the guest is.
+    let out = gpuvm(&[
+        "run",
+        "--kvm",
+        "--restore",
+        dir.to_str().unwrap(),
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "300",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let v = json(&out);
+    let vm = &v["vms"][0];
+    assert_finished(vm);
+    let k = &vm["kvm"];
+    assert!(
+        k["restored"]["from"]
+            .as_str()
+            .unwrap()
+            .starts_with("snapshot "),
+        "{k:#}"
+    );
+    // The VMM's state came along: the console lines the guest printed before the snapshot and
+    // the exit counters continue.
+    let console: Vec<&str> = k["console"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert!(
+        console.contains(&"pci 00:01.0 10de:06d8 class 030000"),
+        "{console:?}"
+    );
+    assert!(k["exits"]["pio"].as_u64().unwrap() > 20_000, "{k:#}");
+    // The same snapshot restores again (it is not consumed).
+    let again = gpuvm(&[
+        "run",
+        "--kvm",
+        "--restore",
+        dir.to_str().unwrap(),
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "300",
+    ]);
+    assert!(again.status.success(), "stderr: {}", stderr(&again));
+    assert_finished(&json(&again)["vms"][0]);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn damaged_or_foreign_snapshots_are_refused_with_a_clear_error() {
+    if !kvm_available("damaged_or_foreign_snapshots_are_refused_with_a_clear_error") {
+        return;
+    }
+    let tmp = scratch("damaged");
+    let good = tmp.join("good");
+    take_snapshot(&good, "500");
+    let copy = |name: &str| -> PathBuf {
+        let d = tmp.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in ["manifest.json", "ram.bin", "vgpu.bin"] {
+            std::fs::copy(good.join(f), d.join(f)).unwrap();
+        }
+        d
+    };
+    let edit_manifest = |d: &Path, f: &dyn Fn(&mut Value)| {
+        let p = d.join("manifest.json");
+        let mut m: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        f(&mut m);
+        std::fs::write(&p, serde_json::to_vec(&m).unwrap()).unwrap();
+    };
+    let refused = |d: &Path, expect: &str| {
+        let out = gpuvm(&[
+            "run",
+            "--kvm",
+            "--restore",
+            d.to_str().unwrap(),
+            "--json",
+            "--quiet-console",
+        ]);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{} was accepted: {err}", d.display());
+        assert!(err.contains(expect), "expected '{expect}' in: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    };
+
+    let d = copy("truncated-ram");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(d.join("ram.bin"))
+        .unwrap();
+    let len = f.metadata().unwrap().len();
+    f.set_len(len - 4096).unwrap();
+    refused(&d, "truncated or damaged");
+
+    let d = copy("flipped-ram");
+    // Flip one byte of the guest program (1 MiB), a page that is certainly non-zero.
+    let mut ram = std::fs::read(d.join("ram.bin")).unwrap();
+    ram[0x10_0010] ^= 0x55;
+    std::fs::write(d.join("ram.bin"), ram).unwrap();
+    refused(&d, "is not the manifest's");
+
+    let d = copy("no-manifest");
+    std::fs::remove_file(d.join("manifest.json")).unwrap();
+    refused(&d, "no snapshot here");
+
+    let d = copy("cut-manifest");
+    let m = std::fs::read(d.join("manifest.json")).unwrap();
+    std::fs::write(d.join("manifest.json"), &m[..m.len() / 2]).unwrap();
+    refused(&d, "not a JSON manifest");
+
+    let d = copy("future-version");
+    edit_manifest(&d, &|m| m["version"] = 99.into());
+    refused(&d, "version 99; this gpuvm reads version 1");
+
+    let d = copy("short-regs");
+    edit_manifest(&d, &|m| {
+        let r = m["machine"]["vcpus"][0]["regs"].as_str().unwrap();
+        m["machine"]["vcpus"][0]["regs"] = r[..r.len() - 2].into();
+    });
+    refused(&d, "regs: 143 bytes, expected 144");
+
+    let d = copy("big-ram");
+    edit_manifest(&d, &|m| m["ram"]["size"] = (8u64 << 30).into());
+    refused(&d, "is not valid here");
+
+    let d = copy("foreign-guest");
+    edit_manifest(&d, &|m| {
+        m["guest"]["guest_elf_hash"] = "0123456789abcdef".into()
+    });
+    refused(&d, "is not the one this gpuvm embeds");
+
+    let d = copy("edited-vgpu");
+    let mut b = std::fs::read(d.join("vgpu.bin")).unwrap();
+    b[0] ^= 1;
+    std::fs::write(d.join("vgpu.bin"), b).unwrap();
+    refused(&d, "the vGPU state's hash");
+
+    // The good one still restores (nothing above changed it).
+    let out = gpuvm(&[
+        "run",
+        "--kvm",
+        "--restore",
+        good.to_str().unwrap(),
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "300",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    assert_finished(&json(&out)["vms"][0]);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_guest_that_used_its_vgpu_is_not_snapshotted_and_goes_on() {
+    if !kvm_available("a_guest_that_used_its_vgpu_is_not_snapshotted_and_goes_on") {
+        return;
+    }
+    let tmp = scratch("used");
+    let dir = tmp.join("snap");
+    // 45 000 exits: past both GPU-free calibration loops, into the BAR0 reads.
+    let out = gpuvm(&args(&[
+        "--snapshot-to",
+        dir.to_str().unwrap(),
+        "--snapshot-after-exits",
+        "45000",
+    ]));
+    let err = stderr(&out);
+    assert!(
+        !out.status.success(),
+        "a refused snapshot must fail the run: {err}"
+    );
+    let vm = &json(&out)["vms"][0];
+    let e = vm["kvm"]["handoff_error"].as_str().unwrap();
+    assert!(e.contains("the guest has used its vGPU"), "{e}");
+    assert!(e.contains("the guest goes on here"), "{e}");
+    // No snapshot pretending to be one.
+    assert!(!dir.join("manifest.json").exists());
+    // The guest itself was not harmed.
+    assert_finished(vm);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// Starts a destination listening on `sock`; returns once the socket exists.
+fn destination(sock: &Path) -> std::process::Child {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpuvm"))
+        .args([
+            "run",
+            "--kvm",
+            "--migrate-listen",
+            sock.to_str().unwrap(),
+            "--json",
+            "--quiet-console",
+            "--timeout",
+            "300",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the destination");
+    let t0 = Instant::now();
+    while !sock.exists() {
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "the destination ended ({st}) before listening: {}",
+                stderr(&out)
+            );
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no socket after 60 s"
+        );
+        // Waiting for another process to bind its socket: there is nothing to block on.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child
+}
+
+#[test]
+fn a_running_guest_migrates_live_to_another_process_and_finishes_there() {
+    if !kvm_available("a_running_guest_migrates_live_to_another_process_and_finishes_there") {
+        return;
+    }
+    let tmp = scratch("migrate");
+    let sock = tmp.join("m.sock");
+    let dst = destination(&sock);
+    // Early (20 exits): the guest is still printing, so pre-copy rounds find dirty pages.
+    // With --irq the destination's guest waits for its fences by interrupt: the irqchip and
+    // the local APIC it restored deliver them.
+    let out = gpuvm(&args(&[
+        "--irq",
+        "--migrate-to",
+        sock.to_str().unwrap(),
+        "--migrate-after-exits",
+        "20",
+    ]));
+    let dout = dst.wait_with_output().unwrap();
+    assert!(out.status.success(), "source: {}", stderr(&out));
+    assert!(dout.status.success(), "destination: {}", stderr(&dout));
+    let src = &json(&out)["vms"][0]["kvm"];
+    let m = &src["handoff"];
+    assert_eq!(m["kind"], "migration", "{src:#}");
+    assert!(src["exit_code"].is_null(), "{src:#}");
+    let rounds = m["rounds"].as_array().unwrap();
+    assert!(
+        rounds.len() >= 3,
+        "round 0, at least one dirty round, stop-and-copy: {m:#}"
+    );
+    assert!(rounds[0]["pages"].as_u64().unwrap() > 0, "{m:#}");
+    let last = rounds.last().unwrap();
+    assert_eq!(last["stop_and_copy"], true, "{m:#}");
+    assert!(rounds[..rounds.len() - 1]
+        .iter()
+        .all(|r| r["stop_and_copy"] == false));
+    let sum: u64 = rounds.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
+    assert!(m["bytes"].as_u64().unwrap() >= sum, "{m:#}");
+    let downtime = m["downtime_ns"].as_u64().unwrap();
+    assert!(
+        downtime > 0 && downtime <= m["total_ns"].as_u64().unwrap(),
+        "{m:#}"
+    );
+
+    let dst = &json(&dout)["vms"][0];
+    assert_finished(dst);
+    assert_eq!(dst["kvm"]["fence_irq"], true, "{dst:#}");
+    assert!(dst["kvm"]["irqs_seen"].as_u64().unwrap() > 0, "{dst:#}");
+    let r = &dst["kvm"]["restored"];
+    assert!(
+        r["from"].as_str().unwrap().starts_with("migration "),
+        "{r:#}"
+    );
+    let got = r["migration"]["rounds"].as_array().unwrap();
+    assert_eq!(got.len(), rounds.len(), "{r:#}");
+    for (a, b) in got.iter().zip(rounds) {
+        assert_eq!(a["pages"], b["pages"], "{r:#}");
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_failed_migration_leaves_the_guest_running_in_the_source() {
+    if !kvm_available("a_failed_migration_leaves_the_guest_running_in_the_source") {
+        return;
+    }
+    let tmp = scratch("nodest");
+    let sock = tmp.join("nobody.sock");
+    let out = gpuvm(&args(&[
+        "--migrate-to",
+        sock.to_str().unwrap(),
+        "--migrate-after-exits",
+        "100",
+    ]));
+    assert!(
+        !out.status.success(),
+        "a failed migration must fail the run"
+    );
+    let vm = &json(&out)["vms"][0];
+    let e = vm["kvm"]["handoff_error"].as_str().unwrap();
+    assert!(e.contains("connecting to"), "{e}");
+    assert!(vm["kvm"]["handoff"].is_null());
+    assert_finished(vm);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_destination_refuses_a_stream_that_is_not_a_migration() {
+    if !kvm_available("a_destination_refuses_a_stream_that_is_not_a_migration") {
+        return;
+    }
+    let tmp = scratch("garbage");
+    let sock = tmp.join("g.sock");
+    let dst = destination(&sock);
+    {
+        use std::io::Write;
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        // A HELLO-tagged message whose payload is not a gpuvm stream.
+        let mut msg = vec![1u8];
+        msg.extend_from_slice(&16u32.to_le_bytes());
+        msg.extend_from_slice(b"GET / HTTP/1.1\r\n");
+        s.write_all(&msg).unwrap();
+    }
+    let out = dst.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("not a gpuvm migration stream"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+#[test]
+fn a_migration_of_a_guest_that_used_its_vgpu_is_aborted_and_the_source_goes_on() {
+    if !kvm_available("a_migration_of_a_guest_that_used_its_vgpu_is_aborted_and_the_source_goes_on")
+    {
+        return;
+    }
+    let tmp = scratch("abort");
+    let sock = tmp.join("a.sock");
+    let dst = destination(&sock);
+    // Pre-copy starts during the BAR0 reads of the calibration: by the stop the vGPU has
+    // been used, so the source must abort rather than send a blank vGPU.
+    let out = gpuvm(&args(&[
+        "--migrate-to",
+        sock.to_str().unwrap(),
+        "--migrate-after-exits",
+        "45000",
+    ]));
+    let dout = dst.wait_with_output().unwrap();
+    assert!(!out.status.success(), "source: {}", stderr(&out));
+    let vm = &json(&out)["vms"][0];
+    let e = vm["kvm"]["handoff_error"].as_str().unwrap();
+    assert!(e.contains("the guest has used its vGPU"), "{e}");
+    assert!(vm["kvm"]["handoff"].is_null());
+    assert_finished(vm);
+    let derr = stderr(&dout);
+    assert!(!dout.status.success(), "destination: {derr}");
+    assert!(
+        derr.contains("the source aborted the migration") && derr.contains("used its vGPU"),
+        "{derr}"
+    );
+    assert!(!derr.contains("panicked"), "{derr}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
