@@ -109,6 +109,7 @@ impl Vm {
                     size: SLICE,
                 },
                 ram: None,
+                log: None,
             },
             hyp: &mut self.hyp,
         };

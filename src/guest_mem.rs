@@ -3,6 +3,9 @@
 //! through here, so this is where "the guest can only reach its own memory" is enforced: a guest
 //! VRAM address must lie in `[0, slice size)`, a system-memory address in the VM's RAM.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use gf100::Target;
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 
@@ -85,6 +88,11 @@ pub struct GuestRam {
 }
 
 impl GuestRam {
+    /// One past the last guest-physical address of the RAM.
+    pub fn end(&self) -> u64 {
+        self.mem.last_addr().raw_value() + 1
+    }
+
     /// True if `[gpa, gpa + len)` lies inside one region of guest RAM.
     pub fn contains(&self, gpa: Gpa, len: u64) -> bool {
         let Some(end) = gpa.raw().checked_add(len) else {
@@ -106,6 +114,125 @@ impl GuestRam {
     }
 }
 
+/// Which pages of a VM's VRAM slice may have changed since a migration round last copied them
+/// (the live-migration dirty log, `docs/migration.md`). Two sets of 4 KiB pages:
+///
+/// - **written by the host on the guest's behalf**: every guest write the device model
+///   performs (PRAMIN, BAR1 and BAR3 apertures, fills), marked as it happens; a round takes
+///   and clears it. Exact, because while the log exists no BAR page is mapped straight into
+///   the guest (the direct-map plan is empty).
+/// - **reachable by the GPU**: every VRAM page a shadow page-table entry has mapped since the
+///   log began (read-only entries included). Never cleared: the GPU may write such a page at
+///   any time, so each round compares their contents with what was last sent.
+///
+/// It also records the guest-RAM pages (by GPA) a shadow entry has mapped since the log began:
+/// the GPU writes those by DMA, which a VMM's own dirty log (KVM's) does not see, so a VMM
+/// migrating the guest's RAM must copy them again in its stop-and-copy round.
+#[derive(Debug)]
+pub struct DirtyLog {
+    pages: u64,
+    cpu: Vec<AtomicU64>,
+    gpu: Vec<AtomicU64>,
+    ram_pages: u64,
+    dma: Vec<AtomicU64>,
+}
+
+impl DirtyLog {
+    /// An empty log for a slice of `bytes` and guest RAM ending at GPA `ram_end`.
+    pub fn new(bytes: u64, ram_end: u64) -> DirtyLog {
+        let pages = bytes.div_ceil(PAGE);
+        let words = pages.div_ceil(64) as usize;
+        let ram_pages = ram_end.div_ceil(PAGE);
+        DirtyLog {
+            pages,
+            cpu: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            gpu: (0..words).map(|_| AtomicU64::new(0)).collect(),
+            ram_pages,
+            dma: (0..ram_pages.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
+    }
+
+    /// A shadow page-table entry maps guest RAM `[gpa, gpa + len)`.
+    pub(crate) fn dma_maps(&self, gpa: u64, len: u64) {
+        if gpa < self.ram_pages * PAGE {
+            Self::mark(&self.dma, self.ram_pages, gpa, len);
+        }
+    }
+
+    /// The guest-RAM pages (GPA / 4096) the GPU can reach by DMA (mapped since the log began).
+    pub fn dma_reachable(&self) -> Vec<u64> {
+        Self::collect(&self.dma, false)
+    }
+
+    /// Pages of the slice.
+    pub fn pages(&self) -> u64 {
+        self.pages
+    }
+
+    fn mark(bits: &[AtomicU64], pages: u64, addr: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let first = addr / PAGE;
+        let last = (addr.saturating_add(len - 1) / PAGE).min(pages.saturating_sub(1));
+        for p in first..=last {
+            bits[(p / 64) as usize].fetch_or(1 << (p % 64), Ordering::Relaxed);
+        }
+    }
+
+    /// The host wrote `[addr, addr + len)` of guest VRAM for the guest.
+    pub(crate) fn cpu_wrote(&self, addr: u64, len: u64) {
+        if addr < self.pages * PAGE {
+            Self::mark(&self.cpu, self.pages, addr, len);
+        }
+    }
+
+    /// A shadow page-table entry maps `[addr, addr + len)` of guest VRAM.
+    pub(crate) fn gpu_maps(&self, addr: u64, len: u64) {
+        if addr < self.pages * PAGE {
+            Self::mark(&self.gpu, self.pages, addr, len);
+        }
+    }
+
+    /// Marks every page as written by the host (a round that must copy the whole slice).
+    pub fn mark_all_written(&self) {
+        Self::mark(&self.cpu, self.pages, 0, self.pages * PAGE);
+    }
+
+    fn collect(bits: &[AtomicU64], take: bool) -> Vec<u64> {
+        let mut out = Vec::new();
+        for (i, w) in bits.iter().enumerate() {
+            let v = if take {
+                w.swap(0, Ordering::Relaxed)
+            } else {
+                w.load(Ordering::Relaxed)
+            };
+            let mut v = v;
+            while v != 0 {
+                let b = v.trailing_zeros() as u64;
+                out.push(i as u64 * 64 + b);
+                v &= v - 1;
+            }
+        }
+        out
+    }
+
+    /// Takes (and clears) the pages the host wrote since the last call.
+    pub fn take_written(&self) -> Vec<u64> {
+        Self::collect(&self.cpu, true)
+    }
+
+    /// The pages the GPU can reach (mapped since the log began).
+    pub fn gpu_reachable(&self) -> Vec<u64> {
+        Self::collect(&self.gpu, false)
+    }
+}
+
+/// Bytes of a page of the dirty log.
+const PAGE: u64 = 4096;
+
 /// A VM's memory, for reading and writing what the guest owns.
 #[derive(Clone, Copy)]
 pub struct GuestMem<'a> {
@@ -115,6 +242,8 @@ pub struct GuestMem<'a> {
     pub slice: VramSlice,
     /// The VM's RAM, once attached.
     pub ram: Option<&'a GuestRam>,
+    /// The migration dirty log, while one runs.
+    pub log: Option<&'a DirtyLog>,
 }
 
 impl GuestMem<'_> {
@@ -147,6 +276,9 @@ impl GuestMem<'_> {
             Target::Vram => {
                 let host = self.slice.translate(GuestVram(addr), len)?;
                 self.phys.write_vram(host, data);
+                if let Some(log) = self.log {
+                    log.cpu_wrote(addr, len);
+                }
                 Ok(())
             }
             Target::SysCoherent | Target::SysNonCoherent => {
@@ -196,6 +328,8 @@ pub(crate) struct VmMem {
     pub slice: VramSlice,
     pub ram: Option<GuestRam>,
     pub iova_base: Iova,
+    /// The migration dirty log, while one runs.
+    pub log: Option<Arc<DirtyLog>>,
 }
 
 impl VmMem {
@@ -205,6 +339,7 @@ impl VmMem {
             phys,
             slice: self.slice,
             ram: self.ram.as_ref(),
+            log: self.log.as_deref(),
         }
     }
 }
@@ -274,6 +409,7 @@ mod tests {
                 size: 1 << 20,
             },
             ram: Some(&r),
+            log: None,
         };
         m.write(Target::Vram, 0x100, &7u32.to_le_bytes()).unwrap();
         let mut b = [0u8; 4];

@@ -33,6 +33,7 @@ pub(crate) mod dispatch;
 mod hold;
 mod init;
 pub(crate) mod irq_route;
+pub mod migrate;
 mod reclaim;
 pub(crate) mod runlist;
 pub(crate) mod runtime;
@@ -306,6 +307,9 @@ pub(crate) struct HostState {
     pub clock: Option<Arc<dyn Clock>>,
     /// VMs that had work on the GPU since the last non-stall interrupt was serviced.
     pub nonstall: BTreeSet<VmId>,
+    /// VMs being quiesced for a snapshot or migration: their doorbells are not submitted
+    /// (`host/migrate.rs`).
+    pub frozen: BTreeSet<VmId>,
     pub runlist_next: usize,
     pub counters: Counters,
     pub next_id: u32,
@@ -466,6 +470,7 @@ impl HostShared {
             st.acct.remove_vm(id);
             st.counters.aborted += (dropped + before - st.inflight.len()) as u64;
             st.nonstall.remove(&id);
+            st.frozen.remove(&id);
             crate::host::runlist::submit_physical(st, phys);
             // The VM's channels are off the GPU: its shadows leave the quarantine now.
             reclaim::reclaim(st, phys, &self.irq);
@@ -747,6 +752,7 @@ impl GpuHost {
             engine_watch: None,
             clock: None,
             nonstall: BTreeSet::new(),
+            frozen: BTreeSet::new(),
             runlist_next: 0,
             counters: Counters::default(),
             next_id: 0,
@@ -919,6 +925,7 @@ impl GpuHost {
                 },
                 ram: None,
                 iova_base: Iova(iova_base),
+                log: None,
             },
             dma_windows: Vec::new(),
             chan_base,

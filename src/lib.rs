@@ -26,6 +26,7 @@ pub mod channels;
 pub mod guest_mem;
 pub mod host;
 mod layout;
+pub mod migrate;
 pub mod mmio;
 mod phys_seq;
 pub mod profile;

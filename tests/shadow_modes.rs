@@ -402,6 +402,7 @@ impl Vm {
                     size: SLICE,
                 },
                 ram: Some(&self.ram),
+                log: None,
             },
             hyp: &mut self.hyp,
         };

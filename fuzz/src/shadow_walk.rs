@@ -59,6 +59,7 @@ impl Env {
                 size: SLICE,
             },
             ram: Some(&self.ram),
+            log: None,
         }
     }
 }

@@ -84,6 +84,61 @@ pub struct ScanState {
     run: Option<Run>,
 }
 
+/// [`ScanState`] as plain numbers, for a snapshot: `run` is (mode 0 incrementing / 1
+/// non-incrementing / 2 increment-once, byte method, data words remaining).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ScanParts {
+    /// The last MEM_OP_A value.
+    pub mem_op_a: u32,
+    /// A method run continuing into the next submission.
+    pub run: Option<(u8, u32, u32)>,
+}
+
+impl ScanState {
+    /// The state as plain numbers.
+    pub fn parts(&self) -> ScanParts {
+        ScanParts {
+            mem_op_a: self.mem_op_a,
+            run: self.run.map(|r| {
+                let mode = match r.mode {
+                    Mode::Incrementing => 0,
+                    Mode::NonIncrementing => 1,
+                    Mode::IncrementOnce => 2,
+                };
+                (mode, r.method, r.remaining)
+            }),
+        }
+    }
+
+    /// The state from plain numbers (untrusted: a run must have words remaining, a known
+    /// mode and a method in range).
+    pub fn from_parts(p: ScanParts) -> Option<ScanState> {
+        let run = match p.run {
+            None => None,
+            Some((mode, method, remaining)) => {
+                let mode = match mode {
+                    0 => Mode::Incrementing,
+                    1 => Mode::NonIncrementing,
+                    2 => Mode::IncrementOnce,
+                    _ => return None,
+                };
+                if remaining == 0 || method > MAX_METHOD || method % 4 != 0 {
+                    return None;
+                }
+                Some(Run {
+                    mode,
+                    method,
+                    remaining,
+                })
+            }
+        };
+        Some(ScanState {
+            mem_op_a: p.mem_op_a,
+            run,
+        })
+    }
+}
+
 /// What a scan found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanOutcome {

@@ -165,6 +165,17 @@ pub(crate) fn kick(cx: &mut ChanCx, value: u32) {
     }
 }
 
+/// Binds guest channel `g` with CHAN word `value` as a guest write of it would (a restored
+/// snapshot's channels); true if the channel ended up bound. Violations are counted as for the
+/// guest's own write.
+pub(crate) fn restore_binding(cx: &mut ChanCx, g: u32, value: u32) -> bool {
+    if g >= cx.vm.nchan() {
+        return false;
+    }
+    chan_write(cx, g, value);
+    cx.vm.chans[g as usize].bound.is_some()
+}
+
 fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
     let gi = g as usize;
     cx.vm.chans[gi].chan_word = value;

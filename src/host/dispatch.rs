@@ -83,6 +83,10 @@ pub(crate) fn gpu_now(phys: &dyn PhysicalGpu) -> u64 {
 
 /// The guest rang the doorbell of its channel `g`: queue a submission.
 pub(crate) fn doorbell(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: u32) {
+    // A quiescing VM's work waits in its ring; resuming rings it again (`host/migrate.rs`).
+    if st.frozen.contains(&id) {
+        return;
+    }
     let Some(vm) = st.vms.get(&id) else {
         return;
     };

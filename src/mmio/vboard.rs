@@ -28,12 +28,18 @@ pub const FUSED_OFF: u32 = 0x0000_0307;
 const MAX_STORED: usize = 4096;
 
 /// One VM's board state.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct VBoard {
+    /// The generated VBIOS: not state (the same image for every VM), regenerated on restore.
+    #[serde(skip, default = "vbios_image")]
     vbios: std::sync::Arc<Vec<u8>>,
     stored: BTreeMap<u32, u32>,
     pub pmu: VPmu,
     pub pgraph: VPgraph,
+}
+
+fn vbios_image() -> std::sync::Arc<Vec<u8>> {
+    std::sync::Arc::new(super::vbios::image())
 }
 
 impl Default for VBoard {

@@ -43,7 +43,7 @@ pub const DMEM_WORDS: usize = 4096;
 const GPCCS: u32 = 0x41a000;
 
 /// One falcon's upload ports.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 struct Ports {
     dmemc: u32,
     dmem: Vec<u32>,
@@ -56,8 +56,9 @@ impl Ports {
     }
 
     fn write_data(&mut self, v: u32) {
-        if self.dmem.is_empty() {
-            self.dmem = vec![0; DMEM_WORDS];
+        // Any other length (an empty port, or a restored snapshot's) becomes the full port.
+        if self.dmem.len() != DMEM_WORDS {
+            self.dmem.resize(DMEM_WORDS, 0);
         }
         let i = self.dmem_index();
         self.dmem[i] = v;
@@ -81,7 +82,7 @@ impl Ports {
 }
 
 /// One VM's virtual PGRAPH.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct VPgraph {
     stored: BTreeMap<u32, u32>,
     fecs: Ports,

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use gf100::board::pmu::*;
 
 /// One VM's PMU.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct VPmu {
     stored: BTreeMap<u32, u32>,
     started: bool,

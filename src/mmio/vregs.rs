@@ -14,7 +14,7 @@ const ENGINES: usize = pfifo::ENGINES as usize;
 const UNITS: usize = pfifo::VM_FAULT_UNITS as usize;
 
 /// One virtual PBDMA's registers.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct VPbdma {
     pub intr: u32,
     pub intr_en: u32,
@@ -25,7 +25,7 @@ pub(crate) struct VPbdma {
 }
 
 /// The para-virtual interface registers.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct VPv {
     pub batch_lo: u32,
     pub batch_hi: u32,
@@ -45,7 +45,7 @@ pub(crate) struct VFault {
 }
 
 /// All per-VM registers that are not channel-table words.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub(crate) struct VRegs {
     pub pmc_enable: u32,
     pub spoon_enable: u32,

@@ -65,6 +65,7 @@ impl Rig {
                     size: SLICE,
                 },
                 ram: self.with_ram.then_some(&self.ram),
+                log: None,
             },
             hyp: &mut self.hyp,
         }

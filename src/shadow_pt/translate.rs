@@ -56,6 +56,14 @@ pub(crate) fn shadow_pte(mem: &GuestMem, raw: u64, page_size: u64) -> Result<u64
         Some(end) if end <= PHYS_LIMIT => {}
         _ => return Err(Reject::Unencodable { phys }),
     }
+    // The GPU can now reach the page (read-only entries included: the dirty log does not rely
+    // on the MMU enforcing them).
+    if let Some(log) = mem.log {
+        match pte.target {
+            Target::Vram => log.gpu_maps(pte.addr, page_size),
+            Target::SysCoherent | Target::SysNonCoherent => log.dma_maps(pte.addr, page_size),
+        }
+    }
     Ok(Pte {
         addr: phys,
         comptag: 0,
@@ -116,6 +124,7 @@ mod tests {
                 size: SLICE,
             },
             ram: ram.then_some(&r),
+            log: None,
         };
         f(&m)
     }

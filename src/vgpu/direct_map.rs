@@ -95,7 +95,8 @@ pub(crate) fn plan(cx: &mut VmCx, bar: Bar) -> DirectMap {
     };
     // BAR0 has no plan; with memory decoding off no page may be mapped (every access must
     // reach the device model, which answers all-ones).
-    if bar == Bar::Bar0 || !cx.vm.pci.memory_enabled() {
+    // While a migration's dirty log runs, every write must be seen: nothing is mapped.
+    if bar == Bar::Bar0 || !cx.vm.pci.memory_enabled() || cx.vm.mem.log.is_some() {
         return out;
     }
     let userd = if bar == Bar::Bar1 {

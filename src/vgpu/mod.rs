@@ -24,6 +24,7 @@ mod bar0;
 pub mod direct_map;
 pub(crate) mod port;
 mod pv;
+pub mod state;
 pub mod tap;
 
 use std::collections::HashMap;
@@ -50,6 +51,7 @@ use crate::vram_alloc::HypVram;
 pub use crate::mmio::vbios;
 pub use crate::stats::{self, PciCounts, VgpuStats, ViolationKind};
 pub use direct_map::{DirectMap, DirectRun};
+pub use state::{ChanState, DeviceState, StateError, DEVICE_STATE_VERSION};
 pub use tap::AccessTap;
 
 use crate::mmio::vregs::VRegs;
@@ -232,11 +234,7 @@ impl<'a> VmCx<'a> {
 
     /// The VM's memory view (every guest address goes through it).
     pub(crate) fn gmem(&self) -> GuestMem<'_> {
-        GuestMem {
-            phys: self.phys,
-            slice: self.vm.mem.slice,
-            ram: self.vm.mem.ram.as_ref(),
-        }
+        self.vm.mem.view(self.phys)
     }
 
     /// The shadow page tables and the context they need.
@@ -245,11 +243,7 @@ impl<'a> VmCx<'a> {
         (
             &mut vm.shadow,
             ShadowCtx {
-                mem: GuestMem {
-                    phys: self.phys,
-                    slice: vm.mem.slice,
-                    ram: vm.mem.ram.as_ref(),
-                },
+                mem: vm.mem.view(self.phys),
                 hyp: &mut *self.hyp,
             },
         )

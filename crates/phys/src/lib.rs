@@ -22,6 +22,23 @@ pub use gf100::pci::Bar;
 use crate::addr::{Gpa, HostVram, Iova};
 use crate::irq::IrqLine;
 
+/// Why a channel's GPU-held state could not be saved or restored.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum ChannelStateError {
+    /// The backend cannot save or restore channel state (a real GPU: not implemented).
+    #[error("this GPU backend cannot save or restore channel state")]
+    Unsupported,
+    /// The channel is executing work (quiesce it first).
+    #[error("physical channel {0} is busy")]
+    Busy(u32),
+    /// No such channel, or it is not bound.
+    #[error("physical channel {0} does not exist or is not bound")]
+    NoChannel(u32),
+    /// The state blob is malformed.
+    #[error("invalid channel state: {0}")]
+    Invalid(String),
+}
+
 /// Why a DMA window could not be registered.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum DmaError {
@@ -190,6 +207,29 @@ pub trait PhysicalGpu: Send + Sync {
     /// driver's allocator, so the default is `None`.
     fn vram_resident_bytes(&self, _addr: HostVram, _len: u64) -> Option<u64> {
         None
+    }
+
+    /// The ranges `(start, len)` of `[addr, addr + len)` the backend holds as written, in
+    /// order, if it can tell (see [`PhysicalGpu::vram_resident_bytes`]); `None`: every byte
+    /// may hold data. Migration copies only these.
+    fn vram_resident_ranges(&self, _addr: HostVram, _len: u64) -> Option<Vec<(u64, u64)>> {
+        None
+    }
+
+    /// The state of idle physical channel `chid` that lives in the GPU rather than in memory
+    /// (on hardware: what a context switch saves to RAMFC and the engine contexts), as an opaque
+    /// blob [`PhysicalGpu::restore_channel`] of the same backend accepts. Migration takes it
+    /// after quiescing the channel's VM. The default: not supported.
+    fn save_channel(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
+        let _ = chid;
+        Err(ChannelStateError::Unsupported)
+    }
+
+    /// Loads `state` (from [`PhysicalGpu::save_channel`], untrusted: validated) into bound,
+    /// idle physical channel `chid`.
+    fn restore_channel(&self, chid: u32, state: &[u8]) -> Result<(), ChannelStateError> {
+        let _ = (chid, state);
+        Err(ChannelStateError::Unsupported)
     }
 
     /// VRAM as host memory that can be mapped elsewhere, if the backend has it (the simulator

@@ -10,6 +10,7 @@
 
 use gf100::method::Mode;
 use gf100::{inst, pfifo, Target};
+use gpuvm_phys::ChannelStateError;
 
 use super::compute::ComputeRegs;
 use super::copy::CopyRegs;
@@ -20,7 +21,7 @@ use super::mmu::Vspace;
 pub(crate) const SUBCHANNELS: usize = gf100::method::SUBCHANNELS as usize;
 
 /// The engine a subchannel's object belongs to (from the class given to SET_OBJECT).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum EngineClass {
     /// Class 0x906f: only host methods are valid.
     Host,
@@ -118,7 +119,7 @@ pub(crate) struct MethodRun {
 }
 
 /// Host semaphore registers (SEMAPHOREA-C).
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct HostSem {
     pub addr_hi: u32,
     pub addr_lo: u32,
@@ -195,7 +196,77 @@ pub(crate) struct Channel {
     pub epoch: u64,
 }
 
+/// What [`Channel::save`] keeps of an idle channel: the PBDMA and method state that lives in
+/// the GPU between submissions (on hardware, saved to RAMFC and the engine contexts by a
+/// context switch; here a JSON document, validated when loaded).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Saved {
+    format: String,
+    gp_get: u32,
+    subch: Vec<Option<EngineClass>>,
+    sem: HostSem,
+    mem_op_a: u32,
+    copy: CopyRegs,
+    compute: ComputeRegs,
+}
+
+const SAVED_FORMAT: &str = "gpuvm-sim-channel-1";
+
 impl Channel {
+    /// The channel's GPU-held state, if it is idle (no segment, method or acquire in
+    /// progress).
+    pub(crate) fn save(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
+        if self.inst.is_none() {
+            return Err(ChannelStateError::NoChannel(chid));
+        }
+        if self.seg.is_some() || self.run.is_some() || self.acquire.is_some() {
+            return Err(ChannelStateError::Busy(chid));
+        }
+        let saved = Saved {
+            format: SAVED_FORMAT.into(),
+            gp_get: self.gp_get,
+            subch: self.subch.to_vec(),
+            sem: self.sem,
+            mem_op_a: self.mem_op_a,
+            copy: self.copy,
+            compute: self.compute,
+        };
+        serde_json::to_vec(&saved).map_err(|e| ChannelStateError::Invalid(e.to_string()))
+    }
+
+    /// Loads what [`Channel::save`] produced into this bound, idle channel.
+    pub(crate) fn restore(&mut self, chid: u32, state: &[u8]) -> Result<(), ChannelStateError> {
+        if self.inst.is_none() {
+            return Err(ChannelStateError::NoChannel(chid));
+        }
+        if self.seg.is_some() || self.run.is_some() || self.acquire.is_some() {
+            return Err(ChannelStateError::Busy(chid));
+        }
+        let s: Saved =
+            serde_json::from_slice(state).map_err(|e| ChannelStateError::Invalid(e.to_string()))?;
+        if s.format != SAVED_FORMAT {
+            return Err(ChannelStateError::Invalid(format!(
+                "format {:?}, expected {SAVED_FORMAT:?}",
+                s.format
+            )));
+        }
+        let subch: [Option<EngineClass>; SUBCHANNELS] =
+            s.subch.try_into().map_err(|v: Vec<_>| {
+                ChannelStateError::Invalid(format!(
+                    "{} subchannels, expected {SUBCHANNELS}",
+                    v.len()
+                ))
+            })?;
+        self.gp_get = s.gp_get;
+        self.subch = subch;
+        self.sem = s.sem;
+        self.mem_op_a = s.mem_op_a;
+        self.copy = s.copy;
+        self.compute = s.compute;
+        Ok(())
+    }
+
     /// Forgets all PBDMA state (a fresh bind, a new binding generation); keeps the table words,
     /// runlist membership, the busy-time account and a pending preempt (it completes when the
     /// operation in flight ends).

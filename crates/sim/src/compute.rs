@@ -15,7 +15,7 @@
 use gf100::compute::{self as cc, Kernel};
 
 /// Compute method registers of one channel.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ComputeRegs {
     kernel: u32,
     args: [u32; cc::MAX_ARGS],

@@ -20,7 +20,7 @@ use super::engine::Job;
 pub(crate) const MAX_COPY_BYTES: u64 = 1 << 30;
 
 /// Copy-engine method registers of one channel.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct CopyRegs {
     offset_in: u64,
     offset_out: u64,

@@ -39,7 +39,7 @@ use vm_memory::GuestMemoryMmap;
 use gpuvm_phys::addr::{Gpa, HostVram, Iova};
 use gpuvm_phys::clock::{Clock, SimClock};
 use gpuvm_phys::irq::IrqLine;
-use gpuvm_phys::{Bar, DmaError, GpuStats, PhysicalGpu};
+use gpuvm_phys::{Bar, ChannelStateError, DmaError, GpuStats, PhysicalGpu};
 
 pub use cost::CostModel;
 pub use engine::{EngineWorkStats, EngineWrites, WORK_BUDGET};
@@ -374,6 +374,18 @@ impl PhysicalGpu for SimGpu {
     fn vram_resident_bytes(&self, addr: HostVram, len: u64) -> Option<u64> {
         // A pure read of the backing file's extents: the GPU is not advanced.
         Some(self.lock().core.mem.vram.resident_bytes(addr.raw(), len))
+    }
+
+    fn vram_resident_ranges(&self, addr: HostVram, len: u64) -> Option<Vec<(u64, u64)>> {
+        Some(self.lock().core.mem.vram.resident_ranges(addr.raw(), len))
+    }
+
+    fn save_channel(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
+        self.with_state(|s, _| s.fifo.save_channel(chid))
+    }
+
+    fn restore_channel(&self, chid: u32, state: &[u8]) -> Result<(), ChannelStateError> {
+        self.with_state(|s, _| s.fifo.restore_channel(chid, state))
     }
 
     fn fill_vram(&self, addr: HostVram, len: u64, byte: u8) {

@@ -25,6 +25,7 @@
 use std::collections::HashMap;
 
 use gf100::{fault, host, pfifo};
+use gpuvm_phys::ChannelStateError;
 
 use super::bar::Written;
 use super::channel::{self, Channel};
@@ -139,6 +140,26 @@ fn eng_mask_index(offset: u32) -> Option<usize> {
 }
 
 impl Fifo {
+    /// See `PhysicalGpu::save_channel`.
+    pub(crate) fn save_channel(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
+        match self.channels.get(chid as usize) {
+            Some(c) => c.save(chid),
+            None => Err(ChannelStateError::NoChannel(chid)),
+        }
+    }
+
+    /// See `PhysicalGpu::restore_channel`.
+    pub(crate) fn restore_channel(
+        &mut self,
+        chid: u32,
+        state: &[u8],
+    ) -> Result<(), ChannelStateError> {
+        match self.channels.get_mut(chid as usize) {
+            Some(c) => c.restore(chid, state),
+            None => Err(ChannelStateError::NoChannel(chid)),
+        }
+    }
+
     /// Reads a PFIFO control register; `None` if `offset` is not one.
     pub(crate) fn read_reg(&self, offset: u32) -> Option<u32> {
         Some(match offset {

@@ -120,9 +120,14 @@ impl Vram {
     /// Bytes of `[addr, addr + len)` backed by host pages (written at least once and not
     /// scrubbed since; the kernel's view, page-granular, from `SEEK_DATA`/`SEEK_HOLE`).
     pub(crate) fn resident_bytes(&self, addr: u64, len: u64) -> u64 {
+        self.resident_ranges(addr, len).iter().map(|r| r.1).sum()
+    }
+
+    /// The written ranges `(start, len)` of `[addr, addr + len)`, in order.
+    pub(crate) fn resident_ranges(&self, addr: u64, len: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
         let end = addr.saturating_add(len).min(self.map.size() as u64) as i64;
         let mut pos = addr.min(i64::MAX as u64) as i64;
-        let mut bytes = 0u64;
         while pos < end {
             let Ok(data) = lseek(&*self.file, pos, Whence::SeekData) else {
                 break;
@@ -131,10 +136,10 @@ impl Vram {
                 break;
             }
             let hole = lseek(&*self.file, data, Whence::SeekHole).unwrap_or(end);
-            bytes += (hole.min(end) - data) as u64;
+            out.push((data as u64, (hole.min(end) - data) as u64));
             pos = hole;
         }
-        bytes
+        out
     }
 
     /// Reads `buf.len()` bytes at `addr`. Bytes beyond the end of VRAM are set to zero and the
