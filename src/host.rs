@@ -295,12 +295,12 @@ pub(crate) struct HostState {
     pub inflight: Vec<InFlight>,
     /// GPU time per VM (`crate::sched::account`).
     pub acct: Accounting,
-    /// GPU time each physical channel ran, as charged (`crate::vgpu::runtime`).
+    /// GPU time each physical channel ran, as charged (`crate::host::runtime`).
     pub runtime: ChannelClock,
     /// The end of the scheduler's deliberate wait, if one is running.
     pub sched_timer: Option<u64>,
     /// The watchdog's view of the engines: a physical channel seen busy on an engine without
-    /// a submission in flight, and since when (`crate::vgpu::submit`).
+    /// a submission in flight, and since when (`crate::host::dispatch`).
     pub engine_watch: Option<(u32, u64)>,
     /// The time base of scheduling and accounting (the physical GPU's clock); `None`: the
     /// GPU's PTIMER.

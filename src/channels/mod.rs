@@ -21,7 +21,7 @@
 //! its context after that sees the new one, and one still running on the old shadow keeps a
 //! live (quarantined, never reused) copy of it until it leaves the GPU. The addresses of retired
 //! shadow instance blocks are remembered until released, so a fault the GPU reports for the old
-//! context is delivered to the VM that ran it (`crate::vgpu::irq`).
+//! context is delivered to the VM that ran it (`crate::host::irq_route`).
 //!
 //! STATE writes are forwarded (RUNNABLE and the engine field only; RUNNABLE is dropped while the
 //! channel is killed by the watchdog, until the guest unbinds it); STATE reads show the

@@ -2,7 +2,7 @@
 //! hang watchdog measures, where the backend can tell (`PhysicalGpu::channel_busy_ns`; the
 //! simulator can, a real GF100 cannot — the host then falls back to dispatch-to-retire
 //! intervals and dispatch-based deadlines, see `crate::sched::account` and
-//! `crate::vgpu::submit`).
+//! `crate::host::dispatch`).
 //!
 //! Why: intervals and deadlines counted from dispatch blame whoever is in flight for whatever
 //! the GPU does meanwhile. A VM whose work started outside the scheduler (a channel enabled

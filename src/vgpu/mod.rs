@@ -181,7 +181,7 @@ pub(crate) struct VmState {
     pub log: RateLimit,
     pub effects: Vec<Effect>,
     /// Shadow instance blocks freed but still in the hypervisor VRAM quarantine: faults the GPU
-    /// reports for them are this VM's (`crate::vgpu::irq`).
+    /// reports for them are this VM's (`crate::host::irq_route`).
     pub retired_insts: Vec<crate::channels::RetiredInst>,
 }
 

@@ -265,7 +265,7 @@ pub trait PhysicalGpu: Send + Sync {
     /// GPU time physical channel `chid` has occupied so far, in ns, including the elapsed part
     /// of an operation it is running now; `None` if the backend cannot tell (a real GF100 has
     /// no per-channel time counter: the host then samples ENG_STATE, see
-    /// `crate::vgpu::submit`). The simulator knows it exactly (MODEL).
+    /// `gpuvm::host::dispatch`). The simulator knows it exactly (MODEL).
     fn channel_busy_ns(&self, chid: u32) -> Option<u64> {
         let _ = chid;
         None
