@@ -39,7 +39,12 @@ use kvm_ioctls::{Kvm, VmFd};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 
-use super::snapshot::{self, GuestSpec, MachineState, PAGE};
+use gpuvm::host::GpuHost;
+use gpuvm::migrate::stream::{StreamInfo, StreamWriter};
+use gpuvm::migrate::VramCopy;
+use gpuvm::vgpu::Vgpu;
+
+use super::snapshot::{self, DeviceInfo, GuestSpec, Hasher, MachineState, PAGE};
 use super::vm::GuestVm;
 
 /// The first bytes of HELLO.
@@ -64,6 +69,13 @@ const PAGES: u8 = 4;
 const ROUND_END: u8 = 5;
 const STATE: u8 = 6;
 const ABORT: u8 = 7;
+const VGPU: u8 = 8;
+/// Most bytes of vGPU stream a destination accepts (it keeps them until RAM is complete).
+pub const MAX_VGPU_STREAM: u64 = 8 << 30;
+/// Bytes of vGPU stream per VGPU message.
+const VGPU_CHUNK: usize = 16 << 20;
+/// Pre-copy also waits for a VRAM round of at most this many pages (1 MiB) before stopping.
+pub const STOP_VRAM_PAGES: u64 = 256;
 
 fn tag_name(t: u8) -> &'static str {
     match t {
@@ -74,6 +86,7 @@ fn tag_name(t: u8) -> &'static str {
         ROUND_END => "ROUND_END",
         STATE => "STATE",
         ABORT => "ABORT",
+        VGPU => "VGPU",
         _ => "unknown",
     }
 }
@@ -184,6 +197,15 @@ pub struct SourceStats {
     pub ram_bytes: u64,
     /// What the destination said at the end.
     pub destination: String,
+    /// The vGPU's VRAM rounds (`gpuvm::migrate::VramCopy`), stop-and-copy last.
+    pub vram_rounds: Vec<gpuvm::migrate::RoundStats>,
+    /// Bytes of the vGPU's stream (VRAM pages and device state), VGPU message headers excluded.
+    pub vgpu_stream_bytes: u64,
+    /// Guest-RAM pages the GPU could reach by DMA, sent again in the stop-and-copy round
+    /// (KVM's dirty log does not see the GPU's writes).
+    pub dma_pages: u64,
+    /// Submissions withdrawn while quiescing the vGPU.
+    pub withdrawn: u64,
 }
 
 /// What the destination measured.
@@ -199,6 +221,8 @@ pub struct DestStats {
     pub total_ns: u64,
     /// From STATE received to the guest ready to run, ns.
     pub load_ns: u64,
+    /// Bytes of the vGPU's stream received.
+    pub vgpu_stream_bytes: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -214,6 +238,7 @@ pub struct Incoming {
     started: Instant,
     state_at: Option<Instant>,
     stats: DestStats,
+    vgpu_stream: Vec<u8>,
 }
 
 impl std::fmt::Debug for Incoming {
@@ -291,6 +316,7 @@ pub fn listen(socket: &Path, wait: Duration) -> anyhow::Result<Incoming> {
         socket: socket.to_path_buf(),
         started,
         state_at: None,
+        vgpu_stream: Vec::new(),
         stats: DestStats {
             socket: socket.to_path_buf(),
             ..DestStats::default()
@@ -332,6 +358,14 @@ impl Incoming {
                     round.pages += n.0;
                     round.zero_pages += n.1;
                 }
+                VGPU => {
+                    ensure!(
+                        self.vgpu_stream.len() as u64 + p.len() as u64 <= MAX_VGPU_STREAM,
+                        "the vGPU's stream is longer than {MAX_VGPU_STREAM} bytes"
+                    );
+                    self.vgpu_stream.extend_from_slice(&p);
+                    self.stats.vgpu_stream_bytes += p.len() as u64;
+                }
                 ROUND_END => {
                     ensure!(p.len() == 12, "ROUND_END of {} bytes", p.len());
                     let r = u32::from_le_bytes(p[0..4].try_into()?);
@@ -355,7 +389,15 @@ impl Incoming {
                         last.stop_and_copy = true;
                     }
                     let s: StateMsg = serde_json::from_slice(&p).context("the source's STATE")?;
-                    let vgpu = unhex(&s.vgpu_hex).context("the vGPU's bytes")?;
+                    let vgpu = if self.vgpu_stream.is_empty() {
+                        unhex(&s.vgpu_hex).context("the vGPU's bytes")?
+                    } else {
+                        ensure!(
+                            s.vgpu_hex.is_empty(),
+                            "the source sent the vGPU both as a stream and in its STATE"
+                        );
+                        std::mem::take(&mut self.vgpu_stream)
+                    };
                     let here = snapshot::ram_hash(mem, ram)?;
                     ensure!(
                         here == s.ram_hash,
@@ -450,10 +492,6 @@ fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
         .collect()
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Source
 
@@ -477,8 +515,17 @@ pub fn set_dirty_log(gvm: &GuestVm, on: bool) -> anyhow::Result<()> {
         .context("KVM_SET_USER_MEMORY_REGION (dirty logging)")
 }
 
-/// What the vCPU thread hands the migration thread at the stop: the state, or why there is
-/// none (the migration is then aborted).
+/// The vGPU of a live migration: its VRAM goes in rounds alongside RAM's
+/// (`gpuvm::migrate::VramCopy`), its device state at the stop.
+pub struct LiveVgpu {
+    /// Its host.
+    pub host: Arc<GpuHost>,
+    /// The vGPU.
+    pub vgpu: Arc<Vgpu>,
+}
+
+/// What the vCPU thread hands the migration thread at the stop: the state (the vGPU's part
+/// is left to the migration thread), or why there is none (the migration is then aborted).
 pub type Handover = Result<(MachineState, Vec<u8>), String>;
 
 /// The migration thread of a source, as the vCPU thread sees it.
@@ -496,6 +543,7 @@ impl Source {
         gvm: &GuestVm,
         socket: &Path,
         guest: GuestSpec,
+        live: LiveVgpu,
     ) -> anyhow::Result<Source> {
         // The thread reads the dirty log through its own descriptor of the VM.
         // SAFETY: dup of the VM fd this GuestVm owns; the copy is owned by the new VmFd.
@@ -523,7 +571,7 @@ impl Source {
         let st = stop.clone();
         let handle = std::thread::Builder::new()
             .name("migrate".into())
-            .spawn(move || run_source(vm, mem, socket, guest, st, rx, vcpu_thread))?;
+            .spawn(move || run_source(vm, mem, socket, guest, st, rx, vcpu_thread, live))?;
         Ok(Source {
             stop,
             tx: Some(tx),
@@ -628,6 +676,88 @@ fn dirty_pages(vm: &VmFd, ram: u64) -> anyhow::Result<Vec<u64>> {
     Ok(pages)
 }
 
+/// A `Write` into a buffer the migration thread drains after each round.
+#[derive(Clone, Default)]
+struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.take_lock().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Buf {
+    fn take_lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The vGPU's side of the source: its copy rounds, its stream, what has been sent of it.
+struct VramSide {
+    copy: Option<VramCopy>,
+    sw: Option<StreamWriter<Buf>>,
+    buf: Buf,
+    hash: Hasher,
+    /// Bytes not hashed yet: the hash takes 32-byte words, so it is fed whole words until the
+    /// end, as the destination hashing the whole stream at once does.
+    unhashed: Vec<u8>,
+    len: u64,
+    host: Arc<GpuHost>,
+    vgpu: Arc<Vgpu>,
+    /// The vGPU was quiesced (and must be resumed if the migration fails).
+    quiesced: bool,
+    done: bool,
+}
+
+impl VramSide {
+    /// Sends what the stream writer produced since the last call as VGPU messages.
+    fn drain(&mut self, w: &mut impl Write) -> anyhow::Result<u64> {
+        let bytes = std::mem::take(&mut *self.buf.take_lock());
+        self.unhashed.extend_from_slice(&bytes);
+        let whole = self.unhashed.len() / 32 * 32;
+        self.hash.update(&self.unhashed[..whole]);
+        self.unhashed.drain(..whole);
+        self.len += bytes.len() as u64;
+        let mut sent = 0;
+        for c in bytes.chunks(VGPU_CHUNK) {
+            write_msg(w, VGPU, c).context("sending the vGPU's stream")?;
+            sent += 5 + c.len() as u64;
+        }
+        Ok(sent)
+    }
+
+    /// One VRAM round into the stream, sent.
+    fn round(&mut self, w: &mut impl Write) -> anyhow::Result<(gpuvm::migrate::RoundStats, u64)> {
+        let (Some(copy), Some(sw)) = (self.copy.as_mut(), self.sw.as_mut()) else {
+            bail!("the vGPU's stream is already finished");
+        };
+        let rs = copy
+            .round(&self.vgpu, &mut |b| sw.pages(b))
+            .context("a VRAM round")?;
+        let bytes = self.drain(w)?;
+        Ok((rs, bytes))
+    }
+}
+
+impl Drop for VramSide {
+    /// Ends the VRAM dirty log; a failed migration lets the vGPU run again.
+    fn drop(&mut self) {
+        if let Some(c) = self.copy.take() {
+            c.stop(&self.vgpu);
+        }
+        if self.quiesced && !self.done {
+            if let Err(e) = self.host.resume(&self.vgpu) {
+                eprintln!("gpuvm: resuming the vGPU after the failed migration: {e}");
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run_source(
     vm: VmFd,
     mem: GuestMemoryMmap,
@@ -636,6 +766,7 @@ fn run_source(
     stop: Arc<AtomicBool>,
     rx: mpsc::Receiver<Handover>,
     vcpu_thread: libc::pthread_t,
+    live: LiveVgpu,
 ) -> anyhow::Result<SourceStats> {
     let ram = guest.ram_bytes;
     let t0 = Instant::now();
@@ -659,9 +790,28 @@ fn run_source(
     write_msg(&mut w, HELLO, &hello).context("sending HELLO")?;
     stats.bytes += 5 + hello.len() as u64;
     expect_ok(&mut r, "the migration")?;
+    // The vGPU's dirty log from here on (it rebuilds the shadow page tables, so every VRAM and
+    // guest-RAM page the GPU can reach from now on is recorded); dropped, it ends the log and,
+    // if the migration failed after quiescing, resumes the vGPU.
+    let buf = Buf::default();
+    let mut vs = VramSide {
+        copy: Some(VramCopy::start(&live.vgpu).context("starting the vGPU's dirty log")?),
+        sw: None,
+        buf: buf.clone(),
+        hash: Hasher::default(),
+        unhashed: Vec::new(),
+        len: 0,
+        host: live.host,
+        vgpu: live.vgpu,
+        quiesced: false,
+        done: false,
+    };
+    let info = StreamInfo::new(vs.vgpu.profile(), vs.vgpu.vram_slice().size);
+    vs.sw = Some(StreamWriter::new(buf, &info).context("the vGPU's stream")?);
+    stats.bytes += vs.drain(&mut w)?;
     // Round 0: every non-zero page (the destination's RAM starts zeroed). The dirty log was
     // turned on before this thread started, so what the guest writes from now on is in the
-    // next round.
+    // next round. Each RAM round is followed by a VRAM round.
     let mut round = 0u32;
     loop {
         let rt = Instant::now();
@@ -681,6 +831,9 @@ fn run_source(
         };
         let (zeros, mut bytes) = send_pages(&mut w, &mem, round, &pages)?;
         bytes += end_round(&mut w, round, pages.len() as u64)?;
+        let (rs, vbytes) = vs.round(&mut w)?;
+        bytes += vbytes;
+        stats.vram_rounds.push(rs);
         stats.bytes += bytes;
         stats.rounds.push(Round {
             round,
@@ -691,7 +844,8 @@ fn run_source(
             stop_and_copy: false,
         });
         round += 1;
-        if (round > 1 && pages.len() <= STOP_PAGES) || round >= MAX_ROUNDS {
+        let converged = pages.len() <= STOP_PAGES && rs.sent <= STOP_VRAM_PAGES;
+        if (round > 1 && converged) || round >= MAX_ROUNDS {
             break;
         }
     }
@@ -705,7 +859,7 @@ fn run_source(
     let handed = rx
         .recv()
         .unwrap_or_else(|_| Err("the guest ended before it could be paused".to_string()));
-    let (machine, vgpu) = match handed {
+    let (mut machine, _) = match handed {
         Ok(x) => x,
         Err(reason) => {
             let _ = write_msg(&mut w, ABORT, reason.as_bytes());
@@ -713,16 +867,66 @@ fn run_source(
         }
     };
     let rt = Instant::now();
-    let pages = dirty_pages(&vm, ram)?;
+    // The vCPU is paused: quiesce the vGPU (no vCPU access, none of its work on the GPU), so
+    // neither RAM nor VRAM changes any more.
+    vs.quiesced = true;
+    let clock = gpuvm::clock::ClockKind::Real.create();
+    let q = match vs
+        .host
+        .quiesce(&vs.vgpu, &*clock, snapshot::QUIESCE_WAIT_NS)
+    {
+        Ok(q) => q,
+        Err(e) => {
+            let reason = format!("quiescing the vGPU: {e}");
+            let _ = write_msg(&mut w, ABORT, reason.as_bytes());
+            bail!("{reason}");
+        }
+    };
+    stats.withdrawn = q.withdrawn as u64;
+    // The last RAM pages: what KVM saw written, and every page the GPU could write by DMA
+    // since the vGPU's log began (KVM does not see those writes).
+    let mut pages = dirty_pages(&vm, ram)?;
+    let dma: Vec<u64> = vs
+        .copy
+        .as_ref()
+        .map(|c| c.log().dma_reachable())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|&p| p < ram / PAGE)
+        .collect();
+    stats.dma_pages = dma.len() as u64;
+    pages.extend(dma);
+    pages.sort_unstable();
+    pages.dedup();
     let (zeros, mut bytes) = send_pages(&mut w, &mem, round, &pages)?;
     bytes += end_round(&mut w, round, pages.len() as u64)?;
+    // The last VRAM pages and the device state end the vGPU's stream.
+    let (rs, vbytes) = vs.round(&mut w)?;
+    bytes += vbytes;
+    stats.vram_rounds.push(rs);
+    let st = vs
+        .host
+        .device_state(&vs.vgpu)
+        .context("the vGPU's device state")?;
+    let mut sw = vs.sw.take().context("the vGPU's stream")?;
+    sw.device(&st).context("the vGPU's stream")?;
+    sw.finish().context("the vGPU's stream")?;
+    bytes += vs.drain(&mut w)?;
+    stats.vgpu_stream_bytes = vs.len;
+    let rest = std::mem::take(&mut vs.unhashed);
+    vs.hash.update(&rest);
+    machine.vgpu = DeviceInfo {
+        kind: snapshot::VGPU_KIND.to_string(),
+        len: vs.len,
+        hash: vs.hash.finish(),
+    };
     let ht = Instant::now();
     let ram_hash = snapshot::ram_hash(&mem, ram)?;
     stats.hash_ns = ht.elapsed().as_nanos() as u64;
     let state = serde_json::to_vec(&StateMsg {
         machine,
         ram_hash,
-        vgpu_hex: hex(&vgpu),
+        vgpu_hex: String::new(),
     })?;
     write_msg(&mut w, STATE, &state).context("sending the state")?;
     stats.state_bytes = state.len() as u64;
@@ -737,6 +941,7 @@ fn run_source(
         stop_and_copy: true,
     });
     stats.destination = expect_ok(&mut r, "the guest's state")?;
+    vs.done = true;
     stats.total_ns = t0.elapsed().as_nanos() as u64;
     Ok(stats)
 }
