@@ -6,20 +6,28 @@
 //! (`KVM_MEM_LOG_DIRTY_PAGES`), sends every non-zero page while the guest keeps running (round
 //! 0), then in each further round the pages `KVM_GET_DIRTY_LOG` reports written since the last
 //! one, until a round finds at most [`STOP_PAGES`] dirty pages or [`MAX_ROUNDS`] rounds have
-//! run. Then stop-and-copy: the migration thread asks the vCPU thread to pause (a flag and the
-//! kick signal of [`super::kick`], so a guest spinning without exits is reached too); at its
-//! next exit boundary the vCPU thread completes the pending exit, captures the vCPU, VM, VMM
-//! and vGPU state ([`super::snapshot`]) and hands it over; the migration thread sends the last
-//! dirty pages, a hash of all of RAM and the state, and waits for the destination to say it
-//! has loaded everything. Downtime is the time the vCPU is paused. If anything fails before
+//! run. Each RAM round is followed by a VRAM round of the vGPU (`gpuvm::migrate::VramCopy`,
+//! whose dirty log starts with the migration), written as a `gpuvm::migrate` stream and sent
+//! in VGPU messages; pre-copy also waits for a VRAM round of at most [`STOP_VRAM_PAGES`]. Then
+//! stop-and-copy: the migration thread asks the vCPU thread to pause (a flag and the kick
+//! signal of [`super::kick`], so a guest spinning without exits is reached too); at its next
+//! exit boundary the vCPU thread completes the pending exit, captures the vCPU, VM and VMM
+//! state ([`super::snapshot`]) and hands it over; the migration thread quiesces the vGPU,
+//! sends the last dirty RAM pages **plus every guest-RAM page the GPU could write by DMA since
+//! the vGPU's log began** (`DirtyLog::dma_reachable`: KVM's dirty log does not see the GPU's
+//! writes), the last VRAM pages and the device state (ending the vGPU's stream), a hash of all
+//! of RAM and the state (which carries the vGPU stream's length and hash), and waits for the
+//! destination to say it has loaded everything. The destination keeps the vGPU's stream
+//! (at most [`MAX_VGPU_STREAM`] bytes) until RAM is complete, then restores the vGPU into its
+//! own host with that RAM attached, then the vCPU runs. Downtime is the time the vCPU is paused. If anything fails before
 //! that acknowledgment (the destination refuses, the vGPU cannot be captured, the socket
 //! breaks), the source resumes the guest and the run goes on there.
 //!
 //! The stream (all integers little-endian): messages of `tag: u8, len: u32, payload[len]`.
 //! Source to destination: HELLO (`"GPUVMMIG"`, version u32, JSON [`Hello`]), PAGES (round u32,
 //! count u32, then per page `u64` index, bit 63 set for an all-zero page which carries no
-//! data, else 4096 bytes), ROUND_END (round u32, pages u64), STATE (JSON [`StateMsg`]), ABORT
-//! (reason). Destination to source: OK (text) or ERR (reason), after HELLO and after STATE.
+//! data, else 4096 bytes), ROUND_END (round u32, pages u64), VGPU (the next bytes of the
+//! vGPU's `gpuvm::migrate` stream), STATE (JSON [`StateMsg`]), ABORT (reason). Destination to source: OK (text) or ERR (reason), after HELLO and after STATE.
 //! The destination treats everything as untrusted: unknown tags, lengths over [`MAX_MSG`], a
 //! page index outside RAM, a count that does not match the payload or the round's total, a
 //! version or RAM size it does not take, a RAM hash that differs, are all refused with an
@@ -1107,6 +1115,37 @@ mod tests {
         // Page 3 was sent with data in round 0, then as a zero page in round 1.
         assert_eq!(got.read_obj::<u8>(GuestAddress(3 * PAGE)).unwrap(), 0);
         assert_eq!(got.read_obj::<u8>(GuestAddress(2 * PAGE + 9)).unwrap(), 7);
+    }
+
+    #[test]
+    fn the_vgpu_stream_arrives_in_pieces_and_not_twice() {
+        let hash = snapshot::ram_hash(&mem(RAM_PAGES), RAM_PAGES * PAGE).unwrap();
+        let mut state = serde_json::to_vec(&StateMsg {
+            machine: machine(),
+            ram_hash: hash.clone(),
+            vgpu_hex: String::new(),
+        })
+        .unwrap();
+        let msgs = vec![
+            (VGPU, b"GPUVM".to_vec()),
+            round_end(0, 0),
+            (VGPU, b"SNP".to_vec()),
+            (STATE, state.clone()),
+        ];
+        let (r, _) = session("vgpu", VERSION, msgs);
+        assert_eq!(r.unwrap().1, b"GPUVMSNP");
+        state = serde_json::to_vec(&StateMsg {
+            machine: machine(),
+            ram_hash: hash,
+            vgpu_hex: "00".into(),
+        })
+        .unwrap();
+        refused(
+            "vgpu-twice",
+            VERSION,
+            vec![(VGPU, b"x".to_vec()), (STATE, state)],
+            "both as a stream and in its STATE",
+        );
     }
 
     #[test]
