@@ -672,3 +672,72 @@ fn a_guest_mid_workload_migrates_live_with_its_vgpu_and_finishes_there() {
     assert_eq!(r["migration"]["vgpu_stream_bytes"], stream, "{r:#}");
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// A destination that takes the whole stream, then refuses the state at the very end: the
+/// source has quiesced its vGPU and sent everything by then.
+#[test]
+fn a_migration_refused_at_the_last_step_resumes_the_used_vgpu_in_the_source() {
+    if !kvm_available("a_migration_refused_at_the_last_step_resumes_the_used_vgpu_in_the_source") {
+        return;
+    }
+    use std::io::{Read, Write};
+    let tmp = scratch("refuse-late");
+    let sock = tmp.join("r.sock");
+    let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let fake = std::thread::spawn(move || -> Vec<u8> {
+        let (mut s, _) = l.accept().unwrap();
+        let mut tags = Vec::new();
+        loop {
+            let mut head = [0u8; 5];
+            if s.read_exact(&mut head).is_err() {
+                return tags;
+            }
+            let len = u32::from_le_bytes(head[1..5].try_into().unwrap()) as usize;
+            let mut p = vec![0u8; len];
+            s.read_exact(&mut p).unwrap();
+            tags.push(head[0]);
+            let answer: Option<(u8, &[u8])> = match head[0] {
+                1 => Some((2, b"ready")),
+                6 => Some((3, b"refused by the test destination")),
+                _ => None,
+            };
+            if let Some((t, text)) = answer {
+                let mut m = vec![t];
+                m.extend_from_slice(&(text.len() as u32).to_le_bytes());
+                m.extend_from_slice(text);
+                s.write_all(&m).unwrap();
+            }
+            if head[0] == 6 {
+                return tags;
+            }
+        }
+    });
+    let out = gpuvm(
+        &BUSY
+            .iter()
+            .copied()
+            .chain([
+                "--migrate-to",
+                sock.to_str().unwrap(),
+                "--migrate-after-exits",
+                "2000",
+            ])
+            .collect::<Vec<_>>(),
+    );
+    let tags = fake.join().unwrap();
+    // HELLO, RAM pages, VGPU stream, ..., STATE: the source got as far as the end.
+    assert_eq!(tags.first(), Some(&1), "{tags:?}");
+    assert_eq!(tags.last(), Some(&6), "{tags:?}");
+    assert!(tags.contains(&8), "VGPU messages were sent: {tags:?}");
+    assert!(
+        !out.status.success(),
+        "a failed migration must fail the run"
+    );
+    let vm = &json(&out)["vms"][0];
+    let e = vm["kvm"]["handoff_error"].as_str().unwrap();
+    assert!(e.contains("refused by the test destination"), "{e}");
+    assert!(vm["kvm"]["handoff"].is_null());
+    // The vGPU was quiesced for the stop-and-copy: resumed, it runs every workload here.
+    assert_busy_finished(vm);
+    let _ = std::fs::remove_dir_all(&tmp);
+}
