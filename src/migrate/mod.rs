@@ -162,6 +162,13 @@ impl VramCopy {
         Ok(st)
     }
 
+    /// The dirty log: a VMM migrating the guest's RAM sends every page of
+    /// [`DirtyLog::dma_reachable`] again in its stop-and-copy round (the GPU writes those by
+    /// DMA, which the VMM's own dirty log does not see).
+    pub fn log(&self) -> &DirtyLog {
+        &self.log
+    }
+
     /// Ends the dirty log.
     pub fn stop(self, v: &Vgpu) {
         v.stop_dirty_log();

@@ -2,11 +2,13 @@
 //! (docs/migration.md, "The standalone KVM VMM"). Without a usable /dev/kvm every test prints
 //! "SKIPPED: /dev/kvm not available" and returns.
 //!
-//! The guest calibrates first (`--calibrate 20000`: 20 000 port-I/O exits, then 20 000 MMIO
-//! reads of an address outside every BAR, then BAR0 reads): the first 40 000 exits after PCI
-//! set-up make no BAR access, which is the window in which the vGPU can be captured today. It
-//! then brings the driver up and runs `madd`, which checks its result: a guest that resumed in
-//! the wrong place, with a wrong register or a wrong page, does not verify.
+//! [`GUEST`] calibrates first (`--calibrate 20000`: 20 000 port-I/O exits, then 20 000 MMIO
+//! reads of an address outside every BAR, then BAR0 reads), then brings the driver up and runs
+//! `madd`, which checks its result: a guest that resumed in the wrong place, with a wrong
+//! register or a wrong page, does not verify. [`BUSY`] brings the driver up at once and runs
+//! eight workloads: handed off after 1500 exits, its vGPU has been used (126 000 BAR writes of
+//! the driver's bring-up) and most of its workloads are still to run, so its VRAM, device
+//! state and the guest RAM the GPU writes by DMA must all arrive for them to verify.
 
 mod support;
 
@@ -17,7 +19,109 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use support::{gpuvm, json, kvm_available};
 
-/// The guest of every test here.
+/// A guest in the middle of its work: the driver, then eight workloads that check their
+/// results (about 3 s of guest time after the driver's bring-up in a debug build).
+const BUSY: &[&str] = &[
+    "run",
+    "--kvm",
+    "--vms",
+    "1",
+    "--size",
+    "256",
+    "--workload",
+    "madd",
+    "--workload",
+    "mmul",
+    "--workload",
+    "memcpy_dtoh",
+    "--workload",
+    "fmadd",
+    "--workload",
+    "memcpy_htod",
+    "--workload",
+    "mmul",
+    "--workload",
+    "fmmul",
+    "--workload",
+    "loop",
+    "--json",
+    "--quiet-console",
+    "--timeout",
+    "300",
+];
+
+/// The console lines of a VM report.
+fn console(vm: &Value) -> Vec<String> {
+    vm["kvm"]["console"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str().map(str::to_string))
+        .collect()
+}
+
+/// The source of a hand-off of [`BUSY`]: its vGPU was used and work was left to do.
+fn assert_left_mid_workload(vm: &Value) {
+    let k = &vm["kvm"];
+    assert!(k["exit_code"].is_null(), "{k:#}");
+    let lines = console(vm);
+    assert!(
+        lines.iter().any(|l| l.starts_with("driver up")),
+        "the driver was up (the vGPU used) before the hand-off: {lines:?}"
+    );
+    assert!(!lines.iter().any(|l| l.starts_with("PASS")), "{lines:?}");
+    let done = lines.iter().filter(|l| l.ends_with("verified")).count();
+    assert!(done < 8, "workloads were left to run: {lines:?}");
+    assert!(k["exits"]["mmio_writes"].as_u64().unwrap() > 1000, "{k:#}");
+}
+
+/// A restored or migrated [`BUSY`] ran every workload to a verified result.
+fn assert_busy_finished(vm: &Value) {
+    let k = &vm["kvm"];
+    assert_eq!(k["exit_code"], 0, "{vm:#}");
+    assert!(k["stopped"].is_null(), "{vm:#}");
+    assert_eq!(vm["init"]["verified"], true, "{vm:#}");
+    let w = vm["workloads"].as_array().unwrap();
+    assert_eq!(w.len(), 8, "{vm:#}");
+    for x in w {
+        assert_eq!(x["verified"], true, "{x:#}");
+    }
+    assert!(
+        console(vm).iter().any(|l| l.starts_with("PASS")),
+        "{:?}",
+        console(vm)
+    );
+}
+
+/// The hash of `ram.bin`/`vgpu.bin` in the manifest (the VMM's `snapshot::Hasher`, repeated
+/// here so that a test can damage a file and make the manifest agree with it).
+fn hasher(b: &[u8]) -> String {
+    const K: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut lanes: [u64; 4] = [
+        0x243f_6a88_85a3_08d3,
+        0x1319_8a2e_0370_7344,
+        0xa409_3822_299f_31d0,
+        0x082e_fa98_ec4e_6c89,
+    ];
+    let mut chunks = b.chunks_exact(32);
+    for c in &mut chunks {
+        for (i, lane) in lanes.iter_mut().enumerate() {
+            let w = u64::from_le_bytes(c[8 * i..8 * i + 8].try_into().unwrap());
+            *lane = (*lane ^ w).wrapping_mul(K).rotate_left(29);
+        }
+    }
+    for (i, &x) in chunks.remainder().iter().enumerate() {
+        let lane = &mut lanes[i % 4];
+        *lane = (*lane ^ u64::from(x)).wrapping_mul(K);
+    }
+    let mut h = (b.len() as u64).wrapping_mul(K);
+    for l in lanes {
+        h = (h ^ l).wrapping_mul(K).rotate_left(31);
+    }
+    format!("{h:016x}")
+}
+
+/// The guest of most tests here.
 const GUEST: &[&str] = &[
     "run",
     "--kvm",
@@ -116,7 +220,10 @@ fn a_snapshot_restores_in_a_new_process_and_the_guest_finishes_its_run() {
     assert_eq!(manifest["version"], 1);
     assert_eq!(manifest["guest"]["workloads"][0], "madd");
     assert_eq!(manifest["machine"]["vcpus"][0]["summary"]["cs"], "0x23");
-    assert_eq!(manifest["machine"]["vgpu"]["kind"], "gpuvm-vgpu-pristine/1");
+    assert_eq!(
+        manifest["machine"]["vgpu"]["kind"],
+        "gpuvm-migrate-stream/1"
+    );
     assert_eq!(
         std::fs::metadata(dir.join("ram.bin")).unwrap().len(),
         ram,
@@ -264,6 +371,23 @@ fn damaged_or_foreign_snapshots_are_refused_with_a_clear_error() {
     std::fs::write(d.join("vgpu.bin"), b).unwrap();
     refused(&d, "the vGPU state's hash");
 
+    // A vGPU stream damaged with a manifest that agrees: the stream's own checks refuse it.
+    let damaged_stream = |name: &str, f: &dyn Fn(&mut Vec<u8>)| -> PathBuf {
+        let d = copy(name);
+        let mut b = std::fs::read(d.join("vgpu.bin")).unwrap();
+        f(&mut b);
+        std::fs::write(d.join("vgpu.bin"), &b).unwrap();
+        edit_manifest(&d, &|m| {
+            m["machine"]["vgpu"]["len"] = (b.len() as u64).into();
+            m["machine"]["vgpu"]["hash"] = hasher(&b).into();
+        });
+        d
+    };
+    let d = damaged_stream("cut-vgpu", &|b| b.truncate(b.len() - 21));
+    refused(&d, "restoring the vGPU: the vGPU's snapshot stream");
+    let d = damaged_stream("foreign-vgpu", &|b| b[7] = b'X');
+    refused(&d, "restoring the vGPU: the vGPU's snapshot stream");
+
     // The good one still restores (nothing above changed it).
     let out = gpuvm(&[
         "run",
@@ -281,32 +405,61 @@ fn damaged_or_foreign_snapshots_are_refused_with_a_clear_error() {
 }
 
 #[test]
-fn a_guest_that_used_its_vgpu_is_not_snapshotted_and_goes_on() {
-    if !kvm_available("a_guest_that_used_its_vgpu_is_not_snapshotted_and_goes_on") {
+fn a_guest_that_used_its_vgpu_is_snapshotted_mid_workload_and_finishes_after_restore() {
+    if !kvm_available(
+        "a_guest_that_used_its_vgpu_is_snapshotted_mid_workload_and_finishes_after_restore",
+    ) {
         return;
     }
     let tmp = scratch("used");
     let dir = tmp.join("snap");
-    // 45 000 exits: past both GPU-free calibration loops, into the BAR0 reads.
-    let out = gpuvm(&args(&[
-        "--snapshot-to",
-        dir.to_str().unwrap(),
-        "--snapshot-after-exits",
-        "45000",
-    ]));
-    let err = stderr(&out);
-    assert!(
-        !out.status.success(),
-        "a refused snapshot must fail the run: {err}"
+    let out = gpuvm(
+        &BUSY
+            .iter()
+            .copied()
+            .chain([
+                "--snapshot-to",
+                dir.to_str().unwrap(),
+                "--snapshot-after-exits",
+                "1500",
+            ])
+            .collect::<Vec<_>>(),
     );
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
+    let src = &json(&out)["vms"][0];
+    assert_eq!(src["kvm"]["handoff"]["kind"], "snapshot", "{src:#}");
+    assert_left_mid_workload(src);
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(
+        manifest["machine"]["vgpu"]["kind"],
+        "gpuvm-migrate-stream/1"
+    );
+    let vgpu = std::fs::read(dir.join("vgpu.bin")).unwrap();
+    assert_eq!(&vgpu[..8], b"GPUVMSNP", "a gpuvm::migrate stream");
+    assert!(
+        vgpu.len() > 4096,
+        "VRAM pages came along: {} bytes",
+        vgpu.len()
+    );
+
+    let out = gpuvm(&[
+        "run",
+        "--kvm",
+        "--restore",
+        dir.to_str().unwrap(),
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "300",
+    ]);
+    assert!(out.status.success(), "stderr: {}", stderr(&out));
     let vm = &json(&out)["vms"][0];
-    let e = vm["kvm"]["handoff_error"].as_str().unwrap();
-    assert!(e.contains("the guest has used its vGPU"), "{e}");
-    assert!(e.contains("the guest goes on here"), "{e}");
-    // No snapshot pretending to be one.
-    assert!(!dir.join("manifest.json").exists());
-    // The guest itself was not harmed.
-    assert_finished(vm);
+    assert_busy_finished(vm);
+    assert!(vm["kvm"]["restored"]["from"]
+        .as_str()
+        .unwrap()
+        .starts_with("snapshot "));
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
@@ -458,35 +611,133 @@ fn a_destination_refuses_a_stream_that_is_not_a_migration() {
 }
 
 #[test]
-fn a_migration_of_a_guest_that_used_its_vgpu_is_aborted_and_the_source_goes_on() {
-    if !kvm_available("a_migration_of_a_guest_that_used_its_vgpu_is_aborted_and_the_source_goes_on")
-    {
+fn a_guest_mid_workload_migrates_live_with_its_vgpu_and_finishes_there() {
+    if !kvm_available("a_guest_mid_workload_migrates_live_with_its_vgpu_and_finishes_there") {
         return;
     }
-    let tmp = scratch("abort");
-    let sock = tmp.join("a.sock");
+    let tmp = scratch("busy");
+    let sock = tmp.join("b.sock");
     let dst = destination(&sock);
-    // Pre-copy starts during the BAR0 reads of the calibration: by the stop the vGPU has
-    // been used, so the source must abort rather than send a blank vGPU.
-    let out = gpuvm(&args(&[
-        "--migrate-to",
-        sock.to_str().unwrap(),
-        "--migrate-after-exits",
-        "45000",
-    ]));
+    let out = gpuvm(
+        &BUSY
+            .iter()
+            .copied()
+            .chain([
+                "--migrate-to",
+                sock.to_str().unwrap(),
+                // After the driver's bring-up and into the workloads (the first has mapped its
+                // buffers in guest RAM for the GPU), with most of them still to run.
+                "--migrate-after-exits",
+                "2000",
+            ])
+            .collect::<Vec<_>>(),
+    );
     let dout = dst.wait_with_output().unwrap();
-    assert!(!out.status.success(), "source: {}", stderr(&out));
+    assert!(out.status.success(), "source: {}", stderr(&out));
+    assert!(dout.status.success(), "destination: {}", stderr(&dout));
+    let src = &json(&out)["vms"][0];
+    assert_left_mid_workload(src);
+    let m = &src["kvm"]["handoff"];
+    assert_eq!(m["kind"], "migration", "{m:#}");
+    let rounds = m["rounds"].as_array().unwrap();
+    let vram = m["vram_rounds"].as_array().unwrap();
+    // A VRAM round after each RAM round, the stop-and-copy one included.
+    assert_eq!(vram.len(), rounds.len(), "{m:#}");
+    assert!(rounds.len() >= 2, "{m:#}");
+    assert!(vram[0]["sent"].as_u64().unwrap() > 0, "{m:#}");
+    let sent: u64 = vram.iter().map(|r| r["bytes"].as_u64().unwrap()).sum();
+    let stream = m["vgpu_stream_bytes"].as_u64().unwrap();
+    assert!(stream > sent, "pages plus the device state: {m:#}");
+    // The workloads' buffers in guest RAM are mapped for the GPU: the last round resends them.
+    assert!(m["dma_pages"].as_u64().unwrap() > 0, "{m:#}");
+    let last = rounds.last().unwrap();
+    assert_eq!(last["stop_and_copy"], true, "{m:#}");
+    assert!(
+        last["pages"].as_u64().unwrap() >= m["dma_pages"].as_u64().unwrap(),
+        "{m:#}"
+    );
+    let downtime = m["downtime_ns"].as_u64().unwrap();
+    assert!(
+        downtime > 0 && downtime <= m["total_ns"].as_u64().unwrap(),
+        "{m:#}"
+    );
+
+    let dst = &json(&dout)["vms"][0];
+    assert_busy_finished(dst);
+    let r = &dst["kvm"]["restored"];
+    assert!(
+        r["from"].as_str().unwrap().starts_with("migration "),
+        "{r:#}"
+    );
+    assert_eq!(r["migration"]["vgpu_stream_bytes"], stream, "{r:#}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// A destination that takes the whole stream, then refuses the state at the very end: the
+/// source has quiesced its vGPU and sent everything by then.
+#[test]
+fn a_migration_refused_at_the_last_step_resumes_the_used_vgpu_in_the_source() {
+    if !kvm_available("a_migration_refused_at_the_last_step_resumes_the_used_vgpu_in_the_source") {
+        return;
+    }
+    use std::io::{Read, Write};
+    let tmp = scratch("refuse-late");
+    let sock = tmp.join("r.sock");
+    let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let fake = std::thread::spawn(move || -> Vec<u8> {
+        let (mut s, _) = l.accept().unwrap();
+        let mut tags = Vec::new();
+        loop {
+            let mut head = [0u8; 5];
+            if s.read_exact(&mut head).is_err() {
+                return tags;
+            }
+            let len = u32::from_le_bytes(head[1..5].try_into().unwrap()) as usize;
+            let mut p = vec![0u8; len];
+            s.read_exact(&mut p).unwrap();
+            tags.push(head[0]);
+            let answer: Option<(u8, &[u8])> = match head[0] {
+                1 => Some((2, b"ready")),
+                6 => Some((3, b"refused by the test destination")),
+                _ => None,
+            };
+            if let Some((t, text)) = answer {
+                let mut m = vec![t];
+                m.extend_from_slice(&(text.len() as u32).to_le_bytes());
+                m.extend_from_slice(text);
+                s.write_all(&m).unwrap();
+            }
+            if head[0] == 6 {
+                return tags;
+            }
+        }
+    });
+    let out = gpuvm(
+        &BUSY
+            .iter()
+            .copied()
+            .chain([
+                "--migrate-to",
+                sock.to_str().unwrap(),
+                "--migrate-after-exits",
+                "2000",
+            ])
+            .collect::<Vec<_>>(),
+    );
+    let tags = fake.join().unwrap();
+    // HELLO, RAM pages, VGPU stream, ..., STATE: the source got as far as the end.
+    assert_eq!(tags.first(), Some(&1), "{tags:?}");
+    assert_eq!(tags.last(), Some(&6), "{tags:?}");
+    assert!(tags.contains(&8), "VGPU messages were sent: {tags:?}");
+    assert!(
+        !out.status.success(),
+        "a failed migration must fail the run"
+    );
     let vm = &json(&out)["vms"][0];
     let e = vm["kvm"]["handoff_error"].as_str().unwrap();
-    assert!(e.contains("the guest has used its vGPU"), "{e}");
+    assert!(e.contains("refused by the test destination"), "{e}");
     assert!(vm["kvm"]["handoff"].is_null());
-    assert_finished(vm);
-    let derr = stderr(&dout);
-    assert!(!dout.status.success(), "destination: {derr}");
-    assert!(
-        derr.contains("the source aborted the migration") && derr.contains("used its vGPU"),
-        "{derr}"
-    );
-    assert!(!derr.contains("panicked"), "{derr}");
+    // The vGPU was quiesced for the stop-and-copy: resumed, it runs every workload here.
+    assert_busy_finished(vm);
     let _ = std::fs::remove_dir_all(&tmp);
 }

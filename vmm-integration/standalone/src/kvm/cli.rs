@@ -174,9 +174,10 @@ fn render_handoff(k: &super::KvmVmInfo) -> String {
         out += &format!("restored from {} in {}\n", r.from, ms(r.load_ns));
         if let Some(m) = &r.migration {
             out += &format!(
-                "migration received: {} rounds, {} bytes, {} from HELLO to loaded (state loaded in {})\n{}",
+                "migration received: {} rounds, {} bytes (vGPU stream {}), {} from HELLO to loaded (state loaded in {})\n{}",
                 m.rounds.len(),
                 m.bytes,
+                m.vgpu_stream_bytes,
                 ms(m.total_ns),
                 ms(m.load_ns),
                 rounds(&m.rounds)
@@ -206,6 +207,23 @@ fn render_handoff(k: &super::KvmVmInfo) -> String {
                 ms(m.hash_ns),
                 m.state_bytes,
                 rounds(&m.rounds)
+            );
+            let mut t = Table::new(["VRAM round", "examined", "sent", "bytes", "time"]);
+            for (i, r) in m.vram_rounds.iter().enumerate() {
+                t.row([
+                    i.to_string(),
+                    r.examined.to_string(),
+                    r.sent.to_string(),
+                    r.bytes.to_string(),
+                    ms(r.micros * 1000),
+                ]);
+            }
+            out += &format!(
+                "vGPU: stream {} bytes, {} DMA-reachable RAM pages resent in stop-and-copy, {} submissions withdrawn\n{}",
+                m.vgpu_stream_bytes,
+                m.dma_pages,
+                m.withdrawn,
+                t.render()
             );
         }
         None => {}
@@ -321,9 +339,9 @@ pub struct KvmArgs {
     #[arg(long, requires = "kvm")]
     pub pvh: bool,
     /// With --kvm (one VM): after --snapshot-after-exits exits, pause the guest at an exit
-    /// boundary, write it (vCPU, irqchip, the VMM's devices, the vGPU, RAM) into DIR (new or
-    /// empty) and end. Refused, with the guest going on, once the guest has used its vGPU
-    /// (the device model's state cannot be captured yet). See docs/migration.md.
+    /// boundary, quiesce the vGPU, write the guest (vCPU, irqchip, the VMM's devices, the
+    /// vGPU's VRAM and device state, RAM) into DIR (new or empty) and end. If it fails, the
+    /// guest goes on here. See docs/migration.md.
     #[arg(long, value_name = "DIR", requires = "kvm", conflicts_with_all = ["migrate_to", "vfio_user"])]
     pub snapshot_to: Option<std::path::PathBuf>,
     /// With --snapshot-to: the number of exits (of this process) before the snapshot.
@@ -334,8 +352,9 @@ pub struct KvmArgs {
     #[arg(long, value_name = "DIR", requires = "kvm", conflicts_with_all = ["migrate_listen", "vfio_user"])]
     pub restore: Option<std::path::PathBuf>,
     /// With --kvm (one VM): after --migrate-after-exits exits, migrate the running guest to the
-    /// VMM listening on the Unix socket SOCK (pre-copy with KVM's dirty log, then
-    /// stop-and-copy). If it fails, the guest goes on here.
+    /// VMM listening on the Unix socket SOCK (pre-copy of RAM with KVM's dirty log and of the
+    /// vGPU's VRAM, then stop-and-copy with the vGPU quiesced). If it fails, the guest goes on
+    /// here.
     #[arg(
         long,
         value_name = "SOCK",

@@ -82,7 +82,7 @@ impl IrqfdSlot {
 
 /// The in-process device model on the simulated GPU.
 pub struct LocalVgpu {
-    vgpu: Arc<Vgpu>,
+    pub(super) vgpu: Arc<Vgpu>,
     sim: Arc<SimGpu>,
     line: IrqfdSlot,
 }

@@ -6,20 +6,28 @@
 //! (`KVM_MEM_LOG_DIRTY_PAGES`), sends every non-zero page while the guest keeps running (round
 //! 0), then in each further round the pages `KVM_GET_DIRTY_LOG` reports written since the last
 //! one, until a round finds at most [`STOP_PAGES`] dirty pages or [`MAX_ROUNDS`] rounds have
-//! run. Then stop-and-copy: the migration thread asks the vCPU thread to pause (a flag and the
-//! kick signal of [`super::kick`], so a guest spinning without exits is reached too); at its
-//! next exit boundary the vCPU thread completes the pending exit, captures the vCPU, VM, VMM
-//! and vGPU state ([`super::snapshot`]) and hands it over; the migration thread sends the last
-//! dirty pages, a hash of all of RAM and the state, and waits for the destination to say it
-//! has loaded everything. Downtime is the time the vCPU is paused. If anything fails before
+//! run. Each RAM round is followed by a VRAM round of the vGPU (`gpuvm::migrate::VramCopy`,
+//! whose dirty log starts with the migration), written as a `gpuvm::migrate` stream and sent
+//! in VGPU messages; pre-copy also waits for a VRAM round of at most [`STOP_VRAM_PAGES`]. Then
+//! stop-and-copy: the migration thread asks the vCPU thread to pause (a flag and the kick
+//! signal of [`super::kick`], so a guest spinning without exits is reached too); at its next
+//! exit boundary the vCPU thread completes the pending exit, captures the vCPU, VM and VMM
+//! state ([`super::snapshot`]) and hands it over; the migration thread quiesces the vGPU,
+//! sends the last dirty RAM pages **plus every guest-RAM page the GPU could write by DMA since
+//! the vGPU's log began** (`DirtyLog::dma_reachable`: KVM's dirty log does not see the GPU's
+//! writes), the last VRAM pages and the device state (ending the vGPU's stream), a hash of all
+//! of RAM and the state (which carries the vGPU stream's length and hash), and waits for the
+//! destination to say it has loaded everything. The destination keeps the vGPU's stream
+//! (at most [`MAX_VGPU_STREAM`] bytes) until RAM is complete, then restores the vGPU into its
+//! own host with that RAM attached, then the vCPU runs. Downtime is the time the vCPU is paused. If anything fails before
 //! that acknowledgment (the destination refuses, the vGPU cannot be captured, the socket
 //! breaks), the source resumes the guest and the run goes on there.
 //!
 //! The stream (all integers little-endian): messages of `tag: u8, len: u32, payload[len]`.
 //! Source to destination: HELLO (`"GPUVMMIG"`, version u32, JSON [`Hello`]), PAGES (round u32,
 //! count u32, then per page `u64` index, bit 63 set for an all-zero page which carries no
-//! data, else 4096 bytes), ROUND_END (round u32, pages u64), STATE (JSON [`StateMsg`]), ABORT
-//! (reason). Destination to source: OK (text) or ERR (reason), after HELLO and after STATE.
+//! data, else 4096 bytes), ROUND_END (round u32, pages u64), VGPU (the next bytes of the
+//! vGPU's `gpuvm::migrate` stream), STATE (JSON [`StateMsg`]), ABORT (reason). Destination to source: OK (text) or ERR (reason), after HELLO and after STATE.
 //! The destination treats everything as untrusted: unknown tags, lengths over [`MAX_MSG`], a
 //! page index outside RAM, a count that does not match the payload or the round's total, a
 //! version or RAM size it does not take, a RAM hash that differs, are all refused with an
@@ -39,7 +47,12 @@ use kvm_ioctls::{Kvm, VmFd};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 
-use super::snapshot::{self, GuestSpec, MachineState, PAGE};
+use gpuvm::host::GpuHost;
+use gpuvm::migrate::stream::{StreamInfo, StreamWriter};
+use gpuvm::migrate::VramCopy;
+use gpuvm::vgpu::Vgpu;
+
+use super::snapshot::{self, DeviceInfo, GuestSpec, Hasher, MachineState, PAGE};
 use super::vm::GuestVm;
 
 /// The first bytes of HELLO.
@@ -64,6 +77,13 @@ const PAGES: u8 = 4;
 const ROUND_END: u8 = 5;
 const STATE: u8 = 6;
 const ABORT: u8 = 7;
+const VGPU: u8 = 8;
+/// Most bytes of vGPU stream a destination accepts (it keeps them until RAM is complete).
+pub const MAX_VGPU_STREAM: u64 = 8 << 30;
+/// Bytes of vGPU stream per VGPU message.
+const VGPU_CHUNK: usize = 16 << 20;
+/// Pre-copy also waits for a VRAM round of at most this many pages (1 MiB) before stopping.
+pub const STOP_VRAM_PAGES: u64 = 256;
 
 fn tag_name(t: u8) -> &'static str {
     match t {
@@ -74,6 +94,7 @@ fn tag_name(t: u8) -> &'static str {
         ROUND_END => "ROUND_END",
         STATE => "STATE",
         ABORT => "ABORT",
+        VGPU => "VGPU",
         _ => "unknown",
     }
 }
@@ -184,6 +205,15 @@ pub struct SourceStats {
     pub ram_bytes: u64,
     /// What the destination said at the end.
     pub destination: String,
+    /// The vGPU's VRAM rounds (`gpuvm::migrate::VramCopy`), stop-and-copy last.
+    pub vram_rounds: Vec<gpuvm::migrate::RoundStats>,
+    /// Bytes of the vGPU's stream (VRAM pages and device state), VGPU message headers excluded.
+    pub vgpu_stream_bytes: u64,
+    /// Guest-RAM pages the GPU could reach by DMA, sent again in the stop-and-copy round
+    /// (KVM's dirty log does not see the GPU's writes).
+    pub dma_pages: u64,
+    /// Submissions withdrawn while quiescing the vGPU.
+    pub withdrawn: u64,
 }
 
 /// What the destination measured.
@@ -199,6 +229,8 @@ pub struct DestStats {
     pub total_ns: u64,
     /// From STATE received to the guest ready to run, ns.
     pub load_ns: u64,
+    /// Bytes of the vGPU's stream received.
+    pub vgpu_stream_bytes: u64,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -214,6 +246,7 @@ pub struct Incoming {
     started: Instant,
     state_at: Option<Instant>,
     stats: DestStats,
+    vgpu_stream: Vec<u8>,
 }
 
 impl std::fmt::Debug for Incoming {
@@ -291,6 +324,7 @@ pub fn listen(socket: &Path, wait: Duration) -> anyhow::Result<Incoming> {
         socket: socket.to_path_buf(),
         started,
         state_at: None,
+        vgpu_stream: Vec::new(),
         stats: DestStats {
             socket: socket.to_path_buf(),
             ..DestStats::default()
@@ -332,6 +366,14 @@ impl Incoming {
                     round.pages += n.0;
                     round.zero_pages += n.1;
                 }
+                VGPU => {
+                    ensure!(
+                        self.vgpu_stream.len() as u64 + p.len() as u64 <= MAX_VGPU_STREAM,
+                        "the vGPU's stream is longer than {MAX_VGPU_STREAM} bytes"
+                    );
+                    self.vgpu_stream.extend_from_slice(&p);
+                    self.stats.vgpu_stream_bytes += p.len() as u64;
+                }
                 ROUND_END => {
                     ensure!(p.len() == 12, "ROUND_END of {} bytes", p.len());
                     let r = u32::from_le_bytes(p[0..4].try_into()?);
@@ -355,7 +397,15 @@ impl Incoming {
                         last.stop_and_copy = true;
                     }
                     let s: StateMsg = serde_json::from_slice(&p).context("the source's STATE")?;
-                    let vgpu = unhex(&s.vgpu_hex).context("the vGPU's bytes")?;
+                    let vgpu = if self.vgpu_stream.is_empty() {
+                        unhex(&s.vgpu_hex).context("the vGPU's bytes")?
+                    } else {
+                        ensure!(
+                            s.vgpu_hex.is_empty(),
+                            "the source sent the vGPU both as a stream and in its STATE"
+                        );
+                        std::mem::take(&mut self.vgpu_stream)
+                    };
                     let here = snapshot::ram_hash(mem, ram)?;
                     ensure!(
                         here == s.ram_hash,
@@ -450,10 +500,6 @@ fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
         .collect()
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 // ---------------------------------------------------------------------------------------------
 // Source
 
@@ -477,8 +523,17 @@ pub fn set_dirty_log(gvm: &GuestVm, on: bool) -> anyhow::Result<()> {
         .context("KVM_SET_USER_MEMORY_REGION (dirty logging)")
 }
 
-/// What the vCPU thread hands the migration thread at the stop: the state, or why there is
-/// none (the migration is then aborted).
+/// The vGPU of a live migration: its VRAM goes in rounds alongside RAM's
+/// (`gpuvm::migrate::VramCopy`), its device state at the stop.
+pub struct LiveVgpu {
+    /// Its host.
+    pub host: Arc<GpuHost>,
+    /// The vGPU.
+    pub vgpu: Arc<Vgpu>,
+}
+
+/// What the vCPU thread hands the migration thread at the stop: the state (the vGPU's part
+/// is left to the migration thread), or why there is none (the migration is then aborted).
 pub type Handover = Result<(MachineState, Vec<u8>), String>;
 
 /// The migration thread of a source, as the vCPU thread sees it.
@@ -496,6 +551,7 @@ impl Source {
         gvm: &GuestVm,
         socket: &Path,
         guest: GuestSpec,
+        live: LiveVgpu,
     ) -> anyhow::Result<Source> {
         // The thread reads the dirty log through its own descriptor of the VM.
         // SAFETY: dup of the VM fd this GuestVm owns; the copy is owned by the new VmFd.
@@ -523,7 +579,7 @@ impl Source {
         let st = stop.clone();
         let handle = std::thread::Builder::new()
             .name("migrate".into())
-            .spawn(move || run_source(vm, mem, socket, guest, st, rx, vcpu_thread))?;
+            .spawn(move || run_source(vm, mem, socket, guest, st, rx, vcpu_thread, live))?;
         Ok(Source {
             stop,
             tx: Some(tx),
@@ -628,6 +684,88 @@ fn dirty_pages(vm: &VmFd, ram: u64) -> anyhow::Result<Vec<u64>> {
     Ok(pages)
 }
 
+/// A `Write` into a buffer the migration thread drains after each round.
+#[derive(Clone, Default)]
+struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for Buf {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.take_lock().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Buf {
+    fn take_lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The vGPU's side of the source: its copy rounds, its stream, what has been sent of it.
+struct VramSide {
+    copy: Option<VramCopy>,
+    sw: Option<StreamWriter<Buf>>,
+    buf: Buf,
+    hash: Hasher,
+    /// Bytes not hashed yet: the hash takes 32-byte words, so it is fed whole words until the
+    /// end, as the destination hashing the whole stream at once does.
+    unhashed: Vec<u8>,
+    len: u64,
+    host: Arc<GpuHost>,
+    vgpu: Arc<Vgpu>,
+    /// The vGPU was quiesced (and must be resumed if the migration fails).
+    quiesced: bool,
+    done: bool,
+}
+
+impl VramSide {
+    /// Sends what the stream writer produced since the last call as VGPU messages.
+    fn drain(&mut self, w: &mut impl Write) -> anyhow::Result<u64> {
+        let bytes = std::mem::take(&mut *self.buf.take_lock());
+        self.unhashed.extend_from_slice(&bytes);
+        let whole = self.unhashed.len() / 32 * 32;
+        self.hash.update(&self.unhashed[..whole]);
+        self.unhashed.drain(..whole);
+        self.len += bytes.len() as u64;
+        let mut sent = 0;
+        for c in bytes.chunks(VGPU_CHUNK) {
+            write_msg(w, VGPU, c).context("sending the vGPU's stream")?;
+            sent += 5 + c.len() as u64;
+        }
+        Ok(sent)
+    }
+
+    /// One VRAM round into the stream, sent.
+    fn round(&mut self, w: &mut impl Write) -> anyhow::Result<(gpuvm::migrate::RoundStats, u64)> {
+        let (Some(copy), Some(sw)) = (self.copy.as_mut(), self.sw.as_mut()) else {
+            bail!("the vGPU's stream is already finished");
+        };
+        let rs = copy
+            .round(&self.vgpu, &mut |b| sw.pages(b))
+            .context("a VRAM round")?;
+        let bytes = self.drain(w)?;
+        Ok((rs, bytes))
+    }
+}
+
+impl Drop for VramSide {
+    /// Ends the VRAM dirty log; a failed migration lets the vGPU run again.
+    fn drop(&mut self) {
+        if let Some(c) = self.copy.take() {
+            c.stop(&self.vgpu);
+        }
+        if self.quiesced && !self.done {
+            if let Err(e) = self.host.resume(&self.vgpu) {
+                eprintln!("gpuvm: resuming the vGPU after the failed migration: {e}");
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn run_source(
     vm: VmFd,
     mem: GuestMemoryMmap,
@@ -636,6 +774,7 @@ fn run_source(
     stop: Arc<AtomicBool>,
     rx: mpsc::Receiver<Handover>,
     vcpu_thread: libc::pthread_t,
+    live: LiveVgpu,
 ) -> anyhow::Result<SourceStats> {
     let ram = guest.ram_bytes;
     let t0 = Instant::now();
@@ -659,9 +798,28 @@ fn run_source(
     write_msg(&mut w, HELLO, &hello).context("sending HELLO")?;
     stats.bytes += 5 + hello.len() as u64;
     expect_ok(&mut r, "the migration")?;
+    // The vGPU's dirty log from here on (it rebuilds the shadow page tables, so every VRAM and
+    // guest-RAM page the GPU can reach from now on is recorded); dropped, it ends the log and,
+    // if the migration failed after quiescing, resumes the vGPU.
+    let buf = Buf::default();
+    let mut vs = VramSide {
+        copy: Some(VramCopy::start(&live.vgpu).context("starting the vGPU's dirty log")?),
+        sw: None,
+        buf: buf.clone(),
+        hash: Hasher::default(),
+        unhashed: Vec::new(),
+        len: 0,
+        host: live.host,
+        vgpu: live.vgpu,
+        quiesced: false,
+        done: false,
+    };
+    let info = StreamInfo::new(vs.vgpu.profile(), vs.vgpu.vram_slice().size);
+    vs.sw = Some(StreamWriter::new(buf, &info).context("the vGPU's stream")?);
+    stats.bytes += vs.drain(&mut w)?;
     // Round 0: every non-zero page (the destination's RAM starts zeroed). The dirty log was
     // turned on before this thread started, so what the guest writes from now on is in the
-    // next round.
+    // next round. Each RAM round is followed by a VRAM round.
     let mut round = 0u32;
     loop {
         let rt = Instant::now();
@@ -681,6 +839,9 @@ fn run_source(
         };
         let (zeros, mut bytes) = send_pages(&mut w, &mem, round, &pages)?;
         bytes += end_round(&mut w, round, pages.len() as u64)?;
+        let (rs, vbytes) = vs.round(&mut w)?;
+        bytes += vbytes;
+        stats.vram_rounds.push(rs);
         stats.bytes += bytes;
         stats.rounds.push(Round {
             round,
@@ -691,7 +852,8 @@ fn run_source(
             stop_and_copy: false,
         });
         round += 1;
-        if (round > 1 && pages.len() <= STOP_PAGES) || round >= MAX_ROUNDS {
+        let converged = pages.len() <= STOP_PAGES && rs.sent <= STOP_VRAM_PAGES;
+        if (round > 1 && converged) || round >= MAX_ROUNDS {
             break;
         }
     }
@@ -705,7 +867,7 @@ fn run_source(
     let handed = rx
         .recv()
         .unwrap_or_else(|_| Err("the guest ended before it could be paused".to_string()));
-    let (machine, vgpu) = match handed {
+    let (mut machine, _) = match handed {
         Ok(x) => x,
         Err(reason) => {
             let _ = write_msg(&mut w, ABORT, reason.as_bytes());
@@ -713,16 +875,66 @@ fn run_source(
         }
     };
     let rt = Instant::now();
-    let pages = dirty_pages(&vm, ram)?;
+    // The vCPU is paused: quiesce the vGPU (no vCPU access, none of its work on the GPU), so
+    // neither RAM nor VRAM changes any more.
+    vs.quiesced = true;
+    let clock = gpuvm::clock::ClockKind::Real.create();
+    let q = match vs
+        .host
+        .quiesce(&vs.vgpu, &*clock, snapshot::QUIESCE_WAIT_NS)
+    {
+        Ok(q) => q,
+        Err(e) => {
+            let reason = format!("quiescing the vGPU: {e}");
+            let _ = write_msg(&mut w, ABORT, reason.as_bytes());
+            bail!("{reason}");
+        }
+    };
+    stats.withdrawn = q.withdrawn as u64;
+    // The last RAM pages: what KVM saw written, and every page the GPU could write by DMA
+    // since the vGPU's log began (KVM does not see those writes).
+    let mut pages = dirty_pages(&vm, ram)?;
+    let dma: Vec<u64> = vs
+        .copy
+        .as_ref()
+        .map(|c| c.log().dma_reachable())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|&p| p < ram / PAGE)
+        .collect();
+    stats.dma_pages = dma.len() as u64;
+    pages.extend(dma);
+    pages.sort_unstable();
+    pages.dedup();
     let (zeros, mut bytes) = send_pages(&mut w, &mem, round, &pages)?;
     bytes += end_round(&mut w, round, pages.len() as u64)?;
+    // The last VRAM pages and the device state end the vGPU's stream.
+    let (rs, vbytes) = vs.round(&mut w)?;
+    bytes += vbytes;
+    stats.vram_rounds.push(rs);
+    let st = vs
+        .host
+        .device_state(&vs.vgpu)
+        .context("the vGPU's device state")?;
+    let mut sw = vs.sw.take().context("the vGPU's stream")?;
+    sw.device(&st).context("the vGPU's stream")?;
+    sw.finish().context("the vGPU's stream")?;
+    bytes += vs.drain(&mut w)?;
+    stats.vgpu_stream_bytes = vs.len;
+    let rest = std::mem::take(&mut vs.unhashed);
+    vs.hash.update(&rest);
+    machine.vgpu = DeviceInfo {
+        kind: snapshot::VGPU_KIND.to_string(),
+        len: vs.len,
+        hash: vs.hash.finish(),
+    };
     let ht = Instant::now();
     let ram_hash = snapshot::ram_hash(&mem, ram)?;
     stats.hash_ns = ht.elapsed().as_nanos() as u64;
     let state = serde_json::to_vec(&StateMsg {
         machine,
         ram_hash,
-        vgpu_hex: hex(&vgpu),
+        vgpu_hex: String::new(),
     })?;
     write_msg(&mut w, STATE, &state).context("sending the state")?;
     stats.state_bytes = state.len() as u64;
@@ -737,6 +949,7 @@ fn run_source(
         stop_and_copy: true,
     });
     stats.destination = expect_ok(&mut r, "the guest's state")?;
+    vs.done = true;
     stats.total_ns = t0.elapsed().as_nanos() as u64;
     Ok(stats)
 }
@@ -902,6 +1115,37 @@ mod tests {
         // Page 3 was sent with data in round 0, then as a zero page in round 1.
         assert_eq!(got.read_obj::<u8>(GuestAddress(3 * PAGE)).unwrap(), 0);
         assert_eq!(got.read_obj::<u8>(GuestAddress(2 * PAGE + 9)).unwrap(), 7);
+    }
+
+    #[test]
+    fn the_vgpu_stream_arrives_in_pieces_and_not_twice() {
+        let hash = snapshot::ram_hash(&mem(RAM_PAGES), RAM_PAGES * PAGE).unwrap();
+        let mut state = serde_json::to_vec(&StateMsg {
+            machine: machine(),
+            ram_hash: hash.clone(),
+            vgpu_hex: String::new(),
+        })
+        .unwrap();
+        let msgs = vec![
+            (VGPU, b"GPUVM".to_vec()),
+            round_end(0, 0),
+            (VGPU, b"SNP".to_vec()),
+            (STATE, state.clone()),
+        ];
+        let (r, _) = session("vgpu", VERSION, msgs);
+        assert_eq!(r.unwrap().1, b"GPUVMSNP");
+        state = serde_json::to_vec(&StateMsg {
+            machine: machine(),
+            ram_hash: hash,
+            vgpu_hex: "00".into(),
+        })
+        .unwrap();
+        refused(
+            "vgpu-twice",
+            VERSION,
+            vec![(VGPU, b"x".to_vec()), (STATE, state)],
+            "both as a stream and in its STATE",
+        );
     }
 
     #[test]

@@ -497,7 +497,9 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
     let phys: Arc<dyn PhysicalGpu> = sim.clone();
     let hcfg = HostConfig::default();
     let hyp = hcfg.hypervisor_vram >> 20;
-    let host = GpuHost::new(phys, hcfg).context("bringing up the GPU host")?;
+    let host = Arc::new(GpuHost::new(phys, hcfg).context("bringing up the GPU host")?);
+    // VM 0 of a restore gets its vGPU from the snapshot or the migration stream.
+    let restoring = incoming.is_some();
     if let Some(p) = opts.sched {
         host.set_scheduler(p.create(&opts.sched_params))
             .context("setting the scheduler")?;
@@ -509,6 +511,7 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
     };
     let channels = (128 / opts.vms as u32).min(16);
     let mut vgpus = Vec::new();
+    let mut devs: Vec<Arc<dyn VgpuDevice>> = Vec::new();
     for i in 0..opts.vms {
         let p = VgpuProfile {
             name: format!("vm{i}"),
@@ -517,10 +520,27 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
             weight: opts.setups.get(i).map_or(1, |s| s.weight.max(1)),
             shadow: opts.shadow_mode(),
         };
-        vgpus.push(
-            host.create_vgpu(&p)
-                .with_context(|| format!("creating the vGPU of vm{i}"))?,
-        );
+        if restoring && i == 0 {
+            devs.push(Arc::new(snapshot::MigratableVgpu::to_restore(
+                host.clone(),
+                sim.clone(),
+            )));
+            continue;
+        }
+        let v = host
+            .create_vgpu(&p)
+            .with_context(|| format!("creating the vGPU of vm{i}"))?;
+        devs.push(if handoff {
+            // The snapshot seam (see `snapshot::MigratableVgpu`).
+            Arc::new(snapshot::MigratableVgpu::new(
+                host.clone(),
+                sim.clone(),
+                v.clone(),
+            ))
+        } else {
+            Arc::new(LocalVgpu::new(v.clone(), sim.clone()))
+        });
+        vgpus.push(v);
     }
     let gated = (0..opts.vms)
         .filter(|&i| {
@@ -564,7 +584,7 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
         }
     }
     let ctx = RunCtx {
-        host: Some(&host),
+        host: Some(&*host),
         sim: Some(&sim),
         gate: Gate::new(gated),
         start,
@@ -580,17 +600,11 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
                 .spawn_scoped(s, move || sampler.run(every, ctx.start, host, sim, vgpus))
                 .expect("spawning the sampler thread");
         }
-        let handles: Vec<_> = vgpus
+        let handles: Vec<_> = devs
             .iter()
             .enumerate()
-            .map(|(i, vgpu)| {
-                let (kvm, ctx) = (&kvm, &ctx);
-                let mut dev: Arc<dyn VgpuDevice> =
-                    Arc::new(LocalVgpu::new(vgpu.clone(), sim.clone()));
-                if handoff {
-                    // The snapshot seam (see `snapshot::PristineVgpu`).
-                    dev = Arc::new(snapshot::PristineVgpu::new(dev));
-                }
+            .map(|(i, dev)| {
+                let (kvm, ctx, dev) = (&kvm, &ctx, dev.clone());
                 std::thread::Builder::new()
                     .name(format!("vm{i}"))
                     .spawn_scoped(s, move || run_vm(kvm, i, dev, ctx, opts))
@@ -607,8 +621,8 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
     if opts.sample_every.is_some() {
         sampler.sample(ctx.start, &host, &sim, &vgpus);
     }
-    for (v, r) in vgpus.iter().zip(&reports) {
-        if r.kvm.destroyed_in_flight.is_none() {
+    for (d, r) in devs.iter().zip(&reports) {
+        if let (None, Some(v)) = (r.kvm.destroyed_in_flight, d.vgpu()) {
             host.destroy_vgpu(v).context("destroying a vGPU")?;
         }
     }
@@ -619,6 +633,7 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
         _ => Vec::new(),
     };
     drop(vgpus);
+    drop(devs);
     Ok(KvmReport {
         backend: "kvm",
         pvm: is_pvm(),
@@ -1012,20 +1027,33 @@ fn vmm_state(
     }
 }
 
-/// Captures everything but RAM; the vGPU first, as it is what refuses.
+/// Captures everything but RAM; the vGPU first (it quiesces), unless `with_vgpu` is false (a
+/// live migration: the migration thread sends the vGPU's stream and fills in its part). If
+/// the rest fails after the vGPU was saved, the vGPU is resumed.
 fn capture_machine(
     kvm: &Kvm,
     gvm: &vm::GuestVm,
     vcpu: &VcpuFd,
     vgpu: &dyn VgpuDevice,
     vmm: snapshot::VmmState,
+    with_vgpu: bool,
 ) -> anyhow::Result<(snapshot::MachineState, Vec<u8>)> {
     let seam = vgpu
         .snapshot()
         .context("this vGPU has no snapshot support")?;
-    let bytes = seam.save().context("the vGPU")?;
-    let vcpus = vec![snapshot::capture_vcpu(kvm, &gvm.fd, vcpu)?];
-    let vm = snapshot::capture_vm(&gvm.fd)?;
+    let bytes = match with_vgpu {
+        true => seam.save().context("the vGPU")?,
+        false => Vec::new(),
+    };
+    let rest = snapshot::capture_vcpu(kvm, &gvm.fd, vcpu)
+        .and_then(|c| Ok((vec![c], snapshot::capture_vm(&gvm.fd)?)));
+    let (vcpus, vm) = match rest {
+        Ok(x) => x,
+        Err(e) => {
+            seam.resume();
+            return Err(e);
+        }
+    };
     Ok((
         snapshot::MachineState {
             vm,
@@ -1085,6 +1113,21 @@ fn run_vcpu(
         }
         Some(inc) => Some(restore_machine(&gvm, &vcpu, inc)?),
     };
+    if let Some(r) = restored.as_mut() {
+        // The vGPU once RAM is back (its state names guest RAM: page tables, rings, the DMA
+        // windows), before the vCPU runs.
+        let res = vgpu
+            .snapshot()
+            .context("this vGPU has no snapshot support")
+            .and_then(|seam| {
+                snapshot::restore_device(seam, &r.machine.vgpu, &r.vgpu_bytes, &gvm.mem)
+            });
+        if let (Some(m), Err(e)) = (r.migration.as_mut(), &res) {
+            m.refuse(e);
+        }
+        res.context("restoring the vGPU")?;
+        r.vgpu_bytes = Vec::new();
+    }
 
     vgpu.attach_ram(&gvm.mem)
         .context("attaching guest RAM to the vGPU")?;
@@ -1117,15 +1160,6 @@ fn run_vcpu(
     let mut ex = ExitCounts::default();
     let mut start = Instant::now();
     if let Some(r) = restored.as_mut() {
-        // The vGPU last, once RAM and its interrupt are attached, as when the guest first ran.
-        let res = vgpu
-            .snapshot()
-            .context("this vGPU has no snapshot support")
-            .and_then(|seam| snapshot::restore_device(seam, &r.machine.vgpu, &r.vgpu_bytes));
-        if let (Some(m), Err(e)) = (r.migration.as_mut(), &res) {
-            m.refuse(e);
-        }
-        res.context("restoring the vGPU")?;
         let v = &r.machine.vmm;
         pci.set_address(v.pci_address);
         uart = serial::restored_uart(
@@ -1228,9 +1262,15 @@ fn run_vcpu(
             let due = !handoff_tried && exits_here >= out.after_exits();
             if let (Outgoing::Migrate { socket, .. }, true) = (out, due) {
                 handoff_tried = true;
-                match migrate::set_dirty_log(&gvm, true)
-                    .and_then(|()| migrate::Source::start(kvm, &gvm, socket, spec.clone()))
-                {
+                let live = vgpu
+                    .snapshot()
+                    .and_then(|s| s.live())
+                    .map(|(host, vgpu)| migrate::LiveVgpu { host, vgpu })
+                    .context("this vGPU cannot be migrated live");
+                match live.and_then(|live| {
+                    migrate::set_dirty_log(&gvm, true)?;
+                    migrate::Source::start(kvm, &gvm, socket, spec.clone(), live)
+                }) {
                     Ok(s) => {
                         eprintln!(
                             "gpuvm: {name}: migrating to {} after {exits_here} exits (pre-copy)",
@@ -1266,7 +1306,8 @@ fn run_vcpu(
                     })
                     .and_then(|()| {
                         let vmm = vmm_state(&uart, &pci, &ex, marks, start);
-                        capture_machine(kvm, &gvm, &vcpu, &**vgpu, vmm)
+                        let with_vgpu = matches!(out, Outgoing::Snapshot { .. });
+                        capture_machine(kvm, &gvm, &vcpu, &**vgpu, vmm, with_vgpu)
                     });
                 match out {
                     Outgoing::Snapshot { dir, after_exits } => {
@@ -1292,13 +1333,18 @@ fn run_vcpu(
                                 info.handoff = Some(Handoff::Snapshot(w));
                                 break End::HandedOff;
                             }
-                            Err(e) => handoff_failed(
-                                info,
-                                &gvm,
-                                &name,
-                                "snapshot",
-                                format!("to {}: {e:#}", dir.display()),
-                            ),
+                            Err(e) => {
+                                if let Some(seam) = vgpu.snapshot() {
+                                    seam.resume();
+                                }
+                                handoff_failed(
+                                    info,
+                                    &gvm,
+                                    &name,
+                                    "snapshot",
+                                    format!("to {}: {e:#}", dir.display()),
+                                )
+                            }
                         }
                     }
                     Outgoing::Migrate { .. } => {

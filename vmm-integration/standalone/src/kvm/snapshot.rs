@@ -15,12 +15,11 @@
 //!   vGPU's configuration space and need nothing of their own);
 //! * guest RAM, as a sparse file holding only the non-zero pages;
 //! * the vGPU, through the [`DeviceSnapshot`] seam: opaque bytes the device produces and takes
-//!   back. Today the only implementation is [`PristineVgpu`], which can capture a vGPU the
-//!   guest has **not** made a single BAR access to (its state is then the profile plus the
-//!   configuration-space writes, which it replays); any BAR access makes it refuse, because the
-//!   device model's own state (registers, shadow page tables, channels, VRAM) is not
-//!   serializable yet. Snapshot and migration therefore fail with a clear error rather than
-//!   restore a blank vGPU under a guest that had used it.
+//!   back. Its implementation, [`MigratableVgpu`], quiesces the vGPU (the vCPU is already
+//!   paused) and writes a `gpuvm::migrate` stream (VRAM pages, then the device state); a
+//!   restore reads it into a new vGPU of the new process's host with the restored RAM
+//!   attached. Schemes that map VRAM straight into the guest (BAR remap) and `--vfio-user`
+//!   are refused ([`check_supported`]).
 //!
 //! The directory: `manifest.json` (versioned, [`Manifest`]), `ram.bin` (sparse, RAM size
 //! long), `vgpu.bin` (the seam's bytes). The manifest is written last (renamed into place), so
@@ -29,14 +28,16 @@
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use anyhow::{bail, ensure, Context};
-use gpuvm::profile::{ShadowMode, VgpuProfile};
+use gpuvm::host::GpuHost;
+use gpuvm::profile::ShadowMode;
 use gpuvm::vgpu::{Vgpu, VgpuStats};
 use gpuvm_guest::hal::Bar;
 use gpuvm_guest::workloads::Workload;
+use gpuvm_sim::SimGpu;
 use kvm_bindings::{
     kvm_clock_data, kvm_cpuid_entry2, kvm_debugregs, kvm_irqchip, kvm_lapic_state, kvm_mp_state,
     kvm_msr_entry, kvm_regs, kvm_sregs, kvm_vcpu_events, kvm_xcrs, kvm_xsave, CpuId, Msrs,
@@ -48,7 +49,7 @@ use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 use zerocopy::{FromBytes, Immutable, IntoBytes};
 
-use super::device::VgpuDevice;
+use super::device::{LocalVgpu, VgpuDevice};
 use super::{abi, scheme, ExitCounts, KvmOptions};
 
 /// The manifest's `format`.
@@ -63,8 +64,6 @@ const RAM_FILE: &str = "ram.bin";
 const VGPU_FILE: &str = "vgpu.bin";
 /// Largest manifest read (it holds the console lines; 10 000 lines of 512 bytes at most).
 const MAX_MANIFEST: u64 = 64 << 20;
-/// Most configuration-space writes [`PristineVgpu`] keeps (a normal bring-up makes ~20).
-const MAX_CONFIG_WRITES: usize = 65_536;
 
 // ---------------------------------------------------------------------------------------------
 // Byte blobs and the RAM hash
@@ -739,197 +738,187 @@ pub struct VmmState {
 
 /// The seam through which the VMM saves and restores a device's own state: opaque bytes the
 /// device produces and takes back. The VMM stores them (`vgpu.bin`, or the migration stream's
-/// state record) with a length and a hash and never looks inside.
+/// VGPU messages) with a length and a hash and never looks inside.
 pub trait DeviceSnapshot: Send + Sync {
     /// What produced the bytes, with a version (checked on restore).
     fn kind(&self) -> String;
-    /// The device's state, or why it cannot be captured (the snapshot is then refused).
+    /// Quiesces the device (the vCPUs are paused) and returns its whole state, or why it
+    /// cannot be captured (the snapshot is then refused and the device runs on). After a
+    /// successful save the device stays quiesced: [`DeviceSnapshot::resume`] it if the
+    /// snapshot is not used after all.
     fn save(&self) -> anyhow::Result<Vec<u8>>;
-    /// Puts the state back into a freshly created device (same profile).
-    fn restore(&self, bytes: &[u8]) -> anyhow::Result<()>;
+    /// Lets a device that [`DeviceSnapshot::save`] (or a live migration) quiesced run again:
+    /// the snapshot or migration failed and the guest goes on here. A no-op otherwise.
+    fn resume(&self);
+    /// Rebuilds the device from `bytes` in this (new) process, with the guest's RAM `ram`
+    /// already restored. The seam must not have a device yet.
+    fn restore(&self, bytes: &[u8], ram: &GuestMemoryMmap) -> anyhow::Result<()>;
+    /// The host and the vGPU, for the VRAM rounds of a live migration (`None`: the device
+    /// cannot be migrated live).
+    fn live(&self) -> Option<(Arc<GpuHost>, Arc<Vgpu>)>;
 }
 
-/// One configuration-space write.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConfigWrite {
-    offset: u16,
-    data: Vec<u8>,
+/// [`DeviceSnapshot::kind`] of [`MigratableVgpu`]: its bytes are a `gpuvm::migrate` stream.
+pub const VGPU_KIND: &str = "gpuvm-migrate-stream/1";
+/// How long quiescing the vGPU may wait for its work on the GPU to finish.
+pub const QUIESCE_WAIT_NS: u64 = 5_000_000_000;
+
+/// The in-process vGPU with the library's snapshot, restore and live migration
+/// (`gpuvm::migrate`): [`DeviceSnapshot::save`] quiesces it and writes its VRAM pages and
+/// device state (registers, PCI configuration space, channels, page-table roots) as a
+/// `gpuvm::migrate` stream; [`DeviceSnapshot::restore`] reads such a stream into a new vGPU
+/// of this process's host, with the restored guest RAM attached (`gpuvm::migrate::restore`,
+/// which validates every record and destroys the new vGPU on any error).
+///
+/// A VM that is restored starts with no vGPU at all ([`MigratableVgpu::to_restore`]): until
+/// the restore it reads as an absent device.
+pub struct MigratableVgpu {
+    host: Arc<GpuHost>,
+    sim: Arc<SimGpu>,
+    inner: OnceLock<LocalVgpu>,
+    /// The restore attached guest RAM (the VMM's own attach is then skipped).
+    ram_attached: AtomicBool,
+    /// A save or a live migration left the vGPU quiesced.
+    quiesced: AtomicBool,
 }
 
-/// The bytes of a [`PristineVgpu`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PristineState {
-    profile: VgpuProfile,
-    config_writes: Vec<ConfigWrite>,
-}
+impl MigratableVgpu {
+    /// Wraps `vgpu`, a vGPU of `host` on `sim`.
+    pub fn new(host: Arc<GpuHost>, sim: Arc<SimGpu>, vgpu: Arc<Vgpu>) -> MigratableVgpu {
+        let m = MigratableVgpu::to_restore(host, sim);
+        let _ = m.inner.set(LocalVgpu::new(vgpu, m.sim.clone()));
+        m
+    }
 
-/// A vGPU the guest has made no BAR access to can be recreated exactly: a fresh vGPU of the
-/// same profile plus the configuration-space writes the guest made (BAR placement, command
-/// register, MSI), replayed in order, which is all its state then holds (configuration writes
-/// reach nothing but `PciConfig` and, with bus mastering, the DMA windows of the attached RAM,
-/// which the replay recreates). This wrapper sits between the VMM and the in-process vGPU,
-/// logs those writes and counts BAR accesses; with any BAR access [`DeviceSnapshot::save`]
-/// refuses, naming them, instead of producing a blank vGPU.
-pub struct PristineVgpu {
-    inner: Arc<dyn VgpuDevice>,
-    writes: Mutex<Vec<ConfigWrite>>,
-    overflow: AtomicU64,
-    bar_accesses: AtomicU64,
-}
-
-impl PristineVgpu {
-    /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn VgpuDevice>) -> PristineVgpu {
-        PristineVgpu {
-            inner,
-            writes: Mutex::new(Vec::new()),
-            overflow: AtomicU64::new(0),
-            bar_accesses: AtomicU64::new(0),
+    /// A device that [`DeviceSnapshot::restore`] fills in.
+    pub fn to_restore(host: Arc<GpuHost>, sim: Arc<SimGpu>) -> MigratableVgpu {
+        MigratableVgpu {
+            host,
+            sim,
+            inner: OnceLock::new(),
+            ram_attached: AtomicBool::new(false),
+            quiesced: AtomicBool::new(false),
         }
     }
-
-    /// BAR accesses the guest made through this wrapper.
-    pub fn bar_accesses(&self) -> u64 {
-        self.bar_accesses.load(Ordering::SeqCst)
-    }
-
-    fn writes(&self) -> std::sync::MutexGuard<'_, Vec<ConfigWrite>> {
-        self.writes.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
-impl DeviceSnapshot for PristineVgpu {
+impl DeviceSnapshot for MigratableVgpu {
     fn kind(&self) -> String {
-        "gpuvm-vgpu-pristine/1".to_string()
+        VGPU_KIND.to_string()
     }
 
     fn save(&self) -> anyhow::Result<Vec<u8>> {
-        let here = self.bar_accesses();
-        let model = self.inner.stats().exits.total();
-        let irqs = self.inner.irqs_raised();
-        if here != 0 || model != 0 || irqs != 0 {
-            bail!(
-                "the guest has used its vGPU ({} BAR accesses, {model} counted by the device model, {irqs} interrupts): the vGPU's own state (registers, shadow page tables, channels, VRAM) cannot be captured yet, and a snapshot would restore a blank GPU under it; refused (take it before the guest's first BAR access)",
-                here
-            );
-        }
-        ensure!(
-            self.overflow.load(Ordering::SeqCst) == 0,
-            "more than {MAX_CONFIG_WRITES} configuration-space writes: refused"
-        );
-        let Some(v) = self.inner.vgpu() else {
-            bail!("this vGPU is not in this process");
+        let Some(d) = self.inner.get() else {
+            bail!("there is no vGPU to save");
         };
-        Ok(serde_json::to_vec(&PristineState {
-            profile: v.profile().clone(),
-            config_writes: self.writes().clone(),
-        })?)
+        let clock = gpuvm::clock::ClockKind::Real.create();
+        let mut out = Vec::new();
+        gpuvm::migrate::snapshot(&self.host, &d.vgpu, &*clock, QUIESCE_WAIT_NS, &mut out)
+            .context("snapshotting the vGPU")?;
+        self.quiesced.store(true, Ordering::SeqCst);
+        Ok(out)
     }
 
-    fn restore(&self, bytes: &[u8]) -> anyhow::Result<()> {
-        let s: PristineState =
-            serde_json::from_slice(bytes).context("the vGPU state is not valid")?;
-        let Some(v) = self.inner.vgpu() else {
-            bail!("this vGPU is not in this process");
-        };
-        let p = v.profile();
+    fn resume(&self) {
+        if self.quiesced.swap(false, Ordering::SeqCst) {
+            if let Some(d) = self.inner.get() {
+                d.vgpu.stop_dirty_log();
+                if let Err(e) = self.host.resume(&d.vgpu) {
+                    eprintln!("gpuvm: resuming the vGPU: {e}");
+                }
+            }
+        }
+    }
+
+    fn restore(&self, bytes: &[u8], ram: &GuestMemoryMmap) -> anyhow::Result<()> {
         ensure!(
-            (p.vram_mib, p.channels, p.shadow) == (s.profile.vram_mib, s.profile.channels, s.profile.shadow),
-            "the vGPU here ({} MiB, {} channels, shadow {}) differs from the snapshot's ({} MiB, {} channels, shadow {})",
-            p.vram_mib,
-            p.channels,
-            p.shadow,
-            s.profile.vram_mib,
-            s.profile.channels,
-            s.profile.shadow
-        );
-        ensure!(
-            self.bar_accesses() == 0 && self.writes().is_empty(),
+            self.inner.get().is_none(),
             "restoring into a vGPU that is not fresh"
         );
-        ensure!(
-            s.config_writes.len() <= MAX_CONFIG_WRITES,
-            "{} configuration writes (at most {MAX_CONFIG_WRITES})",
-            s.config_writes.len()
-        );
-        for w in &s.config_writes {
-            ensure!(
-                !w.data.is_empty()
-                    && w.data.len() <= 4
-                    && w.offset < 0x100
-                    && (w.offset as usize & 3) + w.data.len() <= 4,
-                "configuration write of {} bytes at {:#x}: not within one dword of the header",
-                w.data.len(),
-                w.offset
-            );
-        }
-        for w in &s.config_writes {
-            self.config_write(w.offset, &w.data);
+        let v = gpuvm::migrate::restore(&self.host, bytes, Some(ram.clone()))
+            .context("the vGPU's snapshot stream")?;
+        self.ram_attached.store(true, Ordering::SeqCst);
+        if self
+            .inner
+            .set(LocalVgpu::new(v.clone(), self.sim.clone()))
+            .is_err()
+        {
+            let _ = self.host.destroy_vgpu(&v);
+            bail!("restoring into a vGPU that is not fresh");
         }
         Ok(())
     }
+
+    fn live(&self) -> Option<(Arc<GpuHost>, Arc<Vgpu>)> {
+        self.inner
+            .get()
+            .map(|d| (self.host.clone(), d.vgpu.clone()))
+    }
 }
 
-impl VgpuDevice for PristineVgpu {
+impl VgpuDevice for MigratableVgpu {
     fn config_read(&self, offset: u16, data: &mut [u8]) {
-        self.inner.config_read(offset, data)
+        match self.inner.get() {
+            Some(d) => d.config_read(offset, data),
+            None => data.fill(0xff),
+        }
     }
     fn config_write(&self, offset: u16, data: &[u8]) {
-        {
-            let mut w = self.writes();
-            if w.len() < MAX_CONFIG_WRITES {
-                w.push(ConfigWrite {
-                    offset,
-                    data: data.to_vec(),
-                });
-            } else {
-                self.overflow.fetch_add(1, Ordering::SeqCst);
-            }
+        if let Some(d) = self.inner.get() {
+            d.config_write(offset, data)
         }
-        self.inner.config_write(offset, data)
     }
     fn bar_read(&self, bar: Bar, offset: u64, data: &mut [u8]) {
-        self.bar_accesses.fetch_add(1, Ordering::SeqCst);
-        self.inner.bar_read(bar, offset, data)
+        match self.inner.get() {
+            Some(d) => d.bar_read(bar, offset, data),
+            None => data.fill(0xff),
+        }
     }
     fn bar_write(&self, bar: Bar, offset: u64, data: &[u8]) {
-        self.bar_accesses.fetch_add(1, Ordering::SeqCst);
-        self.inner.bar_write(bar, offset, data)
+        if let Some(d) = self.inner.get() {
+            d.bar_write(bar, offset, data)
+        }
     }
     fn needs_shared_ram(&self) -> bool {
-        self.inner.needs_shared_ram()
+        false
     }
     fn attach_ram(&self, mem: &GuestMemoryMmap) -> anyhow::Result<()> {
-        self.inner.attach_ram(mem)
+        match self.inner.get() {
+            Some(_) if self.ram_attached.load(Ordering::SeqCst) => Ok(()),
+            Some(d) => d.attach_ram(mem),
+            None => bail!("the vGPU was not restored"),
+        }
     }
     fn connect_irq(&self, evt: EventFd) -> anyhow::Result<()> {
-        self.inner.connect_irq(evt)
+        match self.inner.get() {
+            Some(d) => d.connect_irq(evt),
+            None => bail!("the vGPU was not restored"),
+        }
     }
     fn irqs_raised(&self) -> u64 {
-        self.inner.irqs_raised()
+        self.inner.get().map_or(0, |d| d.irqs_raised())
     }
     fn busy_ns(&self) -> u64 {
-        self.inner.busy_ns()
+        self.inner.get().map_or(0, |d| d.busy_ns())
     }
     fn stats(&self) -> VgpuStats {
-        self.inner.stats()
+        self.inner.get().map(|d| d.stats()).unwrap_or_default()
     }
     fn vm_id(&self) -> Option<u32> {
-        self.inner.vm_id()
+        self.inner.get().and_then(|d| d.vm_id())
     }
     fn failure(&self) -> Option<String> {
-        self.inner.failure()
+        None
     }
     fn vgpu(&self) -> Option<&Arc<Vgpu>> {
-        self.inner.vgpu()
+        self.inner.get().map(|d| &d.vgpu)
     }
     fn snapshot(&self) -> Option<&dyn DeviceSnapshot> {
         Some(self)
     }
 }
 
+// ---------------------------------------------------------------------------------------------
 // ---------------------------------------------------------------------------------------------
 // Everything but RAM, and the directory
 
@@ -1014,6 +1003,7 @@ pub fn restore_device(
     dev: &dyn DeviceSnapshot,
     info: &DeviceInfo,
     bytes: &[u8],
+    ram: &GuestMemoryMmap,
 ) -> anyhow::Result<()> {
     ensure!(
         info.kind == dev.kind(),
@@ -1035,7 +1025,7 @@ pub fn restore_device(
         h.finish(),
         info.hash
     );
-    dev.restore(bytes)
+    dev.restore(bytes, ram)
 }
 
 /// Sizes of what [`write_dir`] wrote.
@@ -1260,7 +1250,10 @@ impl Loaded {
     pub fn vgpu_bytes(&self) -> anyhow::Result<Vec<u8>> {
         let path = self.dir.join(VGPU_FILE);
         let max = self.manifest.machine.vgpu.len;
-        ensure!(max <= MAX_MANIFEST, "vGPU state of {max} bytes: too large");
+        ensure!(
+            max <= super::migrate::MAX_VGPU_STREAM,
+            "vGPU state of {max} bytes: too large"
+        );
         let f =
             std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
         let mut b = Vec::new();
@@ -1272,9 +1265,8 @@ impl Loaded {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvm::device::LocalVgpu;
-    use gpuvm::host::{GpuHost, HostConfig};
-    use gpuvm_sim::{SimConfig, SimGpu};
+    use gpuvm::host::HostConfig;
+    use gpuvm_sim::SimConfig;
 
     fn cfg_read(d: &dyn VgpuDevice, off: u16) -> u32 {
         let mut b = [0u8; 4];
@@ -1282,81 +1274,98 @@ mod tests {
         u32::from_le_bytes(b)
     }
 
-    // No KVM needed: the seam on the in-process device model.
-    #[test]
-    fn a_pristine_vgpu_comes_back_with_its_configuration_space_and_a_used_one_is_refused() {
+    fn host() -> (Arc<SimGpu>, Arc<GpuHost>) {
         let sim = Arc::new(SimGpu::new(SimConfig {
             vram_size: 1 << 30,
             ..SimConfig::default()
         }));
-        let host = GpuHost::new(sim.clone(), HostConfig::default()).unwrap();
-        let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap();
-        let make = |name: &str, vram_mib: u64| {
-            let v = host
-                .create_vgpu(&VgpuProfile {
-                    name: name.into(),
-                    vram_mib,
-                    channels: 8,
-                    ..VgpuProfile::default()
-                })
-                .unwrap();
-            let d = PristineVgpu::new(Arc::new(LocalVgpu::new(v, sim.clone())));
-            d.attach_ram(&ram).unwrap();
-            d
-        };
-        let a = make("a", 128);
-        // What the guest does before its first BAR access: size BAR0, place it and BAR1, turn
-        // memory decoding and bus mastering on, program the interrupt line.
-        a.config_write(0x10, &[0xff; 4]);
-        let size0 = !(cfg_read(&a, 0x10) & !0xf) + 1;
-        assert!(size0 >= 16 << 20, "BAR0 sizes to {size0:#x}");
+        let host = Arc::new(GpuHost::new(sim.clone(), HostConfig::default()).unwrap());
+        (sim, host)
+    }
+
+    fn ram() -> GuestMemoryMmap {
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
+    }
+
+    fn bar0_read(d: &dyn VgpuDevice, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        d.bar_read(Bar::Bar0, off, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    // No KVM needed: the seam on the in-process device model, between two hosts.
+    #[test]
+    fn a_used_vgpu_comes_back_on_another_host_and_a_damaged_stream_is_refused() {
+        let (sim, h) = host();
+        let v = h
+            .create_vgpu(&gpuvm::profile::VgpuProfile {
+                name: "a".into(),
+                vram_mib: 128,
+                channels: 8,
+                ..Default::default()
+            })
+            .unwrap();
+        let a = MigratableVgpu::new(h.clone(), sim.clone(), v);
+        a.attach_ram(&ram()).unwrap();
+        // What a guest does: place the BARs, turn decoding and bus mastering on, then use
+        // the device: write VRAM through BAR0's PRAMIN window.
         a.config_write(0x10, &0xcc00_0000u32.to_le_bytes());
         a.config_write(0x14, &0xc000_0000u32.to_le_bytes());
         a.config_write(0x3c, &[11]);
         a.config_write(0x04, &[0x06, 0x00]);
+        assert_ne!(bar0_read(&a, 0), 0, "BOOT_0 reads the chip id");
+        for i in 0..1024u64 {
+            a.bar_write(
+                Bar::Bar0,
+                0x70_0000 + 4 * i,
+                &(0xa5a5_0000 | i as u32).to_le_bytes(),
+            );
+        }
+        assert!(a.stats().exits.total() > 1024);
         let bytes = a.save().unwrap();
-        assert_eq!(a.kind(), "gpuvm-vgpu-pristine/1");
+        assert_eq!(a.kind(), VGPU_KIND);
+        // Saved means quiesced; resume lets it go on (a snapshot that was not used).
+        a.resume();
+        assert_eq!(bar0_read(&a, 0x70_0000 + 4 * 7), 0xa5a5_0007);
 
-        let b = make("b", 128);
-        assert_ne!(
-            cfg_read(&b, 0x10),
-            cfg_read(&a, 0x10),
-            "BAR0 not placed yet"
-        );
-        b.restore(&bytes).unwrap();
+        let (sim2, h2) = host();
+        let b = MigratableVgpu::to_restore(h2.clone(), sim2.clone());
+        assert!(b.vgpu().is_none() && b.live().is_none());
+        let ram2 = ram();
+        b.restore(&bytes, &ram2).unwrap();
+        b.attach_ram(&ram2).unwrap();
         for off in (0..0x100).step_by(4) {
             assert_eq!(
-                cfg_read(&a, off),
                 cfg_read(&b, off),
+                cfg_read(&a, off),
                 "config dword {off:#x}"
             );
         }
-        // Into a vGPU that is not fresh, or of another profile, or from garbage: refused.
-        let e = b.restore(&bytes).unwrap_err().to_string();
+        for i in 0..1024u64 {
+            assert_eq!(
+                bar0_read(&b, 0x70_0000 + 4 * i),
+                0xa5a5_0000 | i as u32,
+                "VRAM word {i}"
+            );
+        }
+        // Into a device that has one already: refused.
+        let e = b.restore(&bytes, &ram2).unwrap_err().to_string();
         assert!(e.contains("not fresh"), "{e}");
-        let e = make("c", 64).restore(&bytes).unwrap_err().to_string();
-        assert!(e.contains("differs from the snapshot's"), "{e}");
-        let e = make("d", 128).restore(b"{}").unwrap_err();
-        assert!(format!("{e:#}").contains("not valid"), "{e:#}");
-        let mut bad: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-        bad["config_writes"][0]["offset"] = 0x1000.into();
-        let e = make("e", 128)
-            .restore(&serde_json::to_vec(&bad).unwrap())
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("not within one dword of the header"), "{e}");
-
-        // One BAR access and the state is the device model's: save refuses.
-        let mut d = [0u8; 4];
-        a.bar_read(Bar::Bar0, 0, &mut d);
-        assert_ne!(u32::from_le_bytes(d), 0, "BOOT_0 reads the chip id");
-        let e = a.save().unwrap_err().to_string();
-        assert!(
-            e.contains(
-                "the guest has used its vGPU (1 BAR accesses, 1 counted by the device model"
-            ),
-            "{e}"
+        // A cut or foreign stream: refused, and the host is as before (no vGPU left on it).
+        let before = h2.stats().vms;
+        let c = MigratableVgpu::to_restore(h2.clone(), sim2.clone());
+        let e = format!(
+            "{:#}",
+            c.restore(&bytes[..bytes.len() - 9], &ram2).unwrap_err()
         );
+        assert!(e.contains("the vGPU's snapshot stream"), "{e}");
+        assert!(c.vgpu().is_none());
+        let e = format!("{:#}", c.restore(b"GPUVMSNX\x01\0\0\0", &ram2).unwrap_err());
+        assert!(e.contains("the vGPU's snapshot stream"), "{e}");
+        assert_eq!(h2.stats().vms, before);
+        // Before its restore the device reads as absent, and the VMM cannot attach to it.
+        assert_eq!(cfg_read(&c, 0), 0xffff_ffff);
+        assert!(c.attach_ram(&ram2).is_err());
     }
 
     #[test]
