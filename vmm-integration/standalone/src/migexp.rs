@@ -233,7 +233,15 @@ fn new_host(clock: &Arc<dyn Clock>, vram_mib: u64) -> anyhow::Result<GpuHost> {
         clock: clock.clone(),
         ..SimConfig::default()
     }));
-    let h = GpuHost::new(gpu, HostConfig::default())?;
+    let h = GpuHost::new(
+        gpu,
+        HostConfig {
+            // The simulator does a large copy in real CPU time (a 64 MiB memcpy can take
+            // seconds on a loaded host), which the default 2 s hang watchdog would kill.
+            watchdog_ns: 120_000_000_000,
+            ..HostConfig::default()
+        },
+    )?;
     h.set_clock(clock.clone());
     Ok(h)
 }
