@@ -13,7 +13,8 @@
 //!
 //! Seeds ([`seeds`]): real snapshots of a small VM — after its driver ran a workload (pages,
 //! bound channels, GPU contexts), the same with its PAGES records dropped (short, so mutations
-//! land on the JSON), and a VM the guest never touched.
+//! land on the JSON; refused at the first channel's binding, its instance block being absent),
+//! and a VM the guest never touched.
 
 use std::sync::Arc;
 
@@ -129,7 +130,7 @@ thread_local! {
 }
 
 /// What one input did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Summary {
     /// Records the reader accepted.
     pub records: u64,
@@ -139,6 +140,8 @@ pub struct Summary {
     pub restore_tried: bool,
     /// It succeeded.
     pub restored: bool,
+    /// Why it was refused.
+    pub error: Option<String>,
 }
 
 /// Runs one input (panics on a finding).
@@ -184,7 +187,8 @@ fn run_on(rig: &Rig, data: &[u8]) -> Summary {
                 "host not back at baseline after a restored vGPU was destroyed"
             );
         }
-        Err(_) => {
+        Err(e) => {
+            s.error = Some(e.to_string());
             assert_eq!(
                 figures(&rig.host),
                 rig.baseline,
@@ -230,7 +234,8 @@ pub fn seeds() -> Vec<Vec<u8>> {
     out
 }
 
-/// `s` without its PAGES records (END's counts adjusted): still a valid stream.
+/// `s` without its PAGES records (END's counts adjusted): a stream the reader accepts, which
+/// `restore` refuses once it binds a channel (its instance block is not there).
 pub fn strip_pages(s: &[u8]) -> Vec<u8> {
     let mut out = s[..12].to_vec();
     let mut recs = 0u64;
