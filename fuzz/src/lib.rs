@@ -224,7 +224,10 @@ mod tests {
             if i == 1 {
                 // Without its pages the bound channel's instance block reads as zeroes.
                 assert!(r.parsed && !r.restored, "{r:?}");
-                assert!(r.error.as_deref().unwrap_or("").contains("beyond its"), "{r:?}");
+                assert!(
+                    r.error.as_deref().unwrap_or("").contains("beyond its"),
+                    "{r:?}"
+                );
             } else {
                 assert!(r.parsed && r.restored, "{r:?}");
             }
