@@ -7,6 +7,7 @@ pub mod pushbuf_decode;
 pub mod seeds;
 pub mod serve_control;
 pub mod shadow_walk;
+pub mod snapshot_stream;
 pub mod vgpu_mmio;
 
 /// Reads the fuzz input as a stream of little-endian values; past the end it yields zeros.
@@ -211,6 +212,38 @@ mod tests {
             handled += super::serve_control::run(&i);
         }
         assert!(handled >= 10, "{handled}");
+    }
+
+    /// The seeds parse, the two whole snapshots restore; prefixes of the short seed, and
+    /// flipped bytes in it, are refused or restored without a finding.
+    #[test]
+    fn snapshot_stream() {
+        let seeds = super::snapshot_stream::seeds();
+        for (i, s) in seeds.iter().enumerate() {
+            let r = super::snapshot_stream::run(s);
+            if i == 1 {
+                // Without its pages the bound channel's instance block reads as zeroes.
+                assert!(r.parsed && !r.restored, "{r:?}");
+                assert!(
+                    r.error.as_deref().unwrap_or("").contains("beyond its"),
+                    "{r:?}"
+                );
+            } else {
+                assert!(r.parsed && r.restored, "{r:?}");
+            }
+        }
+        let short = &seeds[1];
+        for n in (0..300).chain((300..short.len()).step_by(13)) {
+            super::snapshot_stream::run(&short[..n.min(short.len())]);
+        }
+        for i in (0..short.len()).step_by(97) {
+            let mut b = short.clone();
+            b[i] ^= 0x5a;
+            super::snapshot_stream::run(&b);
+        }
+        for i in inputs("snapshot_stream") {
+            super::snapshot_stream::run(&i);
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! ```sh
 //! cargo +stable run --release --bin exec_rate -- vgpu_mmio [--fresh] [--secs 20] [FILE|DIR]...
 //! cargo +stable run --release --bin exec_rate -- serve_control --write-seeds corpus/serve_control
+//! cargo +stable run --release --bin exec_rate -- snapshot_stream --write-seeds corpus/snapshot_stream
 //! ```
 //!
 //! Without files the inputs are 512 pseudo-random byte strings of 1 to 4,096 bytes (seed 1).
@@ -27,6 +28,10 @@ fn main() {
     }
     if let Some(dir) = seeds_to {
         std::fs::create_dir_all(&dir).expect("creating the seed directory");
+        if target == "snapshot_stream" {
+            gpuvm_fuzz::snapshot_stream::write_seeds(&dir);
+            return;
+        }
         for (i, s) in gpuvm_fuzz::serve_control::seeds().iter().enumerate() {
             std::fs::write(dir.join(format!("seed-{i}")), s).expect("writing a seed");
         }
@@ -42,10 +47,13 @@ fn main() {
         ("serve_control", _) => |d| {
             gpuvm_fuzz::serve_control::run(d);
         },
+        ("snapshot_stream", _) => |d| {
+            gpuvm_fuzz::snapshot_stream::run(d);
+        },
         ("pushbuf_decode", _) => gpuvm_fuzz::pushbuf_decode::run,
         ("shadow_walk", _) => gpuvm_fuzz::shadow_walk::run,
         _ => {
-            eprintln!("usage: exec_rate vgpu_mmio|serve_control|pushbuf_decode|shadow_walk [--fresh] [--secs S] [FILE|DIR]...");
+            eprintln!("usage: exec_rate vgpu_mmio|serve_control|snapshot_stream|pushbuf_decode|shadow_walk [--fresh] [--secs S] [FILE|DIR]...");
             std::process::exit(2);
         }
     };

@@ -60,6 +60,15 @@ enum ExpCommand {
     /// scenario the number of lock holds, p50/p99 bucket bounds and the longest hold
     /// (wall-clock). `--json` prints a `scenarios` array; `--svg FILE` draws the bars.
     Lockhold(crate::lockhold::LockholdArgs),
+    /// Live migration of a vGPU (docs/migration.md): N VMs run their workloads on one
+    /// simulated GPU, M on another; mid-stream one VM is moved live to the second GPU (VRAM
+    /// pre-copy rounds while it runs, a short stop-and-copy) over a Unix socket, the
+    /// destination restoring while the source writes. Its workloads verify on both sides; the
+    /// table shows rounds, pages and bytes per round, total time, downtime and every VM's
+    /// results. Several `--slice-mib` values make it a downtime study (with `--touch-pct` the
+    /// moved VM's memcpy buffer grows with its slice). `--json` prints a `points` array;
+    /// `--out FILE` plots the moved VM's progress (and, for several sizes, time against size).
+    Migrate(crate::migexp::MigrateArgs),
 }
 
 /// Options of `gpuvm exp isolation`.
@@ -132,6 +141,7 @@ pub fn run(args: &ExpArgs) -> anyhow::Result<bool> {
         ExpCommand::Overhead(a) => crate::overhead::run(a),
         ExpCommand::Scale(a) => crate::scale::run(a),
         ExpCommand::Lockhold(a) => crate::lockhold::run(a),
+        ExpCommand::Migrate(a) => crate::migexp::run(a),
     }
 }
 

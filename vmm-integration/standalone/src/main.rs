@@ -12,6 +12,7 @@ mod exp;
 mod kvm;
 mod lockhold;
 mod metrics;
+mod migexp;
 mod native;
 mod nouveau;
 mod overhead;
@@ -73,7 +74,8 @@ enum Command {
     Trace(trace::TraceArgs),
     /// Run one of GPUvm's experiments: `gpuvm exp isolation` (performance isolation under the
     /// FIFO, CREDIT and BAND schedulers), `gpuvm exp overhead` (every workload under native,
-    /// fv-naive, fv-lazy, fv and pv), `gpuvm exp scale` (one workload in 1..N VMs). See
+    /// fv-naive, fv-lazy, fv and pv), `gpuvm exp scale` (one workload in 1..N VMs), `gpuvm exp
+    /// migrate` (a vGPU moved live between two GPUs). See
     /// docs/experiments.md.
     Exp(exp::ExpArgs),
     /// The cost of one MMIO exit on this host: a bare exit (no device work) next to the same
