@@ -39,8 +39,9 @@ pub(crate) mod runtime;
 
 pub use hold::{LockHolds, HOLD_BUCKETS};
 
+use parking_lot::{FairMutex, FairMutexGuard};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use gf100::pci::{BAR1_SIZE, BAR3_SIZE};
 use gf100::{pfifo, userd};
@@ -318,14 +319,17 @@ pub(crate) struct HostShared {
     pub phys: Arc<dyn PhysicalGpu>,
     pub cfg: HostConfig,
     pub irq: Arc<IrqFlag>,
-    pub state: Mutex<HostState>,
+    /// Fair: an unlock with waiters hands the lock to the longest waiter instead of letting
+    /// the releasing thread take it straight back, so a busy VM cannot starve another VM's
+    /// exit (vfio-user clients were starved so by 8 in-process VMs; docs/experiments.md, Soak).
+    pub state: FairMutex<HostState>,
     /// How long `state` is held (`host/hold.rs`).
     pub holds: hold::HoldTimes,
 }
 
 /// The host lock, held: records how long when dropped.
 pub(crate) struct Held<'a> {
-    guard: MutexGuard<'a, HostState>,
+    guard: FairMutexGuard<'a, HostState>,
     since: std::time::Instant,
     holds: &'a hold::HoldTimes,
 }
@@ -354,7 +358,7 @@ type LineChange = (Arc<LineSlot>, u64, bool);
 
 impl HostShared {
     fn lock(&self) -> Held<'_> {
-        let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = self.state.lock();
         // One hold, one bounded batch of the GPU backend's own work (the simulator's engines).
         self.phys.begin_batch();
         Held {
@@ -762,7 +766,7 @@ impl GpuHost {
                 phys,
                 cfg,
                 irq,
-                state: Mutex::new(state),
+                state: FairMutex::new(state),
                 holds: hold::HoldTimes::default(),
             }),
         })
