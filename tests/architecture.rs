@@ -149,7 +149,7 @@ fn crates_depend_only_downwards() {
             .get(*name)
             .unwrap_or_else(|| panic!("workspace crate {name} missing from cargo metadata"));
         for d in deps.iter().filter(|d| ranks.contains_key(*d)) {
-            if !(ranks[d] < ranks[*name]) {
+            if ranks[d] >= ranks[*name] {
                 bad.push(format!(
                     "crate {name} (rank {}) depends on {d} (rank {}): a crate may depend only on \
                      crates of a lower rank (tests/architecture.rs, CRATES)",
