@@ -39,7 +39,7 @@ pub(crate) mod runtime;
 
 pub use hold::{LockHolds, HOLD_BUCKETS};
 
-use parking_lot::{FairMutex, FairMutexGuard};
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -319,17 +319,19 @@ pub(crate) struct HostShared {
     pub phys: Arc<dyn PhysicalGpu>,
     pub cfg: HostConfig,
     pub irq: Arc<IrqFlag>,
-    /// Fair: an unlock with waiters hands the lock to the longest waiter instead of letting
-    /// the releasing thread take it straight back, so a busy VM cannot starve another VM's
-    /// exit (vfio-user clients were starved so by 8 in-process VMs; docs/experiments.md, Soak).
-    pub state: FairMutex<HostState>,
+    /// Eventually fair (parking_lot): waiters queue in order, and about every 0.5 ms a contended
+    /// unlock hands the lock to the first of them instead of letting the releasing thread take
+    /// it straight back, so busy VMs cannot starve another VM's exits indefinitely (std's Mutex
+    /// has no such bound). Not a hand-off at every contended unlock: `FairMutex` did that and
+    /// cut the soak's in-process throughput 13x. docs/experiments.md, "Host lock fairness".
+    pub state: Mutex<HostState>,
     /// How long `state` is held (`host/hold.rs`).
     pub holds: hold::HoldTimes,
 }
 
 /// The host lock, held: records how long when dropped.
 pub(crate) struct Held<'a> {
-    guard: FairMutexGuard<'a, HostState>,
+    guard: MutexGuard<'a, HostState>,
     since: std::time::Instant,
     holds: &'a hold::HoldTimes,
 }
@@ -766,7 +768,7 @@ impl GpuHost {
                 phys,
                 cfg,
                 irq,
-                state: FairMutex::new(state),
+                state: Mutex::new(state),
                 holds: hold::HoldTimes::default(),
             }),
         })
