@@ -40,8 +40,9 @@ pub(crate) mod runtime;
 
 pub use hold::{LockHolds, HOLD_BUCKETS};
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use gf100::pci::{BAR1_SIZE, BAR3_SIZE};
 use gf100::{pfifo, userd};
@@ -322,6 +323,11 @@ pub(crate) struct HostShared {
     pub phys: Arc<dyn PhysicalGpu>,
     pub cfg: HostConfig,
     pub irq: Arc<IrqFlag>,
+    /// Eventually fair (parking_lot): waiters queue in order, and about every 0.5 ms a contended
+    /// unlock hands the lock to the first of them instead of letting the releasing thread take
+    /// it straight back, so busy VMs cannot starve another VM's exits indefinitely (std's Mutex
+    /// has no such bound). Not a hand-off at every contended unlock: `FairMutex` did that and
+    /// cut the soak's in-process throughput 13x. docs/experiments.md, "Host lock fairness".
     pub state: Mutex<HostState>,
     /// How long `state` is held (`host/hold.rs`).
     pub holds: hold::HoldTimes,
@@ -358,7 +364,7 @@ type LineChange = (Arc<LineSlot>, u64, bool);
 
 impl HostShared {
     fn lock(&self) -> Held<'_> {
-        let guard = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = self.state.lock();
         // One hold, one bounded batch of the GPU backend's own work (the simulator's engines).
         self.phys.begin_batch();
         Held {

@@ -252,27 +252,43 @@ fn translate_entries(
     let page = kind.page_size();
     out.clear();
     out.reserve(input.len());
-    for (i, raw) in walk::entries(input).enumerate() {
-        let shadow = if raw & PTE_PRESENT == 0 {
-            0
-        } else {
-            match translate::shadow_pte(&cx.mem, raw, page) {
-                Ok(v) => v,
-                Err(why) => {
-                    books.violation(
-                        pdb,
-                        format_args!(
-                            "PDE {idx} {kind:?} PTE {} = {raw:#018x} rejected: {why:?}",
-                            first + i as u64
-                        ),
-                    );
-                    0
+    // Guest tables are mostly zero (fresh VRAM, sparse mappings), and a zero entry shadows to
+    // zero: a whole block of zeros is found with one comparison and copied as zeros, so the
+    // per-entry translation below runs only where the guest wrote something.
+    let mut at = 0;
+    for block in input.chunks(ZERO_BLOCK.len()) {
+        if block == ZERO_BLOCK {
+            out.extend_from_slice(block);
+            at += block.len() / 8;
+            continue;
+        }
+        for raw in walk::entries(block) {
+            let shadow = if raw & PTE_PRESENT == 0 {
+                0
+            } else {
+                match translate::shadow_pte(&cx.mem, raw, page) {
+                    Ok(v) => v,
+                    Err(why) => {
+                        books.violation(
+                            pdb,
+                            format_args!(
+                                "PDE {idx} {kind:?} PTE {} = {raw:#018x} rejected: {why:?}",
+                                first + at as u64
+                            ),
+                        );
+                        0
+                    }
                 }
-            }
-        };
-        out.extend_from_slice(&shadow.to_le_bytes());
+            };
+            out.extend_from_slice(&shadow.to_le_bytes());
+            at += 1;
+        }
     }
 }
+
+/// Eight entries of zeros: the unit in which [`translate_entries`] and [`rebuild`] skip what
+/// the guest never wrote.
+const ZERO_BLOCK: &[u8] = &[0; 64];
 
 /// Shadows the whole guest table `guest` (the `kind` table of PDE `idx`): one read, one
 /// translation pass, one VRAM write. Reuses `reuse`'s allocation when the size matches and
@@ -411,19 +427,34 @@ pub(crate) fn rebuild(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, spac
         guest.fill(0);
     }
     let mut shadow = vec![0u8; mmu::PD_SIZE as usize];
-    for (i, (g, s)) in guest
-        .chunks_exact(8)
-        .zip(shadow.chunks_exact_mut(8))
+    let per_block = ZERO_BLOCK.len() / 8;
+    for (b, (gb, sb)) in guest
+        .chunks_exact(ZERO_BLOCK.len())
+        .zip(shadow.chunks_exact_mut(ZERO_BLOCK.len()))
         .enumerate()
     {
-        let idx = i as u16;
-        let raw = walk::le64(g);
-        if raw & PDE_TABLE_BITS == 0 && !space.pdes.contains_key(&idx) && idx != super::hyp::HYP_PDE
+        let base = (b * per_block) as u16;
+        let ids = base..base + per_block as u16;
+        // Eight zero PDEs that had no tables and hold no hypervisor PDE: nothing to do for any
+        // of them (the per-entry test below would skip each one), found with one comparison.
+        if gb == ZERO_BLOCK
+            && space.pdes.range(ids.clone()).next().is_none()
+            && !ids.contains(&super::hyp::HYP_PDE)
         {
             continue;
         }
-        let v = set_pde(cx, books, pdb, space, idx, raw, true);
-        s.copy_from_slice(&v.to_le_bytes());
+        for (j, (g, s)) in gb.chunks_exact(8).zip(sb.chunks_exact_mut(8)).enumerate() {
+            let idx = base + j as u16;
+            let raw = walk::le64(g);
+            if raw & PDE_TABLE_BITS == 0
+                && !space.pdes.contains_key(&idx)
+                && idx != super::hyp::HYP_PDE
+            {
+                continue;
+            }
+            let v = set_pde(cx, books, pdb, space, idx, raw, true);
+            s.copy_from_slice(&v.to_le_bytes());
+        }
     }
     cx.mem.phys.write_vram(HostVram(space.pd), &shadow);
     books.stats.rebuilds += 1;

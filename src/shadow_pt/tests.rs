@@ -1030,3 +1030,43 @@ fn pv_batches_stop_at_the_walk_budget_and_resume() {
     sp.destroy(&mut cx);
     assert_eq!(cx.hyp.used(), 0);
 }
+
+#[test]
+fn entries_at_the_edges_of_zero_blocks_are_shadowed() {
+    // The builder skips eight zero entries at a time (`build::ZERO_BLOCK`); entries right
+    // before and after a block boundary, in the directory and in a table, must still count,
+    // and so must a rejected entry in an otherwise zero block.
+    let mut rig = Rig::new();
+    let mut cx = rig.cx();
+    let space = pdb(PD, V);
+    put(&cx, V, PD + 7 * 8, pde(Some((SPT, V)), None, PtSize::Full));
+    put(&cx, V, PD + 8 * 8, pde(Some((SPT2, V)), None, PtSize::Full));
+    for (i, page) in [(7, 1), (8, 2), (63, 3), (64, 4)] {
+        put(&cx, V, SPT + i * 8, pte(page << 12, V));
+    }
+    put(&cx, V, SPT2, pte(0x5000, V));
+    put(&cx, V, SPT2 + 9 * 8, pte(SLICE, V)); // out of the slice: rejected
+    let mut sp = ShadowPt::new(ShadowMode::Eager);
+    sp.attach(&mut cx, space).unwrap();
+    for (i, page) in [(7, 1), (8, 2), (63, 3), (64, 4)] {
+        assert_eq!(
+            sp.translate(&cx, space, sva(7, i)),
+            tr(V, BASE + (page << 12))
+        );
+    }
+    for i in [0, 6, 9, 62, 65, 1023] {
+        assert_eq!(sp.translate(&cx, space, sva(7, i)), None, "SPT entry {i}");
+    }
+    assert_eq!(sp.translate(&cx, space, sva(8, 0)), tr(V, BASE + 0x5000));
+    assert_eq!(sp.translate(&cx, space, sva(8, 9)), None);
+    assert_eq!(sp.translate(&cx, space, sva(6, 0)), None, "PDE 6 is empty");
+    assert_eq!(sp.translate(&cx, space, sva(9, 0)), None, "PDE 9 is empty");
+    assert_eq!(sp.stats().violations, 1);
+    // A later write at a block's first entry goes through the partial path as well.
+    put(&cx, V, SPT + 16 * 8, pte(0x6000, V));
+    sp.guest_wrote(&mut cx, V, SPT + 16 * 8, 8);
+    sp.tlb_flush(&mut cx, Some(space));
+    assert_eq!(sp.translate(&cx, space, sva(7, 16)), tr(V, BASE + 0x6000));
+    assert_eq!(sp.translate(&cx, space, sva(7, 7)), tr(V, BASE + 0x1000));
+    sp.destroy(&mut cx);
+}
