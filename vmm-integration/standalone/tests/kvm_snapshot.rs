@@ -150,6 +150,38 @@ fn args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     GUEST.iter().copied().chain(extra.iter().copied()).collect()
 }
 
+/// `gpuvm run --kvm --restore DIR --json --quiet-console --timeout 300`.
+fn restore_dir(dir: &str) -> std::process::Output {
+    gpuvm(&[
+        "run",
+        "--kvm",
+        "--restore",
+        dir,
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "300",
+    ])
+}
+
+/// The busy guest (`BUSY`) migrated to `sock` after 2000 exits: past the driver's bring-up and
+/// into the workloads (the first has mapped its buffers in guest RAM for the GPU), with most of
+/// them still to run.
+fn migrate_busy(sock: &Path) -> std::process::Output {
+    gpuvm(
+        &BUSY
+            .iter()
+            .copied()
+            .chain([
+                "--migrate-to",
+                sock.to_str().unwrap(),
+                "--migrate-after-exits",
+                "2000",
+            ])
+            .collect::<Vec<_>>(),
+    )
+}
+
 fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -231,16 +263,7 @@ fn a_snapshot_restores_in_a_new_process_and_the_guest_finishes_its_run() {
     );
 
     // A new process: only the snapshot says what the guest is.
-    let out = gpuvm(&[
-        "run",
-        "--kvm",
-        "--restore",
-        dir.to_str().unwrap(),
-        "--json",
-        "--quiet-console",
-        "--timeout",
-        "300",
-    ]);
+    let out = restore_dir(dir.to_str().unwrap());
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let v = json(&out);
     let vm = &v["vms"][0];
@@ -267,16 +290,7 @@ fn a_snapshot_restores_in_a_new_process_and_the_guest_finishes_its_run() {
     );
     assert!(k["exits"]["pio"].as_u64().unwrap() > 20_000, "{k:#}");
     // The same snapshot restores again (it is not consumed).
-    let again = gpuvm(&[
-        "run",
-        "--kvm",
-        "--restore",
-        dir.to_str().unwrap(),
-        "--json",
-        "--quiet-console",
-        "--timeout",
-        "300",
-    ]);
+    let again = restore_dir(dir.to_str().unwrap());
     assert!(again.status.success(), "stderr: {}", stderr(&again));
     assert_finished(&json(&again)["vms"][0]);
     let _ = std::fs::remove_dir_all(&tmp);
@@ -389,16 +403,7 @@ fn damaged_or_foreign_snapshots_are_refused_with_a_clear_error() {
     refused(&d, "restoring the vGPU: the vGPU's snapshot stream");
 
     // The good one still restores (nothing above changed it).
-    let out = gpuvm(&[
-        "run",
-        "--kvm",
-        "--restore",
-        good.to_str().unwrap(),
-        "--json",
-        "--quiet-console",
-        "--timeout",
-        "300",
-    ]);
+    let out = restore_dir(good.to_str().unwrap());
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     assert_finished(&json(&out)["vms"][0]);
     let _ = std::fs::remove_dir_all(&tmp);
@@ -443,16 +448,7 @@ fn a_guest_that_used_its_vgpu_is_snapshotted_mid_workload_and_finishes_after_res
         vgpu.len()
     );
 
-    let out = gpuvm(&[
-        "run",
-        "--kvm",
-        "--restore",
-        dir.to_str().unwrap(),
-        "--json",
-        "--quiet-console",
-        "--timeout",
-        "300",
-    ]);
+    let out = restore_dir(dir.to_str().unwrap());
     assert!(out.status.success(), "stderr: {}", stderr(&out));
     let vm = &json(&out)["vms"][0];
     assert_busy_finished(vm);
@@ -618,20 +614,7 @@ fn a_guest_mid_workload_migrates_live_with_its_vgpu_and_finishes_there() {
     let tmp = scratch("busy");
     let sock = tmp.join("b.sock");
     let dst = destination(&sock);
-    let out = gpuvm(
-        &BUSY
-            .iter()
-            .copied()
-            .chain([
-                "--migrate-to",
-                sock.to_str().unwrap(),
-                // After the driver's bring-up and into the workloads (the first has mapped its
-                // buffers in guest RAM for the GPU), with most of them still to run.
-                "--migrate-after-exits",
-                "2000",
-            ])
-            .collect::<Vec<_>>(),
-    );
+    let out = migrate_busy(&sock);
     let dout = dst.wait_with_output().unwrap();
     assert!(out.status.success(), "source: {}", stderr(&out));
     assert!(dout.status.success(), "destination: {}", stderr(&dout));
@@ -712,18 +695,7 @@ fn a_migration_refused_at_the_last_step_resumes_the_used_vgpu_in_the_source() {
             }
         }
     });
-    let out = gpuvm(
-        &BUSY
-            .iter()
-            .copied()
-            .chain([
-                "--migrate-to",
-                sock.to_str().unwrap(),
-                "--migrate-after-exits",
-                "2000",
-            ])
-            .collect::<Vec<_>>(),
-    );
+    let out = migrate_busy(&sock);
     let tags = fake.join().unwrap();
     // HELLO, RAM pages, VGPU stream, ..., STATE: the source got as far as the end.
     assert_eq!(tags.first(), Some(&1), "{tags:?}");
