@@ -13,8 +13,8 @@ mod sim_rig;
 use gf100::gpfifo::GpEntry;
 use gf100::method::Header;
 use gpuvm::clock::Clock;
-use gpuvm_sim::CostModel;
 use gpuvm::phys::PhysicalGpu;
+use gpuvm_sim::CostModel;
 
 use crate::{fnv, Input};
 use sim_rig::{Rig, DATA_VA, IB_ENTRIES, PB_SIZE};

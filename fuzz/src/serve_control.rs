@@ -17,9 +17,9 @@ use std::sync::Arc;
 
 use gpuvm::clock::{Clock, SimClock};
 use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm_sim::{CostModel, SimConfig, SimGpu};
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::sched::{Policy, SchedParams};
+use gpuvm_sim::{CostModel, SimConfig, SimGpu};
 use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
 
 #[allow(dead_code)]

@@ -10,10 +10,10 @@ use gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
 use gf100::Target;
 use gpuvm::addr::{HostVram, Iova};
 use gpuvm::guest_mem::{GuestMem, GuestRam, VramSlice};
-use gpuvm_sim::{SimConfig, SimGpu};
 use gpuvm::profile::ShadowMode;
 use gpuvm::shadow_pt::{GuestPdb, ShadowCtx, ShadowPt, ShadowTranslation};
 use gpuvm::vram_alloc::HypVram;
+use gpuvm_sim::{SimConfig, SimGpu};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::Input;

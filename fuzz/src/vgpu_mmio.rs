@@ -11,10 +11,10 @@ use gpuvm::addr::HostVram;
 use gpuvm::clock::{Clock, SimClock};
 use gpuvm::host::{GpuHost, HostConfig};
 use gpuvm::mmio::regions::BAR0_REGIONS;
-use gpuvm_sim::{CostModel, SimConfig, SimGpu};
 use gpuvm::phys::{Bar, PhysicalGpu};
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::vgpu::Vgpu;
+use gpuvm_sim::{CostModel, SimConfig, SimGpu};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::Input;
