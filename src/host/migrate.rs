@@ -20,7 +20,7 @@ use crate::clock::Clock;
 use crate::guest_mem::DirtyLog;
 use crate::phys::PhysicalGpu;
 use crate::sched::VmId;
-use crate::vgpu::{state, DeviceState, StateError, Vgpu};
+use crate::vgpu::{state, DeviceState, StateError, Vgpu, VmCx};
 
 use super::{GpuHost, HostShared};
 
@@ -157,19 +157,15 @@ impl GpuHost {
     pub fn device_state(&self, v: &Vgpu) -> Result<DeviceState, MigrateError> {
         self.owns(v)?;
         let id = v.id();
-        {
-            let st = self.shared.lock();
-            if !st.frozen.contains(&id) {
-                return Err(MigrateError::NotQuiesced);
-            }
-        }
-        if !inflight_chans(&self.shared, id).is_empty() {
+        // One hold of the lock: quiesced, nothing in flight, and captured as one moment.
+        let mut guard = self.shared.lock();
+        let st = &mut *guard;
+        if !st.frozen.contains(&id) || st.inflight.iter().any(|f| f.sub.vm == id) {
             return Err(MigrateError::NotQuiesced);
         }
-        self.shared
-            .peek(id, state::capture)
-            .ok_or(MigrateError::NoSuchVm)?
-            .map_err(MigrateError::State)
+        let vm = st.vms.get_mut(&id).ok_or(MigrateError::NoSuchVm)?;
+        let mut cx = VmCx::new(&*self.shared.phys, &mut st.hyp, &st.layout, vm);
+        state::capture(&mut cx).map_err(MigrateError::State)
     }
 
     /// Replays `st` into `v`, a vGPU of this host created from the same profile whose VRAM
@@ -177,7 +173,6 @@ impl GpuHost {
     /// `v` is trustworthy: destroy it (the host is then as before).
     pub fn apply_device_state(&self, v: &Vgpu, st: &DeviceState) -> Result<(), MigrateError> {
         self.owns(v)?;
-        state::validate(st, v.profile())?;
         self.shared
             .access(v.id(), |cx| state::apply(cx, st))
             .ok_or(MigrateError::NoSuchVm)?

@@ -212,9 +212,7 @@ pub fn snapshot<W: Write>(
         let st = host.device_state(v)?;
         sw.device(&st)?;
         let pages = sw.pages_written();
-        let mut bytes = sw.bytes();
-        sw.finish()?;
-        bytes += 21;
+        let (_, bytes) = sw.finish()?;
         Ok(SnapshotStats {
             pages,
             bytes,
@@ -349,8 +347,7 @@ pub fn migrate_live<W: Write>(
         stats.rounds.push(rs);
         let st = host.device_state(v)?;
         sw.device(&st)?;
-        stats.bytes = sw.bytes() + 21;
-        sw.finish()?;
+        stats.bytes = sw.finish()?.1;
         stats.downtime_micros = down.elapsed().as_micros() as u64;
         Ok::<(), Error>(())
     })();

@@ -174,8 +174,8 @@ impl<W: Write> StreamWriter<W> {
         self.record(TAG_DEVICE, &json)
     }
 
-    /// Writes END, flushes, and returns the writer.
-    pub fn finish(mut self) -> Result<W, StreamError> {
+    /// Writes END, flushes, and returns the writer and the stream's length in bytes.
+    pub fn finish(mut self) -> Result<(W, u64), StreamError> {
         let mut p = [0u8; 16];
         p[..8].copy_from_slice(&self.pages.to_le_bytes());
         p[8..].copy_from_slice(&self.records.to_le_bytes());
@@ -184,7 +184,7 @@ impl<W: Write> StreamWriter<W> {
         self.w.write_all(&p)?;
         self.bytes += 21;
         self.w.flush()?;
-        Ok(self.w)
+        Ok((self.w, self.bytes))
     }
 
     /// Bytes written so far.

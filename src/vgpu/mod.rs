@@ -277,24 +277,12 @@ impl<'a> VmCx<'a> {
 
     /// Counts a violation and logs it (rate-limited).
     pub(crate) fn violation(&mut self, kind: ViolationKind, what: impl FnOnce() -> String) {
-        self.vm.stats.violations.add(kind, 1);
-        if self.vm.log.hit() {
-            log::warn!(
-                "{} ({}): violation {kind:?}: {} [{} logged events so far]",
-                self.vm.id,
-                self.vm.profile.name,
-                what(),
-                self.vm.log.seen()
-            );
-        }
+        self.chan().violation(kind, what);
     }
 
     /// Flushes the physical TLB for each shadow page directory in `pds`.
     pub(crate) fn phys_tlb_flush(&mut self, pds: &[HostVram]) {
-        for &pd in pds {
-            crate::phys_seq::phys_tlb_flush(self.phys, pd, false);
-            self.vm.stats.phys_tlb_flushes += 1;
-        }
+        self.chan().phys_tlb_flush(pds);
     }
 
     /// Writes `data` to guest memory at `addr` in `target` on the guest's behalf (PRAMIN, BAR1,

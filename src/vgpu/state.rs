@@ -61,8 +61,6 @@ pub struct DeviceState {
     pub chans: Vec<ChanState>,
     /// The accepted guest runlist (guest channel ids, in order).
     pub runlist: Vec<u32>,
-    /// The VM's interrupt line level when captured.
-    pub line_level: bool,
 }
 
 /// Why a device state could not be captured or applied.
@@ -121,7 +119,6 @@ pub(crate) fn capture(cx: &mut VmCx) -> Result<DeviceState, StateError> {
         regs: cx.vm.regs.clone(),
         chans,
         runlist: cx.vm.runlist.clone(),
-        line_level: cx.vm.line_level,
     })
 }
 

@@ -260,6 +260,12 @@ impl std::fmt::Debug for Incoming {
 /// Listens on `socket` (a stale socket file there is replaced; any other file is refused),
 /// accepts one source and reads its HELLO. `wait` bounds every read from the source.
 pub fn listen(socket: &Path, wait: Duration) -> anyhow::Result<Incoming> {
+    accept(bind(socket)?, socket, wait)
+}
+
+/// Binds `socket` for [`accept`] (a stale socket file there is replaced; any other file is
+/// refused): from then on a source can connect.
+fn bind(socket: &Path) -> anyhow::Result<UnixListener> {
     if let Ok(m) = std::fs::symlink_metadata(socket) {
         use std::os::unix::fs::FileTypeExt;
         ensure!(
@@ -270,8 +276,11 @@ pub fn listen(socket: &Path, wait: Duration) -> anyhow::Result<Incoming> {
         std::fs::remove_file(socket)
             .with_context(|| format!("removing the stale socket {}", socket.display()))?;
     }
-    let l =
-        UnixListener::bind(socket).with_context(|| format!("listening on {}", socket.display()))?;
+    UnixListener::bind(socket).with_context(|| format!("listening on {}", socket.display()))
+}
+
+/// Accepts one source on `l` (bound at `socket`) and reads its HELLO.
+fn accept(l: UnixListener, socket: &Path, wait: Duration) -> anyhow::Result<Incoming> {
     eprintln!("gpuvm: waiting for a migration on {}", socket.display());
     let (s, _) = l.accept().context("accepting the migration")?;
     drop(l);
@@ -1057,11 +1066,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let sock = dir.join("s");
         let path = sock.clone();
+        // Bound before the source starts, so its connect finds the listener.
+        let listener = bind(&sock).unwrap();
         let src = std::thread::spawn(move || {
-            // Waiting for the listener in this process to bind: nothing to block on.
-            while !path.exists() {
-                std::thread::sleep(Duration::from_millis(5));
-            }
             let mut s = UnixStream::connect(&path).unwrap();
             let mut hello = MAGIC.to_vec();
             hello.extend_from_slice(&version.to_le_bytes());
@@ -1082,7 +1089,8 @@ mod tests {
             }
         });
         let m = mem(RAM_PAGES);
-        let r = listen(&sock, Duration::from_secs(30)).and_then(|mut inc| inc.receive(&m));
+        let r =
+            accept(listener, &sock, Duration::from_secs(30)).and_then(|mut inc| inc.receive(&m));
         src.join().unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         (r, m)
