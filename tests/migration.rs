@@ -63,13 +63,19 @@ fn live_migration_moves_a_running_vm() {
     let dev = MovableVgpu::new(v.clone());
     let c: Arc<dyn Clock> = clock.clone();
     let hal = InProcessHal::with_device(dev.clone(), c, ram.clone(), 0, RAM as u64);
+    let moved = dev.clone();
     let guest = std::thread::spawn(move || {
         let mut drv = Gpu::init(hal, DriverConfig::default()).unwrap();
-        let mut done = 0;
-        for i in 0..40 {
-            let w = Workload::ALL[i % Workload::ALL.len()];
+        // Workloads until the guest has been moved, then 7 more there (however fast the guest
+        // runs against the migration, some of its work runs on the destination).
+        let (mut done, mut after) = (0, 0);
+        while after < 7 {
+            if moved.moves() > 0 {
+                after += 1;
+            }
+            let w = Workload::ALL[done % Workload::ALL.len()];
             let r = workloads::run(&mut drv, w, 32).unwrap();
-            assert!(r.verified, "{w:?} run {i}");
+            assert!(r.verified, "{w:?} run {done}");
             done += 1;
         }
         done
@@ -94,7 +100,7 @@ fn live_migration_moves_a_running_vm() {
     let v2 = migrate::restore(&b, &buf[..], Some(ram.clone())).unwrap();
     dev.switch_to(v2.clone());
     a.destroy_vgpu(&v).unwrap();
-    assert_eq!(guest.join().unwrap(), 40);
+    assert!(guest.join().unwrap() >= 7, "every workload verified");
     assert!(
         v2.stats().submissions > 0,
         "the guest went on on the destination"
