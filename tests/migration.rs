@@ -908,3 +908,66 @@ fn a_failed_migration_leaves_the_source_running() {
     assert_eq!(v.stats().violations.total, 0);
     assert_eq!(v2.stats().violations.total, 0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The vGPU's side of a migration driven piece by piece (what a daemon does for a VMM).
+
+#[test]
+fn an_outgoing_session_in_pieces_moves_the_vm_and_an_abandoned_one_resumes_it() {
+    const RUNS: usize = 12;
+    let clock = Arc::new(SimClock::new());
+    let (a, b) = (Arc::new(host(&clock)), host(&clock));
+    let (v, ram, dev) = new_vm(&a, &small_profile("mover"));
+    let until = Arc::new(AtomicBool::new(false));
+    let guest = spawn_guest(
+        dev.clone(),
+        &clock,
+        ram.clone(),
+        RUNS,
+        until.clone(),
+        "pieces".into(),
+    );
+    while v.stats().submissions < 4 {
+        std::thread::yield_now();
+    }
+    // Abandoned after the stop: dropping the session resumes the VM, which goes on here.
+    {
+        let mut o = migrate::Outgoing::start(a.clone(), v.clone()).unwrap();
+        o.round().unwrap();
+        dev.pause();
+        o.stop(&*clock, 1_000_000_000).unwrap();
+    }
+    dev.unpause();
+    let resumed_at = v.stats().submissions;
+    while v.stats().submissions < resumed_at + 3 {
+        std::thread::yield_now();
+    }
+    // Now a whole one, its pieces taken between calls as a transport would.
+    let mut o = migrate::Outgoing::start(a.clone(), v.clone()).unwrap();
+    let mut stream = o.take();
+    assert!(stream.starts_with(b"GPUVMSNP"));
+    for _ in 0..2 {
+        o.round().unwrap();
+        stream.extend(o.take());
+    }
+    dev.pause();
+    let st = o.stop(&*clock, 1_000_000_000).unwrap();
+    stream.extend(o.take());
+    assert!(o.round().is_err(), "no round after the stream has ended");
+    assert!(o.take().is_empty());
+    o.commit();
+    // Committed: the source VM stays quiesced (no doorbell of it reaches the GPU).
+    let frozen = v.stats().submissions;
+    assert!(
+        !st.dma_pages.is_empty(),
+        "the guest's rings and buffers in RAM are reachable by the GPU"
+    );
+    let v2 = migrate::restore(&b, &stream[..], Some(ram.clone())).unwrap();
+    dev.switch_to(v2.clone());
+    until.store(true, Ordering::SeqCst);
+    assert!(guest.join().unwrap() >= RUNS, "every workload verified");
+    assert_eq!(v.stats().submissions, frozen);
+    assert!(v2.stats().submissions > 0);
+    a.destroy_vgpu(&v).unwrap();
+    assert_eq!(v2.stats().violations.total, 0);
+}

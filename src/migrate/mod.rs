@@ -25,7 +25,10 @@
 //! page whose content differs from what the destination holds is sent. A hash collision (2^-128
 //! per changed page) is the only way to miss one.
 
+pub mod outgoing;
 pub mod stream;
+
+pub use outgoing::{Outgoing, StopStats};
 
 use std::io::{Read, Write};
 use std::sync::Arc;

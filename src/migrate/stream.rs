@@ -197,6 +197,11 @@ impl<W: Write> StreamWriter<W> {
         self.pages
     }
 
+    /// The writer the stream goes to (an [`super::Outgoing`] takes the bytes from it).
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.w
+    }
+
     /// Flushes what was written.
     pub fn flush(&mut self) -> Result<(), StreamError> {
         self.w.flush()?;
