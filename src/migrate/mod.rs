@@ -74,7 +74,7 @@ pub struct VramCopy {
 }
 
 /// What one round did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RoundStats {
     /// Pages read and hashed.
     pub examined: u64,

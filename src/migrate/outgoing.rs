@@ -19,7 +19,7 @@ use super::stream::{StreamInfo, StreamWriter};
 use super::{Error, RoundStats, VramCopy};
 
 /// What [`Outgoing::stop`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StopStats {
     /// The stop-and-copy round.
     pub round: RoundStats,

@@ -58,6 +58,21 @@ pub enum Request {
     },
     /// Drain in-flight work and stop the daemon (as SIGTERM).
     Stop,
+    /// Move a VM's vGPU out: the connection becomes a migration session
+    /// ([`crate::serve_migrate`]).
+    #[serde(rename = "migrate_out")]
+    MigrateOut {
+        /// The VM.
+        name: String,
+    },
+    /// Rebuild a VM's vGPU from the `bytes` of migration stream that follow the line
+    /// ([`crate::serve_migrate`]).
+    Restore {
+        /// The VM.
+        name: String,
+        /// Length of the stream that follows.
+        bytes: u64,
+    },
 }
 
 /// One VM in `list`.
@@ -73,6 +88,9 @@ pub struct VmInfo {
     pub cap_pct: Option<f64>,
     /// A client is connected.
     pub connected: bool,
+    /// Its vGPU is being migrated out (a `migrate_out` session is open).
+    #[serde(default)]
+    pub migrating: bool,
     /// Its socket.
     pub socket: String,
 }
@@ -197,6 +215,7 @@ fn vm_info(d: &Daemon, dev: &VmDevice) -> VmInfo {
         profile: dev.profile(),
         cap_pct: dev.cap_ppm().map(|c| f64::from(c) / 10_000.0),
         connected: dev.has_client(),
+        migrating: dev.migrating(),
         socket: d
             .socket_dir()
             .join(format!("{}.sock", dev.name()))
@@ -317,8 +336,13 @@ impl Control {
         }
     }
 
+    /// The daemon.
+    pub fn daemon(&self) -> &Arc<Daemon> {
+        &self.daemon
+    }
+
     /// Counts and logs (the first 16, then every power of two) a refused request; the reply.
-    fn refuse(&self, e: String) -> serde_json::Value {
+    pub fn refuse(&self, e: String) -> serde_json::Value {
         let n = self.errors.fetch_add(1, Ordering::Relaxed) + 1;
         log::info!("control request refused ({n} so far): {e}");
         if n <= 16 || n.is_power_of_two() {
@@ -392,6 +416,9 @@ impl Control {
                 unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
                 Ok(serde_json::json!({ "stopping": true }))
             }
+            Request::MigrateOut { .. } | Request::Restore { .. } => Err(
+                "migrate_out and restore stream bytes: send them as the first line of a control connection (docs/serve.md)".into(),
+            ),
         }
     }
 }
@@ -413,13 +440,36 @@ fn read_line(r: &mut impl BufRead) -> io::Result<Option<Result<String, String>>>
     ))
 }
 
-/// Serves one control connection (requests until it closes; 60 s idle timeout).
+/// Serves one control connection (requests until it closes; 60 s idle timeout). A
+/// `migrate_out` or `restore` request hands the connection to [`crate::serve_migrate`], which
+/// ends it.
 fn serve_conn(ctl: &Control, stream: UnixStream) -> io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(60)))?;
-    stream.set_write_timeout(Some(Duration::from_secs(10)))?;
+    stream.set_write_timeout(Some(crate::serve_migrate::TIMEOUT))?;
     let mut w = stream.try_clone()?;
     let mut r = BufReader::new(stream);
     while let Some(line) = read_line(&mut r)? {
+        let streaming = match &line {
+            Ok(l) => match serde_json::from_str::<Request>(l.trim_end()) {
+                Ok(req @ (Request::MigrateOut { .. } | Request::Restore { .. })) => Some(req),
+                _ => None,
+            },
+            Err(_) => None,
+        };
+        if let Some(req) = streaming {
+            ctl.requests.fetch_add(1, Ordering::Relaxed);
+            r.get_ref()
+                .set_read_timeout(Some(crate::serve_migrate::TIMEOUT))?;
+            return match req {
+                Request::MigrateOut { name } => {
+                    crate::serve_migrate::serve_session(ctl, &name, &mut r, &mut w)
+                }
+                Request::Restore { name, bytes } => {
+                    crate::serve_migrate::serve_restore(ctl, &name, bytes, &mut r, &mut w)
+                }
+                _ => Ok(()),
+            };
+        }
         let (reply, close) = match line {
             Ok(l) if l.trim().is_empty() => continue,
             Ok(l) => (ctl.handle_line(l.trim_end()), false),
@@ -454,13 +504,39 @@ pub fn bind(dir: &Path) -> io::Result<(UnixListener, PathBuf)> {
     Ok((l?, path))
 }
 
-/// Serves the control socket until the process ends (one connection at a time).
+/// Most control connections served at once (a migration session holds one for its length).
+pub const MAX_CONNECTIONS: usize = 8;
+
+/// Serves the control socket until the process ends: each connection in its own thread, at
+/// most [`MAX_CONNECTIONS`] at once (more wait to be accepted).
 pub fn serve(ctl: Arc<Control>, listener: UnixListener) {
+    let slots = Arc::new((std::sync::Mutex::new(0usize), std::sync::Condvar::new()));
     for stream in listener.incoming() {
         match stream {
             Ok(s) => {
-                if let Err(e) = serve_conn(&ctl, s) {
-                    log::info!("control connection ended: {e}");
+                {
+                    let (n, cv) = &*slots;
+                    let mut n = n.lock().unwrap_or_else(|e| e.into_inner());
+                    while *n >= MAX_CONNECTIONS {
+                        n = cv.wait(n).unwrap_or_else(|e| e.into_inner());
+                    }
+                    *n += 1;
+                }
+                let (ctl, held) = (ctl.clone(), slots.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("control-conn".into())
+                    .spawn(move || {
+                        if let Err(e) = serve_conn(&ctl, s) {
+                            log::info!("control connection ended: {e}");
+                        }
+                        let (n, cv) = &*held;
+                        *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                        cv.notify_one();
+                    });
+                if let Err(e) = spawned {
+                    log::warn!("control connection thread: {e}");
+                    let (n, _) = &*slots;
+                    *n.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
                 }
             }
             Err(e) => {

@@ -20,6 +20,7 @@ mod regs;
 mod run;
 mod scale;
 mod serve;
+mod serve_migrate;
 mod soak;
 mod table;
 mod top;

@@ -452,3 +452,105 @@ fn sixty_four_vms_with_dma_windows_sized_for_them() {
     assert_eq!(names(&list).len(), 64);
     assert!(s.dir.join("vm63.sock").exists());
 }
+
+/// Sends `input` on a fresh control connection, closes the writing half, returns the reply.
+fn once(dir: &Path, input: &[u8]) -> Value {
+    let mut s = UnixStream::connect(dir.join("control.sock")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(input).unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut l = String::new();
+    BufReader::new(s).read_line(&mut l).unwrap();
+    serde_json::from_str(&l).unwrap_or_else(|e| panic!("reply {l:?}: {e}"))
+}
+
+#[test]
+fn bad_migration_requests_are_refused_and_an_abandoned_session_resumes_the_vgpu() {
+    let s = Serve::start("migration-verbs", &[]);
+    let before = s.ctl_json(&["list"]);
+    for (input, expect) in [
+        (
+            &b"{\"cmd\":\"restore\",\"name\":\"vm0\",\"bytes\":99999999999999}\n"[..],
+            "at most",
+        ),
+        (
+            b"{\"cmd\":\"restore\",\"name\":\"nope\",\"bytes\":4}\nabcd",
+            "no VM named",
+        ),
+        (
+            b"{\"cmd\":\"restore\",\"name\":\"vm0\",\"bytes\":4}\nabcd",
+            "has no client",
+        ),
+        (
+            b"{\"cmd\":\"restore\",\"name\":\"vm0\",\"bytes\":100}\n0123456789",
+            "ended after 10 of 100",
+        ),
+        (
+            b"{\"cmd\":\"migrate_out\",\"name\":\"vm0\"}\n",
+            "has no client",
+        ),
+        (
+            b"{\"cmd\":\"migrate_out\",\"name\":\"nope\"}\n",
+            "no VM named",
+        ),
+        (
+            b"{\"cmd\":\"migrate_out\",\"name\":\"vm0\",\"x\":1}\n",
+            "unknown field",
+        ),
+    ] {
+        let r = once(&s.dir, input);
+        assert_eq!(r["ok"], false, "{r}");
+        let e = r["error"].as_str().unwrap();
+        assert!(e.contains(expect), "{e} (expected {expect:?})");
+    }
+    assert_eq!(s.ctl_json(&["list"]), before, "nothing changed");
+    assert_eq!(s.stat()["control_errors"], 7);
+
+    // A client on vm0: a session opens, then a malformed step ends it and the vGPU resumes.
+    let mut c = vfio_user::Client::new(&s.dir.join("vm0.sock")).unwrap();
+    let mut id = [0u8; 4];
+    c.region_read(7, 0, &mut id).unwrap();
+    s.wait_line("vm0 connected", |l| l.contains("[vm0] client connected"));
+    let mut sock = UnixStream::connect(s.dir.join("control.sock")).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    sock.write_all(b"{\"cmd\":\"migrate_out\",\"name\":\"vm0\"}\n")
+        .unwrap();
+    let mut r = BufReader::new(sock.try_clone().unwrap());
+    let mut l = String::new();
+    r.read_line(&mut l).unwrap();
+    let head: Value = serde_json::from_str(&l).unwrap();
+    assert_eq!(head["ok"], true, "{head}");
+    let mut header = vec![0u8; head["bytes"].as_u64().unwrap() as usize];
+    r.read_exact(&mut header).unwrap();
+    assert_eq!(&header[..8], b"GPUVMSNP");
+    assert_eq!(s.ctl_json(&["list"])["vms"][0]["migrating"], true);
+    // While it runs, a second session on the same VM is refused.
+    let r2 = once(&s.dir, b"{\"cmd\":\"migrate_out\",\"name\":\"vm0\"}\n");
+    assert!(
+        r2["error"]
+            .as_str()
+            .unwrap()
+            .contains("already being migrated"),
+        "{r2}"
+    );
+    sock.write_all(b"{\"op\":\"explode\"}\n").unwrap();
+    l.clear();
+    r.read_line(&mut l).unwrap();
+    let bad: Value = serde_json::from_str(&l).unwrap();
+    assert_eq!(bad["ok"], false, "{bad}");
+    s.wait_line("resumed", |l| {
+        l.contains("[vm0] migration abandoned before its commit: the vGPU resumed")
+    });
+    // The client goes on with its vGPU, and a new session may start.
+    assert_eq!(s.ctl_json(&["list"])["vms"][0]["migrating"], false);
+    c.region_read(7, 0, &mut id).unwrap();
+    assert_eq!(u32::from_le_bytes(id), 0x06d8_10de);
+    let mut again = UnixStream::connect(s.dir.join("control.sock")).unwrap();
+    again
+        .write_all(b"{\"cmd\":\"migrate_out\",\"name\":\"vm0\"}\n")
+        .unwrap();
+    l.clear();
+    BufReader::new(again).read_line(&mut l).unwrap();
+    assert!(l.contains("\"ok\":true"), "{l}");
+}

@@ -605,3 +605,170 @@ fn serve_takes_one_toml_profile_per_vm() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("vram_mib = 1"));
 }
+
+/// A guest whose driver is up and whose workloads are under way when it is handed off (the
+/// same shape as the KVM snapshot tests' busy guest): its VRAM, device state and the RAM the
+/// GPU writes by DMA must all arrive for the rest to verify.
+const MOVING: [&str; 6] = [
+    "madd",
+    "mmul",
+    "memcpy_dtoh",
+    "fmadd",
+    "memcpy_htod",
+    "loop",
+];
+
+fn moving_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["--size", "256", "--quiet-console"];
+    for w in MOVING {
+        a.extend(["--workload", w]);
+    }
+    a.extend(extra);
+    a
+}
+
+/// Waits for another process to bind `sock`: there is no cross-process event to block on.
+fn wait_for_socket(sock: &Path) {
+    let t0 = Instant::now();
+    while !sock.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no {sock:?} after 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_guest_moves_live_between_two_daemons_with_its_vmm_and_finishes_there() {
+    if !kvm_available("a_guest_moves_live_between_two_daemons_with_its_vmm_and_finishes_there") {
+        return;
+    }
+    let a = Serve::start("move-live-a", 1);
+    let b = Serve::start("move-live-b", 2);
+    let msock = b.dir.join("migrate.sock");
+    // The destination VMM waits for the guest; its vGPU will be daemon B's vm0.
+    let dst = Vmm::start(
+        &b.socket("vm0"),
+        "[dst vmm] ",
+        &[
+            "--migrate-listen",
+            msock.to_str().unwrap(),
+            "--quiet-console",
+        ],
+    );
+    wait_for_socket(&msock);
+    // A neighbour on daemon B runs throughout.
+    let nb = Vmm::start(
+        &b.socket("vm1"),
+        "[neighbour] ",
+        &[
+            "--size",
+            "32",
+            "--workload",
+            "madd",
+            "--workload",
+            "fmmul",
+            "--workload",
+            "loop",
+        ],
+    );
+    let src = Vmm::start(
+        &a.socket("vm0"),
+        "[src vmm] ",
+        &moving_args(&[
+            "--migrate-to",
+            msock.to_str().unwrap(),
+            "--migrate-after-exits",
+            "2000",
+        ]),
+    );
+    let (sout, s) = src.finish();
+    let (dout, d) = dst.finish();
+    assert!(sout.status.success(), "source: {s:#}");
+    let h = &s["vms"][0]["kvm"]["handoff"];
+    assert_eq!(h["kind"], "migration", "{s:#}");
+    // Daemon A produced the vGPU's rounds: one per RAM round, the stop included.
+    let vram = h["vram_rounds"].as_array().unwrap();
+    assert_eq!(vram.len(), h["rounds"].as_array().unwrap().len(), "{h:#}");
+    assert!(vram[0]["sent"].as_u64().unwrap() > 0, "{h:#}");
+    assert!(h["dma_pages"].as_u64().unwrap() > 0, "{h:#}");
+    // The source left mid-run: some workloads were still to do.
+    let done_here = s["vms"][0]["workloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|w| w["verified"] == true)
+        .count();
+    assert!(done_here < MOVING.len(), "moved mid-run: {s:#}");
+    // Every workload verified on the destination, its vGPU in daemon B.
+    assert_verified(&dout, &d, &MOVING);
+    assert!(d["vms"][0]["kvm"]["restored"]["from"]
+        .as_str()
+        .unwrap()
+        .starts_with("migration "));
+    wait_line(&a.lines, 0, "A committed", |l| {
+        l.contains("[vm0] migration committed")
+    });
+    wait_line(&b.lines, 0, "B restored", |l| {
+        l.contains("[vm0] vGPU restored from a migration stream")
+    });
+    let (out, v) = nb.finish();
+    assert_verified(&out, &v, &["madd", "fmmul", "loop"]);
+}
+
+#[test]
+fn a_snapshot_through_one_daemon_restores_through_another() {
+    if !kvm_available("a_snapshot_through_one_daemon_restores_through_another") {
+        return;
+    }
+    let a = Serve::start("move-snap-a", 1);
+    let b = Serve::start("move-snap-b", 1);
+    let dir = b.dir.join("snap");
+    let src = Vmm::start(
+        &a.socket("vm0"),
+        "[src vmm] ",
+        &moving_args(&[
+            "--snapshot-to",
+            dir.to_str().unwrap(),
+            "--snapshot-after-exits",
+            "1500",
+        ]),
+    );
+    let (sout, s) = src.finish();
+    assert!(sout.status.success(), "source: {s:#}");
+    assert_eq!(s["vms"][0]["kvm"]["handoff"]["kind"], "snapshot", "{s:#}");
+    let vgpu = std::fs::read(dir.join("vgpu.bin")).unwrap();
+    assert_eq!(
+        &vgpu[..8],
+        b"GPUVMSNP",
+        "the daemon's gpuvm::migrate stream"
+    );
+    let dst = Vmm::start(
+        &b.socket("vm0"),
+        "[dst vmm] ",
+        &["--restore", dir.to_str().unwrap(), "--quiet-console"],
+    );
+    let (dout, d) = dst.finish();
+    assert_verified(&dout, &d, &MOVING);
+    // The same snapshot into a VMM with the vGPU in its own process: the stream is one format.
+    let out = support::gpuvm(&[
+        "run",
+        "--kvm",
+        "--restore",
+        dir.to_str().unwrap(),
+        "--json",
+        "--quiet-console",
+        "--timeout",
+        "240",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = support::json(&out);
+    for w in v["vms"][0]["workloads"].as_array().unwrap() {
+        assert_eq!(w["verified"], true, "{w}");
+    }
+}

@@ -42,6 +42,7 @@ use vfio_bindings::bindings::vfio::{
     VFIO_IRQ_SET_DATA_TYPE_MASK,
 };
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, ServerBackend};
+use vm_memory::GuestMemoryMmap;
 
 use crate::dma::DmaMaps;
 use crate::irq::{adopt_eventfd, VgpuIrq};
@@ -63,6 +64,12 @@ pub struct VmDevice {
     rejected: AtomicU64,
     connections: AtomicU64,
     client: AtomicBool,
+    /// The guest RAM the connected client mapped (what a restore attaches).
+    ram: Mutex<Option<GuestMemoryMmap>>,
+    /// Bumped when a restore replaces the vGPU under a connection (the backend adopts it).
+    generation: AtomicU64,
+    /// A migration of the vGPU out is in progress.
+    pub(crate) migrating: AtomicBool,
 }
 
 impl VmDevice {
@@ -85,6 +92,9 @@ impl VmDevice {
             rejected: AtomicU64::new(0),
             connections: AtomicU64::new(0),
             client: AtomicBool::new(false),
+            ram: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            migrating: AtomicBool::new(false),
         };
         let v = dev.create()?;
         *dev.slot() = Some(v);
@@ -101,16 +111,76 @@ impl VmDevice {
 
     fn create(&self) -> Result<Arc<Vgpu>, HostError> {
         let v = self.host.create_vgpu(&self.profile())?;
-        // A cap set at run time outlives the vGPU (a reconnect keeps it).
+        self.line.reset();
+        self.configure(&v);
+        Ok(v)
+    }
+
+    /// What the VM's settings give every vGPU of it: the cap and weight set at run time (a
+    /// reconnect or a restore keeps them) and the interrupt line.
+    fn configure(&self, v: &Vgpu) {
         let cap = *Self::lock(&self.cap_ppm);
         if cap.is_some() {
             if let Err(e) = self.host.set_vm_cap(v.id(), cap) {
-                self.event(&format!("cap not applied to the fresh vGPU: {e}"));
+                self.event(&format!("cap not applied to the vGPU: {e}"));
             }
         }
-        self.line.reset();
+        let weight = self.profile().weight;
+        if v.profile().weight != weight {
+            if let Err(e) = self.host.set_vm_weight(v.id(), weight) {
+                self.event(&format!("weight not applied to the vGPU: {e}"));
+            }
+        }
         v.set_irq_line(self.line.clone());
-        Ok(v)
+    }
+
+    /// Replaces the VM's vGPU by what `build` makes (the old one destroyed first); if `build`
+    /// fails, by a fresh one. The interrupt line keeps the client's eventfds. Connections adopt
+    /// the new vGPU at their next request ([`VmDevice::generation`]).
+    pub(crate) fn replace_vgpu(
+        &self,
+        build: impl FnOnce(&GpuHost) -> Result<Arc<Vgpu>, String>,
+    ) -> Result<Arc<Vgpu>, String> {
+        let mut slot = self.slot();
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err("the daemon is stopping".into());
+        }
+        if let Some(old) = slot.take() {
+            if let Err(e) = self.host.destroy_vgpu(&old) {
+                self.event(&format!("destroying the vGPU: {e}"));
+            }
+            self.teardowns.fetch_add(1, Ordering::SeqCst);
+        }
+        let r = build(&self.host);
+        match &r {
+            Ok(v) => {
+                self.configure(v);
+                *slot = Some(v.clone());
+            }
+            Err(_) => match self.host.create_vgpu(&self.profile()) {
+                Ok(v) => {
+                    self.configure(&v);
+                    *slot = Some(v);
+                }
+                Err(e) => self.event(&format!("a fresh vGPU failed too: {e}")),
+            },
+        }
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        r
+    }
+
+    /// Counts vGPU replacements under a connection (see [`VmDevice::replace_vgpu`]).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// The guest RAM the connected client mapped, if any.
+    pub fn ram(&self) -> Option<GuestMemoryMmap> {
+        Self::lock(&self.ram).clone()
+    }
+
+    pub(crate) fn set_ram(&self, ram: Option<GuestMemoryMmap>) {
+        *Self::lock(&self.ram) = ram;
     }
 
     /// The VM's name.
@@ -285,6 +355,8 @@ pub struct VgpuBackend {
     /// Traffic at the last phase marker, and the markers seen.
     last_mark: Traffic,
     marks: u64,
+    /// The device's [`VmDevice::generation`] this connection's vGPU is from.
+    generation: u64,
 }
 
 fn einval(what: impl Into<String>) -> io::Error {
@@ -297,6 +369,7 @@ impl VgpuBackend {
     pub fn new(dev: Arc<VmDevice>, require_sealed_dma: bool) -> Option<VgpuBackend> {
         let vgpu = dev.vgpu()?;
         let window = dev.host.config().iova_window;
+        let generation = dev.generation();
         Some(VgpuBackend {
             dev,
             vgpu,
@@ -308,6 +381,7 @@ impl VgpuBackend {
             restored: false,
             last_mark: Traffic::default(),
             marks: 0,
+            generation,
         })
     }
 
@@ -336,8 +410,24 @@ impl VgpuBackend {
         self.restored
     }
 
+    /// Adopts a vGPU a restore put in place since the last request: the guest goes on with
+    /// it (a migrated VM is not a booting one, so the restore check does not apply).
+    fn sync(&mut self) {
+        let g = self.dev.generation();
+        if g != self.generation {
+            self.generation = g;
+            if let Some(v) = self.dev.vgpu() {
+                self.vgpu = v;
+            }
+            self.config_seen = true;
+            self.restored = false;
+            self.submitting = false;
+        }
+    }
+
     /// Checks a region access; on refusal counts and logs it (`None`: answer by content).
     fn admit(&mut self, region: u32, offset: u64, len: usize, write: bool) -> Option<Target> {
+        self.sync();
         let target = match regions::check(region, offset, len) {
             Ok(t) => t,
             Err(e) => {
@@ -366,14 +456,17 @@ impl VgpuBackend {
     }
 
     /// Gives the vGPU the current set of DMA maps.
-    fn reattach(&self) -> io::Result<()> {
+    fn reattach(&mut self) -> io::Result<()> {
+        self.sync();
         self.vgpu
             .detach_guest_memory()
             .map_err(|e| io::Error::other(e.to_string()))?;
+        self.dev.set_ram(None);
         if let Some(mem) = self.dma.guest_memory() {
             self.vgpu
-                .attach_guest_memory(mem)
+                .attach_guest_memory(mem.clone())
                 .map_err(|e| einval(format!("attaching guest RAM: {e}")))?;
+            self.dev.set_ram(Some(mem));
         }
         Ok(())
     }
@@ -560,6 +653,7 @@ impl ServerBackend for VgpuBackend {
     }
 
     fn reset(&mut self) -> io::Result<()> {
+        self.sync();
         let eventfds = self.dev.line.take_eventfds();
         let fresh = self
             .dev
@@ -567,6 +661,7 @@ impl ServerBackend for VgpuBackend {
             .map_err(|e| io::Error::other(format!("re-creating the vGPU: {e}")))?
             .ok_or_else(|| io::Error::other("the daemon is shutting down"))?;
         self.vgpu = fresh;
+        self.generation = self.dev.generation();
         self.dev.line.restore_eventfds(eventfds);
         self.submitting = false;
         self.reattach()

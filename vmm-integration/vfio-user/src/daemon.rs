@@ -331,6 +331,7 @@ fn serve_vm(
             ),
         };
         dev.disconnected();
+        dev.set_ram(None);
         dev.event(&format!("connection ended: {}", backend.traffic()));
         if stop.load(Ordering::SeqCst) {
             break;

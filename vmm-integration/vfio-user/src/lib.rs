@@ -9,6 +9,7 @@
 //! - [`backend`]: one VM's vGPU behind `vfio_user::ServerBackend`, with reset and teardown.
 //! - [`daemon`]: one `GpuHost`, one socket and one thread per VM (added and removed at run
 //!   time), an event-driven poller (`event-manager`, a timerfd and an eventfd), shutdown.
+//! - [`migration`]: moving a VM's vGPU out of one daemon and into another.
 //! - [`traffic`]: per-connection message counts.
 //! - [`wire`]: raw protocol framing, for tests that send what the `vfio_user` client cannot.
 //!
@@ -20,9 +21,11 @@ pub mod backend;
 pub mod daemon;
 pub mod dma;
 pub mod irq;
+pub mod migration;
 pub mod regions;
 pub mod traffic;
 pub mod wire;
 
 pub use backend::VmDevice;
 pub use daemon::{Daemon, DaemonConfig, VmSpec, Waker};
+pub use migration::MigrationOut;

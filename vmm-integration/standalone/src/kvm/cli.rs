@@ -22,7 +22,11 @@ pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
             .guest
             .apply(&mut opts)
             .with_context(|| format!("restoring {}", dir.display()))?;
-        run_kvm_with(&opts, Some(Incoming::Restore(Box::new(loaded))))?
+        let inc = Some(Incoming::Restore(Box::new(loaded)));
+        match &opts.vfio_user {
+            Some(socket) => remote::run_remote(&opts, socket, inc)?,
+            None => run_kvm_with(&opts, inc)?,
+        }
     } else if let Some(socket) = &opts.migrate_listen {
         let mut inc = migrate::listen(socket, opts.timeout)?;
         let mut opts = opts.clone();
@@ -30,10 +34,14 @@ pub fn run(opts: &KvmOptions, json: bool) -> anyhow::Result<bool> {
             inc.refuse(&e);
             return Err(e.context("the migrating guest"));
         }
-        run_kvm_with(&opts, Some(Incoming::Migration(Box::new(inc))))?
+        let inc = Some(Incoming::Migration(Box::new(inc)));
+        match &opts.vfio_user {
+            Some(socket) => remote::run_remote(&opts, socket, inc)?,
+            None => run_kvm_with(&opts, inc)?,
+        }
     } else {
         match &opts.vfio_user {
-            Some(socket) => remote::run_remote(opts, socket)?,
+            Some(socket) => remote::run_remote(opts, socket, None)?,
             None => run_kvm(opts)?,
         }
     };
@@ -342,37 +350,37 @@ pub struct KvmArgs {
     /// boundary, quiesce the vGPU, write the guest (vCPU, irqchip, the VMM's devices, the
     /// vGPU's VRAM and device state, RAM) into DIR (new or empty) and end. If it fails, the
     /// guest goes on here. See docs/migration.md.
-    #[arg(long, value_name = "DIR", requires = "kvm", conflicts_with_all = ["migrate_to", "vfio_user"])]
+    #[arg(
+        long,
+        value_name = "DIR",
+        requires = "kvm",
+        conflicts_with = "migrate_to"
+    )]
     pub snapshot_to: Option<std::path::PathBuf>,
     /// With --snapshot-to: the number of exits (of this process) before the snapshot.
     #[arg(long, value_name = "N", default_value_t = 0, requires = "snapshot_to")]
     pub snapshot_after_exits: u64,
     /// With --kvm: start the guest from the snapshot in DIR instead of booting it; its
     /// parameters (size, workloads, RAM, fence mode, vGPU profile) come from the snapshot.
-    #[arg(long, value_name = "DIR", requires = "kvm", conflicts_with_all = ["migrate_listen", "vfio_user"])]
+    #[arg(
+        long,
+        value_name = "DIR",
+        requires = "kvm",
+        conflicts_with = "migrate_listen"
+    )]
     pub restore: Option<std::path::PathBuf>,
     /// With --kvm (one VM): after --migrate-after-exits exits, migrate the running guest to the
     /// VMM listening on the Unix socket SOCK (pre-copy of RAM with KVM's dirty log and of the
     /// vGPU's VRAM, then stop-and-copy with the vGPU quiesced). If it fails, the guest goes on
     /// here.
-    #[arg(
-        long,
-        value_name = "SOCK",
-        requires = "kvm",
-        conflicts_with = "vfio_user"
-    )]
+    #[arg(long, value_name = "SOCK", requires = "kvm")]
     pub migrate_to: Option<std::path::PathBuf>,
     /// With --migrate-to: the number of exits (of this process) before pre-copy starts.
     #[arg(long, value_name = "N", default_value_t = 0, requires = "migrate_to")]
     pub migrate_after_exits: u64,
     /// With --kvm: wait on the Unix socket SOCK for one guest migrating in (--migrate-to),
     /// then run it to its end; its parameters come from the source.
-    #[arg(
-        long,
-        value_name = "SOCK",
-        requires = "kvm",
-        conflicts_with = "vfio_user"
-    )]
+    #[arg(long, value_name = "SOCK", requires = "kvm")]
     pub migrate_listen: Option<std::path::PathBuf>,
 }
 

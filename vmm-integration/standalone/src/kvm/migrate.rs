@@ -6,9 +6,10 @@
 //! (`KVM_MEM_LOG_DIRTY_PAGES`), sends every non-zero page while the guest keeps running (round
 //! 0), then in each further round the pages `KVM_GET_DIRTY_LOG` reports written since the last
 //! one, until a round finds at most [`STOP_PAGES`] dirty pages or [`MAX_ROUNDS`] rounds have
-//! run. Each RAM round is followed by a VRAM round of the vGPU (`gpuvm::migrate::VramCopy`,
-//! whose dirty log starts with the migration), written as a `gpuvm::migrate` stream and sent
-//! in VGPU messages; pre-copy also waits for a VRAM round of at most [`STOP_VRAM_PAGES`]. Then
+//! run. Each RAM round is followed by a VRAM round of the vGPU (a [`LiveSession`], whose dirty
+//! log starts with the migration: `gpuvm::migrate::Outgoing` in this process, or the `gpuvm
+//! serve` daemon that holds the vGPU, over its control socket), written as a
+//! `gpuvm::migrate` stream and sent in VGPU messages; pre-copy also waits for a VRAM round of at most [`STOP_VRAM_PAGES`]. Then
 //! stop-and-copy: the migration thread asks the vCPU thread to pause (a flag and the kick
 //! signal of [`super::kick`], so a guest spinning without exits is reached too); at its next
 //! exit boundary the vCPU thread completes the pending exit, captures the vCPU, VM and VMM
@@ -19,7 +20,8 @@
 //! of RAM and the state (which carries the vGPU stream's length and hash), and waits for the
 //! destination to say it has loaded everything. The destination keeps the vGPU's stream
 //! (at most [`MAX_VGPU_STREAM`] bytes) until RAM is complete, then restores the vGPU into its
-//! own host with that RAM attached, then the vCPU runs. Downtime is the time the vCPU is paused. If anything fails before
+//! own host (or, with `--vfio-user`, into its daemon) with that RAM attached, then the vCPU
+//! runs. Downtime is the time the vCPU is paused. If anything fails before
 //! that acknowledgment (the destination refuses, the vGPU cannot be captured, the socket
 //! breaks), the source resumes the guest and the run goes on there.
 //!
@@ -46,11 +48,6 @@ use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::{Kvm, VmFd};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
-
-use gpuvm::host::GpuHost;
-use gpuvm::migrate::stream::{StreamInfo, StreamWriter};
-use gpuvm::migrate::VramCopy;
-use gpuvm::vgpu::Vgpu;
 
 use super::snapshot::{self, DeviceInfo, GuestSpec, Hasher, MachineState, PAGE};
 use super::vm::GuestVm;
@@ -532,13 +529,51 @@ pub fn set_dirty_log(gvm: &GuestVm, on: bool) -> anyhow::Result<()> {
         .context("KVM_SET_USER_MEMORY_REGION (dirty logging)")
 }
 
-/// The vGPU of a live migration: its VRAM goes in rounds alongside RAM's
-/// (`gpuvm::migrate::VramCopy`), its device state at the stop.
-pub struct LiveVgpu {
-    /// Its host.
-    pub host: Arc<GpuHost>,
-    /// The vGPU.
-    pub vgpu: Arc<Vgpu>,
+/// The vGPU's side of a live migration as the VMM drives it: the next bytes of the vGPU's
+/// `gpuvm::migrate` stream, produced in this process (`gpuvm::migrate::Outgoing`) or by the
+/// `gpuvm serve` daemon that holds the vGPU (`crate::serve_migrate::Session`). Dropped before
+/// [`LiveSession::commit`], a session resumes the vGPU.
+pub trait LiveSession: Send {
+    /// Stream bytes produced since the last call (the header, first).
+    fn take(&mut self) -> Vec<u8>;
+    /// One round of VRAM pages while the guest runs.
+    fn round(&mut self) -> anyhow::Result<gpuvm::migrate::RoundStats>;
+    /// The vCPUs are paused: quiesce the vGPU, the last pages, the device state.
+    fn stop(&mut self, max_wait_ns: u64) -> anyhow::Result<gpuvm::migrate::StopStats>;
+    /// The destination has the guest: the vGPU stays quiesced.
+    fn commit(self: Box<Self>) -> anyhow::Result<()>;
+}
+
+impl LiveSession for gpuvm::migrate::Outgoing {
+    fn take(&mut self) -> Vec<u8> {
+        gpuvm::migrate::Outgoing::take(self)
+    }
+    fn round(&mut self) -> anyhow::Result<gpuvm::migrate::RoundStats> {
+        gpuvm::migrate::Outgoing::round(self).context("a VRAM round")
+    }
+    fn stop(&mut self, max_wait_ns: u64) -> anyhow::Result<gpuvm::migrate::StopStats> {
+        let clock = gpuvm::clock::ClockKind::Real.create();
+        gpuvm::migrate::Outgoing::stop(self, &*clock, max_wait_ns).context("stopping the vGPU")
+    }
+    fn commit(self: Box<Self>) -> anyhow::Result<()> {
+        gpuvm::migrate::Outgoing::commit(*self);
+        Ok(())
+    }
+}
+
+impl LiveSession for crate::serve_migrate::Session {
+    fn take(&mut self) -> Vec<u8> {
+        crate::serve_migrate::Session::take(self)
+    }
+    fn round(&mut self) -> anyhow::Result<gpuvm::migrate::RoundStats> {
+        crate::serve_migrate::Session::round(self)
+    }
+    fn stop(&mut self, max_wait_ns: u64) -> anyhow::Result<gpuvm::migrate::StopStats> {
+        crate::serve_migrate::Session::stop(self, max_wait_ns.div_ceil(1_000_000))
+    }
+    fn commit(self: Box<Self>) -> anyhow::Result<()> {
+        crate::serve_migrate::Session::commit(*self)
+    }
 }
 
 /// What the vCPU thread hands the migration thread at the stop: the state (the vGPU's part
@@ -560,7 +595,7 @@ impl Source {
         gvm: &GuestVm,
         socket: &Path,
         guest: GuestSpec,
-        live: LiveVgpu,
+        live: Box<dyn LiveSession>,
     ) -> anyhow::Result<Source> {
         // The thread reads the dirty log through its own descriptor of the VM.
         // SAFETY: dup of the VM fd this GuestVm owns; the copy is owned by the new VmFd.
@@ -693,47 +728,27 @@ fn dirty_pages(vm: &VmFd, ram: u64) -> anyhow::Result<Vec<u64>> {
     Ok(pages)
 }
 
-/// A `Write` into a buffer the migration thread drains after each round.
-#[derive(Clone, Default)]
-struct Buf(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.take_lock().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Buf {
-    fn take_lock(&self) -> std::sync::MutexGuard<'_, Vec<u8>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-/// The vGPU's side of the source: its copy rounds, its stream, what has been sent of it.
+/// The vGPU's side of the source: its session, and what has been sent of its stream.
 struct VramSide {
-    copy: Option<VramCopy>,
-    sw: Option<StreamWriter<Buf>>,
-    buf: Buf,
+    /// Dropped uncommitted (the migration failed), it resumes the vGPU.
+    sess: Option<Box<dyn LiveSession>>,
     hash: Hasher,
     /// Bytes not hashed yet: the hash takes 32-byte words, so it is fed whole words until the
     /// end, as the destination hashing the whole stream at once does.
     unhashed: Vec<u8>,
     len: u64,
-    host: Arc<GpuHost>,
-    vgpu: Arc<Vgpu>,
-    /// The vGPU was quiesced (and must be resumed if the migration fails).
-    quiesced: bool,
-    done: bool,
 }
 
 impl VramSide {
-    /// Sends what the stream writer produced since the last call as VGPU messages.
+    fn sess(&mut self) -> anyhow::Result<&mut Box<dyn LiveSession>> {
+        self.sess
+            .as_mut()
+            .context("the vGPU's stream is already finished")
+    }
+
+    /// Sends what the session produced since the last call as VGPU messages.
     fn drain(&mut self, w: &mut impl Write) -> anyhow::Result<u64> {
-        let bytes = std::mem::take(&mut *self.buf.take_lock());
+        let bytes = self.sess()?.take();
         self.unhashed.extend_from_slice(&bytes);
         let whole = self.unhashed.len() / 32 * 32;
         self.hash.update(&self.unhashed[..whole]);
@@ -749,28 +764,9 @@ impl VramSide {
 
     /// One VRAM round into the stream, sent.
     fn round(&mut self, w: &mut impl Write) -> anyhow::Result<(gpuvm::migrate::RoundStats, u64)> {
-        let (Some(copy), Some(sw)) = (self.copy.as_mut(), self.sw.as_mut()) else {
-            bail!("the vGPU's stream is already finished");
-        };
-        let rs = copy
-            .round(&self.vgpu, &mut |b| sw.pages(b))
-            .context("a VRAM round")?;
+        let rs = self.sess()?.round()?;
         let bytes = self.drain(w)?;
         Ok((rs, bytes))
-    }
-}
-
-impl Drop for VramSide {
-    /// Ends the VRAM dirty log; a failed migration lets the vGPU run again.
-    fn drop(&mut self) {
-        if let Some(c) = self.copy.take() {
-            c.stop(&self.vgpu);
-        }
-        if self.quiesced && !self.done {
-            if let Err(e) = self.host.resume(&self.vgpu) {
-                eprintln!("gpuvm: resuming the vGPU after the failed migration: {e}");
-            }
-        }
     }
 }
 
@@ -783,7 +779,7 @@ fn run_source(
     stop: Arc<AtomicBool>,
     rx: mpsc::Receiver<Handover>,
     vcpu_thread: libc::pthread_t,
-    live: LiveVgpu,
+    live: Box<dyn LiveSession>,
 ) -> anyhow::Result<SourceStats> {
     let ram = guest.ram_bytes;
     let t0 = Instant::now();
@@ -807,24 +803,15 @@ fn run_source(
     write_msg(&mut w, HELLO, &hello).context("sending HELLO")?;
     stats.bytes += 5 + hello.len() as u64;
     expect_ok(&mut r, "the migration")?;
-    // The vGPU's dirty log from here on (it rebuilds the shadow page tables, so every VRAM and
-    // guest-RAM page the GPU can reach from now on is recorded); dropped, it ends the log and,
-    // if the migration failed after quiescing, resumes the vGPU.
-    let buf = Buf::default();
+    // The vGPU's session (its dirty log began when it was opened: every VRAM and guest-RAM
+    // page the GPU can reach from then on is recorded); dropped uncommitted, it resumes the
+    // vGPU.
     let mut vs = VramSide {
-        copy: Some(VramCopy::start(&live.vgpu).context("starting the vGPU's dirty log")?),
-        sw: None,
-        buf: buf.clone(),
+        sess: Some(live),
         hash: Hasher::default(),
         unhashed: Vec::new(),
         len: 0,
-        host: live.host,
-        vgpu: live.vgpu,
-        quiesced: false,
-        done: false,
     };
-    let info = StreamInfo::new(vs.vgpu.profile(), vs.vgpu.vram_slice().size);
-    vs.sw = Some(StreamWriter::new(buf, &info).context("the vGPU's stream")?);
     stats.bytes += vs.drain(&mut w)?;
     // Round 0: every non-zero page (the destination's RAM starts zeroed). The dirty log was
     // turned on before this thread started, so what the guest writes from now on is in the
@@ -885,30 +872,23 @@ fn run_source(
     };
     let rt = Instant::now();
     // The vCPU is paused: quiesce the vGPU (no vCPU access, none of its work on the GPU), so
-    // neither RAM nor VRAM changes any more.
-    vs.quiesced = true;
-    let clock = gpuvm::clock::ClockKind::Real.create();
-    let q = match vs
-        .host
-        .quiesce(&vs.vgpu, &*clock, snapshot::QUIESCE_WAIT_NS)
-    {
-        Ok(q) => q,
+    // neither RAM nor VRAM changes any more; its last pages and device state end its stream.
+    let st = match vs.sess()?.stop(snapshot::QUIESCE_WAIT_NS) {
+        Ok(st) => st,
         Err(e) => {
-            let reason = format!("quiescing the vGPU: {e}");
+            let reason = format!("{e:#}");
             let _ = write_msg(&mut w, ABORT, reason.as_bytes());
             bail!("{reason}");
         }
     };
-    stats.withdrawn = q.withdrawn as u64;
+    stats.withdrawn = st.withdrawn;
     // The last RAM pages: what KVM saw written, and every page the GPU could write by DMA
     // since the vGPU's log began (KVM does not see those writes).
     let mut pages = dirty_pages(&vm, ram)?;
-    let dma: Vec<u64> = vs
-        .copy
-        .as_ref()
-        .map(|c| c.log().dma_reachable())
-        .unwrap_or_default()
-        .into_iter()
+    let dma: Vec<u64> = st
+        .dma_pages
+        .iter()
+        .copied()
         .filter(|&p| p < ram / PAGE)
         .collect();
     stats.dma_pages = dma.len() as u64;
@@ -917,18 +897,8 @@ fn run_source(
     pages.dedup();
     let (zeros, mut bytes) = send_pages(&mut w, &mem, round, &pages)?;
     bytes += end_round(&mut w, round, pages.len() as u64)?;
-    // The last VRAM pages and the device state end the vGPU's stream.
-    let (rs, vbytes) = vs.round(&mut w)?;
-    bytes += vbytes;
-    stats.vram_rounds.push(rs);
-    let st = vs
-        .host
-        .device_state(&vs.vgpu)
-        .context("the vGPU's device state")?;
-    let mut sw = vs.sw.take().context("the vGPU's stream")?;
-    sw.device(&st).context("the vGPU's stream")?;
-    sw.finish().context("the vGPU's stream")?;
     bytes += vs.drain(&mut w)?;
+    stats.vram_rounds.push(st.round);
     stats.vgpu_stream_bytes = vs.len;
     let rest = std::mem::take(&mut vs.unhashed);
     vs.hash.update(&rest);
@@ -958,7 +928,14 @@ fn run_source(
         stop_and_copy: true,
     });
     stats.destination = expect_ok(&mut r, "the guest's state")?;
-    vs.done = true;
+    // The destination has the guest from here on: whatever happens to the commit, the guest
+    // must not go on here too (a failed commit leaves the vGPU to be scrubbed when this VMM
+    // goes).
+    if let Some(sess) = vs.sess.take() {
+        if let Err(e) = sess.commit() {
+            eprintln!("gpuvm: the guest moved, but its vGPU's migration was not committed: {e:#}");
+        }
+    }
     stats.total_ns = t0.elapsed().as_nanos() as u64;
     Ok(stats)
 }

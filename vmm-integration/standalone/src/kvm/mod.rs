@@ -1264,9 +1264,8 @@ fn run_vcpu(
                 handoff_tried = true;
                 let live = vgpu
                     .snapshot()
-                    .and_then(|s| s.live())
-                    .map(|(host, vgpu)| migrate::LiveVgpu { host, vgpu })
-                    .context("this vGPU cannot be migrated live");
+                    .context("this vGPU cannot be migrated live")
+                    .and_then(|s| s.live());
                 match live.and_then(|live| {
                     migrate::set_dirty_log(&gvm, true)?;
                     migrate::Source::start(kvm, &gvm, socket, spec.clone(), live)

@@ -7,6 +7,13 @@
 //! `DATA_EVENTFD | ACTION_TRIGGER`), so the daemon's rising edges reach the guest's IOAPIC
 //! without passing through this process. Only the daemon knows the vGPU's counters and the GPU
 //! time, so the report carries zeros there (see docs/vfio-user.md).
+//!
+//! **Snapshot, restore and live migration** go through the daemon's control socket
+//! (`DIR/control.sock` next to the VM's socket `DIR/NAME.sock`; [`crate::serve_migrate`]): the
+//! daemon quiesces the vGPU and streams its state to this VMM, which stores it or carries it
+//! to the destination VMM like its own devices' state; the destination VMM connects to its own
+//! daemon, maps the restored RAM and hands the stream to that daemon, whose connection adopts
+//! the rebuilt vGPU. The vGPU thus moves between two daemons with the guest.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -28,7 +35,8 @@ use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::device::VgpuDevice;
-use super::{is_pvm, open_kvm, run_vm, KvmOptions, KvmReport, RunCtx};
+use super::snapshot::{self, DeviceSnapshot};
+use super::{is_pvm, open_kvm, run_vm, Incoming, KvmOptions, KvmReport, RunCtx};
 
 /// A vGPU served over a vfio-user socket.
 pub struct RemoteVgpu {
@@ -38,6 +46,13 @@ pub struct RemoteVgpu {
     failure: Mutex<Option<String>>,
     /// The eventfd handed to the daemon (kept open for the VM's lifetime).
     irq: Mutex<Option<EventFd>>,
+    /// The daemon's directory and the VM's name there (from `DIR/NAME.sock`).
+    daemon_dir: PathBuf,
+    name: String,
+    /// Guest RAM was mapped (a restore maps it before handing the stream over).
+    ram_mapped: AtomicBool,
+    /// The session a snapshot left open (the vGPU quiesced in the daemon); dropping it resumes.
+    saved: Mutex<Option<crate::serve_migrate::Session>>,
 }
 
 impl RemoteVgpu {
@@ -62,12 +77,25 @@ impl RemoteVgpu {
                 socket.display()
             );
         }
+        let name = socket
+            .file_stem()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let daemon_dir = socket
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
         Ok(RemoteVgpu {
             client: Mutex::new(client),
             socket: socket.to_path_buf(),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             irq: Mutex::new(None),
+            daemon_dir,
+            name,
+            ram_mapped: AtomicBool::new(false),
+            saved: Mutex::new(None),
         })
     }
 
@@ -135,6 +163,9 @@ impl VgpuDevice for RemoteVgpu {
         true
     }
     fn attach_ram(&self, mem: &GuestMemoryMmap) -> anyhow::Result<()> {
+        if self.ram_mapped.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
         let mut client = self.client();
         for region in mem.iter() {
             let fo = region
@@ -185,11 +216,71 @@ impl VgpuDevice for RemoteVgpu {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
+    fn snapshot(&self) -> Option<&dyn DeviceSnapshot> {
+        Some(self)
+    }
 }
 
-/// Runs one KVM VM whose vGPU is served at `socket`.
-pub fn run_remote(opts: &KvmOptions, socket: &Path) -> anyhow::Result<KvmReport> {
+impl RemoteVgpu {
+    fn saved(&self) -> std::sync::MutexGuard<'_, Option<crate::serve_migrate::Session>> {
+        self.saved.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The daemon's vGPU through its control socket: the same `gpuvm::migrate` stream as the
+/// in-process vGPU's ([`snapshot::VGPU_KIND`]), so a snapshot taken through one daemon restores
+/// through another.
+impl DeviceSnapshot for RemoteVgpu {
+    fn kind(&self) -> String {
+        snapshot::VGPU_KIND.to_string()
+    }
+
+    fn save(&self) -> anyhow::Result<Vec<u8>> {
+        let mut s = crate::serve_migrate::Session::open(&self.daemon_dir, &self.name)?;
+        let st = s.stop(snapshot::QUIESCE_WAIT_NS / 1_000_000)?;
+        let mut bytes = s.take();
+        log::info!(
+            "vGPU {} saved by its daemon ({} submissions withdrawn)",
+            self.name,
+            st.withdrawn
+        );
+        bytes.extend(s.take());
+        *self.saved() = Some(s);
+        Ok(bytes)
+    }
+
+    fn resume(&self) {
+        // Dropping the session tells the daemon to resume the vGPU.
+        self.saved().take();
+    }
+
+    fn restore(&self, bytes: &[u8], ram: &GuestMemoryMmap) -> anyhow::Result<()> {
+        // The daemon rebuilds the vGPU with the RAM this connection mapped: map it first.
+        self.attach_ram(ram)?;
+        let id = crate::serve_migrate::restore(&self.daemon_dir, &self.name, bytes)?;
+        log::info!("vGPU {} restored by its daemon as {id}", self.name);
+        Ok(())
+    }
+
+    fn live(&self) -> anyhow::Result<Box<dyn super::migrate::LiveSession>> {
+        Ok(Box::new(crate::serve_migrate::Session::open(
+            &self.daemon_dir,
+            &self.name,
+        )?))
+    }
+}
+
+/// Runs one KVM VM whose vGPU is served at `socket`, booting it or starting it from
+/// `incoming` (a snapshot or a migration).
+pub fn run_remote(
+    opts: &KvmOptions,
+    socket: &Path,
+    incoming: Option<Incoming>,
+) -> anyhow::Result<KvmReport> {
     let kvm = open_kvm()?;
+    if incoming.is_some() || opts.outgoing.is_some() {
+        snapshot::check_supported(opts)?;
+    }
     anyhow::ensure!(
         opts.vms == 1,
         "--vfio-user runs one VM per process (--vms 1)"
@@ -209,6 +300,7 @@ pub fn run_remote(opts: &KvmOptions, socket: &Path) -> anyhow::Result<KvmReport>
     }
     let dev: Arc<dyn VgpuDevice> = Arc::new(remote);
     let ctx = RunCtx::detached();
+    *ctx.incoming.lock().unwrap_or_else(|e| e.into_inner()) = incoming;
     let report = run_vm(&kvm, 0, dev.clone(), &ctx, opts);
     // Closing the connection tells the daemon to tear this VM's vGPU down.
     drop(dev);

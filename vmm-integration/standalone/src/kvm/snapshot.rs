@@ -331,10 +331,6 @@ pub fn check_supported(opts: &KvmOptions) -> anyhow::Result<()> {
         opts.vms
     );
     ensure!(
-        opts.vfio_user.is_none(),
-        "snapshot and migration need the vGPU in this process (not --vfio-user)"
-    );
-    ensure!(
         opts.record.is_none(),
         "snapshot and migration cannot be combined with --record (both use the RAM slot's dirty log)"
     );
@@ -753,9 +749,9 @@ pub trait DeviceSnapshot: Send + Sync {
     /// Rebuilds the device from `bytes` in this (new) process, with the guest's RAM `ram`
     /// already restored. The seam must not have a device yet.
     fn restore(&self, bytes: &[u8], ram: &GuestMemoryMmap) -> anyhow::Result<()>;
-    /// The host and the vGPU, for the VRAM rounds of a live migration (`None`: the device
-    /// cannot be migrated live).
-    fn live(&self) -> Option<(Arc<GpuHost>, Arc<Vgpu>)>;
+    /// Starts the device's side of a live migration: its dirty log, then VRAM rounds on
+    /// request (an error: it cannot be migrated live now).
+    fn live(&self) -> anyhow::Result<Box<dyn super::migrate::LiveSession>>;
 }
 
 /// [`DeviceSnapshot::kind`] of [`MigratableVgpu`]: its bytes are a `gpuvm::migrate` stream.
@@ -849,10 +845,11 @@ impl DeviceSnapshot for MigratableVgpu {
         Ok(())
     }
 
-    fn live(&self) -> Option<(Arc<GpuHost>, Arc<Vgpu>)> {
-        self.inner
-            .get()
-            .map(|d| (self.host.clone(), d.vgpu.clone()))
+    fn live(&self) -> anyhow::Result<Box<dyn super::migrate::LiveSession>> {
+        let d = self.inner.get().context("there is no vGPU to migrate")?;
+        let out = gpuvm::migrate::Outgoing::start(self.host.clone(), d.vgpu.clone())
+            .context("starting the vGPU's dirty log")?;
+        Ok(Box::new(out))
     }
 }
 
@@ -1330,7 +1327,7 @@ mod tests {
 
         let (sim2, h2) = host();
         let b = MigratableVgpu::to_restore(h2.clone(), sim2.clone());
-        assert!(b.vgpu().is_none() && b.live().is_none());
+        assert!(b.vgpu().is_none() && b.live().is_err());
         let ram2 = ram();
         b.restore(&bytes, &ram2).unwrap();
         b.attach_ram(&ram2).unwrap();
