@@ -15,11 +15,12 @@
 //!   vGPU's configuration space and need nothing of their own);
 //! * guest RAM, as a sparse file holding only the non-zero pages;
 //! * the vGPU, through the [`DeviceSnapshot`] seam: opaque bytes the device produces and takes
-//!   back. Its implementation, [`MigratableVgpu`], quiesces the vGPU (the vCPU is already
-//!   paused) and writes a `gpuvm::migrate` stream (VRAM pages, then the device state); a
-//!   restore reads it into a new vGPU of the new process's host with the restored RAM
-//!   attached. Schemes that map VRAM straight into the guest (BAR remap) and `--vfio-user`
-//!   are refused ([`check_supported`]).
+//!   back. [`MigratableVgpu`] (the vGPU in this process) quiesces the vGPU (the vCPU is
+//!   already paused) and writes a `gpuvm::migrate` stream (VRAM pages, then the device
+//!   state); a restore reads it into a new vGPU of the new process's host with the restored
+//!   RAM attached. With `--vfio-user` the daemon does the same through its control socket
+//!   ([`super::remote::RemoteVgpu`]). Schemes that map VRAM straight into the guest (BAR
+//!   remap) are refused ([`check_supported`]).
 //!
 //! The directory: `manifest.json` (versioned, [`Manifest`]), `ram.bin` (sparse, RAM size
 //! long), `vgpu.bin` (the seam's bytes). The manifest is written last (renamed into place), so
