@@ -10,6 +10,13 @@ pub mod shadow_walk;
 pub mod snapshot_stream;
 pub mod vgpu_mmio;
 
+// The control module names its streaming verbs' module (and they name it) from the crate
+// root, as in the `gpuvm` binary.
+use serve_control::control;
+#[allow(dead_code)]
+#[path = "../../vmm-integration/standalone/src/serve_migrate.rs"]
+mod serve_migrate;
+
 /// Reads the fuzz input as a stream of little-endian values; past the end it yields zeros.
 pub struct Input<'a> {
     data: &'a [u8],
@@ -184,6 +191,31 @@ mod tests {
         assert_eq!(summary.ops, ops.len());
         assert!(summary.doorbells > 0, "{summary:?}");
         assert!(summary.completions > 0, "{summary:?}");
+    }
+
+    /// Checkpoint seeds start from a vGPU restored from a snapshot of the trace's prefix and run
+    /// the rest of it: each runs whole (the rig's checks after it hold) and together they
+    /// reach the GPU (doorbells accepted by a restored vGPU, work completed).
+    #[test]
+    fn checkpoint_seeds_run_the_rest_of_their_trace_on_a_restored_vgpu() {
+        let plan = super::seeds::checkpoint_plan();
+        assert_eq!(plan.len(), 10 * super::seeds::CHECKPOINT_CUTS.len());
+        let cuts = super::vgpu_mmio::Rig::new().checkpoint_cuts();
+        let taken: Vec<usize> = (0..plan.len()).filter(|&i| cuts[i].is_some()).collect();
+        assert!(taken.len() * 2 >= plan.len(), "{cuts:?}");
+        let (mut doorbells, mut completions) = (0, 0);
+        for i in taken {
+            let cut = cuts[i].unwrap();
+            assert!(cut >= plan[i].cut && cut < plan[i].ops.len(), "{i}: {cut}");
+            let s = super::vgpu_mmio::run(&plan[i].seed(i, cut));
+            assert_eq!(s.ops, plan[i].ops.len() - cut, "{}", plan[i].name);
+            doorbells += s.doorbells;
+            completions += s.completions;
+        }
+        assert!(
+            doorbells > 0 && completions > 0,
+            "{doorbells} {completions}"
+        );
     }
 
     /// Reusing one rig gives an input the same result as a rig of its own, also after other

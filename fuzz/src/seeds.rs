@@ -27,6 +27,83 @@ use crate::vgpu_mmio::{FuzzOp, MAX_OPS};
 /// The BAR0 PRAMIN window (64 KiB of VRAM at the PBUS PMEM base).
 const PRAMIN: std::ops::Range<u64> = 0x70_0000..0x80_0000;
 
+/// Where the checkpoints of [`checkpoint_plan`] cut each trace: after this share of its
+/// operations (percent).
+pub const CHECKPOINT_CUTS: [usize; 3] = [50, 75, 90];
+
+/// The recorded traces the seeds and checkpoints are made from.
+pub fn trace_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/traces")
+}
+
+/// One checkpoint of `vgpu_mmio` (see its module doc): a trace's operations and where to cut
+/// them; the rig replays and snapshots those before the cut (moving it forward if that state
+/// cannot be snapshotted), the seed is those after.
+#[derive(Debug, Clone)]
+pub struct CheckpointPlan {
+    /// The trace (its directory and file) and the nominal cut, for file names.
+    pub name: String,
+    /// VM 0's shadow mode.
+    pub mode: ShadowMode,
+    /// The trace's operations.
+    pub ops: Vec<FuzzOp>,
+    /// The nominal cut.
+    pub cut: usize,
+}
+
+impl CheckpointPlan {
+    /// The seed input for the checkpoint `index` cut at `cut`: the index with bit 7 set, then
+    /// the operations from the cut on.
+    pub fn seed(&self, index: usize, cut: usize) -> Vec<u8> {
+        let mut bytes = vec![0x80 | (index as u8 & 0x7f)];
+        for op in &self.ops[cut.min(self.ops.len())..] {
+            op.encode(&mut bytes);
+        }
+        bytes
+    }
+}
+
+/// The checkpoints, in a fixed order (traces sorted by path, then [`CHECKPOINT_CUTS`]); empty
+/// if the traces are not there. Read once per process.
+pub fn checkpoint_plan() -> &'static [CheckpointPlan] {
+    static PLAN: std::sync::OnceLock<Vec<CheckpointPlan>> = std::sync::OnceLock::new();
+    PLAN.get_or_init(|| {
+        let mut paths: Vec<_> = std::fs::read_dir(trace_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|d| std::fs::read_dir(d.path()).into_iter().flatten().flatten())
+            .map(|e| e.path())
+            .filter(|p| p.to_string_lossy().ends_with(".mmiotrace.xz"))
+            .collect();
+        paths.sort();
+        let mut plan = Vec::new();
+        for path in paths {
+            let Ok(trace) = gpuvm_trace::format::read_file(&path) else {
+                continue;
+            };
+            let (_, ops) = vgpu_mmio_seed(&trace);
+            let dir = path
+                .parent()
+                .and_then(|p| p.file_name())
+                .map(|d| d.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let file = path.file_name().unwrap_or_default().to_string_lossy();
+            let name = format!("{dir}-{}", file.split('.').next().unwrap_or("vm"));
+            for cut in CHECKPOINT_CUTS {
+                plan.push(CheckpointPlan {
+                    name: format!("{name}-{cut}"),
+                    mode: trace.header.profile.shadow,
+                    cut: ops.len() * cut / 100,
+                    ops: ops.clone(),
+                });
+            }
+        }
+        plan.truncate(128);
+        plan
+    })
+}
+
 /// Encodes `trace` (one VM's accesses) as a `vgpu_mmio` input of at most [`MAX_OPS`]
 /// operations. The first byte selects the trace's shadow mode for VM 0.
 pub fn vgpu_mmio_seed(trace: &Trace) -> (Vec<u8>, Vec<FuzzOp>) {

@@ -24,7 +24,7 @@ use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
 
 #[allow(dead_code)]
 #[path = "../../vmm-integration/standalone/src/control.rs"]
-mod control;
+pub(crate) mod control;
 
 /// Lines per input at most.
 pub const MAX_LINES: usize = 64;

@@ -3,6 +3,15 @@
 //! clock advances, polls and, rarely, its own destruction. Invariants: nothing panics; VM 1's
 //! VRAM slice (sampled pages filled with a pattern), VM 1's guest RAM and VM 1's physical
 //! channel registers are unchanged afterwards, also after VM 0 is destroyed.
+//!
+//! **Checkpoint starts.** An input whose first byte has bit 7 set does not start from a fresh
+//! VM 0 but from a *checkpoint*: a recorded trace's prefix (a driver's bring-up and part of its
+//! workloads) replayed once per process, snapshotted with `gpuvm::migrate` and restored before
+//! each such input (`crate::seeds::checkpoint_plan`). A checkpoint seed is the rest of the
+//! trace, so it reaches the trace's deep states (channels bound, page tables built, work in
+//! flight) while executing only its tail: the trace seeds' 1,000-3,800 operations per input
+//! were what held them to a few hundred executions per second. The restore itself is part of
+//! what is fuzzed: it runs the device model's own restore path every time.
 
 use std::sync::Arc;
 
@@ -334,12 +343,44 @@ pub struct Rig {
     ram1: GuestMemoryMmap,
     before: Victim,
     baseline: Baseline,
+    /// One per entry of `crate::seeds::checkpoint_plan`, `None` where its prefix could not
+    /// be snapshotted (an input naming it starts from a fresh VM 0).
+    checkpoints: Vec<Option<Checkpoint>>,
+}
+
+/// A checkpoint's cut moves forward by this share of its trace (percent) while its prefix
+/// cannot be snapshotted, at most [`CUT_TRIES`] times.
+const CUT_STEP_PCT: usize = 2;
+const CUT_TRIES: usize = 5;
+
+/// A started VM 0 (see the module doc): its `gpuvm::migrate` stream and the guest-RAM pages
+/// its prefix wrote.
+pub struct Checkpoint {
+    /// Where the trace was cut: its operations before this index were replayed.
+    pub cut: usize,
+    stream: Vec<u8>,
+    ram: Vec<(u64, Vec<u8>)>,
 }
 
 impl Rig {
     /// A 1.5 GiB simulated GF100 with the instant cost model, a host and the victim (VM 1),
     /// its sampled pages and RAM filled with a pattern.
     pub fn new() -> Rig {
+        let mut rig = Rig::without_checkpoints();
+        rig.checkpoints = crate::seeds::checkpoint_plan()
+            .iter()
+            .map(|c| {
+                let step = (c.ops.len() * CUT_STEP_PCT / 100).max(1);
+                (0..CUT_TRIES)
+                    .map(|i| (c.cut + i * step).min(c.ops.len()))
+                    .find_map(|cut| rig.checkpoint(c.mode, &c.ops[..cut]))
+            })
+            .collect();
+        rig
+    }
+
+    /// A rig whose inputs all start from a fresh VM 0 (as before checkpoints existed).
+    pub fn without_checkpoints() -> Rig {
         let clock = Arc::new(SimClock::new());
         let gpu = Arc::new(SimGpu::new(SimConfig {
             vram_size: VRAM,
@@ -371,20 +412,175 @@ impl Rig {
             ram1,
             before,
             baseline,
+            checkpoints: Vec::new(),
+        }
+    }
+
+    /// For each checkpoint of the plan (bit 7 of an input's first byte selects one), where
+    /// this rig cut its trace (`None`: no cut it tried could be snapshotted).
+    pub fn checkpoint_cuts(&self) -> Vec<Option<usize>> {
+        self.checkpoints
+            .iter()
+            .map(|c| c.as_ref().map(|c| c.cut))
+            .collect()
+    }
+
+    /// Replays `prefix` on a fresh VM 0 and snapshots it (then destroys it: the host is back
+    /// at its baseline). `None` if the snapshot is refused: a prefix that ends with a channel
+    /// waiting in a semaphore acquire leaves it busy, and the simulator saves only idle
+    /// channels.
+    fn checkpoint(&self, mode: ShadowMode, prefix: &[FuzzOp]) -> Option<Checkpoint> {
+        let (v0, ram0) = vm(
+            &self.host,
+            &profile("attacker", mode, ATTACKER_MIB, 16),
+            ATTACKER_RAM,
+        );
+        let mut pages = std::collections::BTreeSet::new();
+        let mut destroyed = false;
+        let mut summary = RunSummary::default();
+        for op in prefix {
+            if let FuzzOp::RamWrite { gpa, .. } = op {
+                let gpa = u64::from(*gpa) % (ATTACKER_RAM as u64 - 8);
+                pages.insert(gpa / 4096);
+                pages.insert((gpa + 7) / 4096);
+            }
+            if *op != FuzzOp::Destroy {
+                self.apply(&v0, &ram0, op.clone(), &mut destroyed, &mut summary);
+            }
+        }
+        self.drain();
+        let mut stream = Vec::new();
+        let taken =
+            gpuvm::migrate::snapshot(&self.host, &v0, &*self.clock, 10_000_000_000, &mut stream);
+        let ram = pages
+            .into_iter()
+            .map(|p| {
+                let mut page = vec![0u8; 4096];
+                ram0.read_slice(&mut page, GuestAddress(p * 4096)).unwrap();
+                (p, page)
+            })
+            .collect();
+        self.host.destroy_vgpu(&v0).expect("destroy_vgpu");
+        self.drain();
+        self.settle();
+        taken.ok().map(|_| Checkpoint {
+            cut: prefix.len(),
+            stream,
+            ram,
+        })
+    }
+
+    /// Lets whatever VM 0 started run to completion (bounded).
+    fn drain(&self) {
+        for _ in 0..64 {
+            match self.gpu.next_event_ns() {
+                Some(t) => self.clock.advance_to(t.max(self.clock.now_ns())),
+                None => break,
+            }
+            self.host.poll();
+        }
+        self.host.poll();
+    }
+
+    /// Freed shadow memory leaves the quarantine once the GPU is seen idle.
+    fn settle(&self) {
+        for _ in 0..8 {
+            if self.host.stats().hypervisor_vram_quarantined == 0 {
+                break;
+            }
+            self.clock.advance(1_000_000);
+            self.host.poll();
+        }
+    }
+
+    /// VM 0 for an input: fresh in the shadow mode the first byte names, or (bit 7 set) restored
+    /// from a checkpoint.
+    fn attacker(&self, first: u8) -> (Arc<Vgpu>, GuestMemoryMmap) {
+        let picked = match (first & 0x80 != 0, self.checkpoints.len()) {
+            (true, n) if n > 0 => self.checkpoints[(first & 0x7f) as usize % n].as_ref(),
+            _ => None,
+        };
+        if let Some(cp) = picked {
+            let ram0 =
+                GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), ATTACKER_RAM)]).unwrap();
+            for (p, page) in &cp.ram {
+                ram0.write_slice(page, GuestAddress(p * 4096)).unwrap();
+            }
+            let v0 = gpuvm::migrate::restore(&self.host, &cp.stream[..], Some(ram0.clone()))
+                .expect("restoring a checkpoint");
+            return (v0, ram0);
+        }
+        let mode = ShadowMode::ALL[first as usize % 4];
+        vm(
+            &self.host,
+            &profile("attacker", mode, ATTACKER_MIB, 16),
+            ATTACKER_RAM,
+        )
+    }
+
+    fn apply(
+        &self,
+        v0: &Arc<Vgpu>,
+        ram0: &GuestMemoryMmap,
+        op: FuzzOp,
+        destroyed: &mut bool,
+        summary: &mut RunSummary,
+    ) {
+        let (clock, host) = (&self.clock, &self.host);
+        match op {
+            FuzzOp::Bar {
+                bar,
+                offset,
+                width,
+                write,
+                value,
+            } => access(
+                v0,
+                bar,
+                offset,
+                write,
+                &value.to_le_bytes()[..width as usize],
+            ),
+            FuzzOp::Config {
+                offset,
+                width,
+                write,
+                value,
+            } => {
+                let w = width as usize;
+                if write {
+                    v0.config_write(offset, &value.to_le_bytes()[..w]);
+                } else {
+                    let mut b = [0u8; 4];
+                    v0.config_read(offset, &mut b[..w]);
+                }
+            }
+            FuzzOp::Advance { us } => {
+                clock.advance(u64::from(us) * 1000);
+                host.poll();
+            }
+            FuzzOp::RamWrite { gpa, value } => {
+                let gpa = u64::from(gpa) % (ATTACKER_RAM as u64 - 8);
+                ram0.write_obj(value, GuestAddress(gpa)).unwrap();
+            }
+            FuzzOp::Poll => v0.poll(),
+            FuzzOp::Destroy => {
+                if !*destroyed {
+                    let s = v0.stats();
+                    summary.doorbells = s.doorbells;
+                    summary.completions = s.completions;
+                    host.destroy_vgpu(v0).expect("destroy_vgpu");
+                    *destroyed = true;
+                }
+            }
         }
     }
 
     /// One input: VM 0 (fresh, with fresh RAM) runs it, is destroyed, and the victim and the
     /// host's allocators must be as before.
     pub fn execute(&self, data: &[u8]) -> RunSummary {
-        let (clock, gpu, host) = (&self.clock, &self.gpu, &self.host);
         let mut inp = Input::new(data);
-        let mode = ShadowMode::ALL[inp.u8() as usize % 4];
-        let (v0, ram0) = vm(
-            host,
-            &profile("attacker", mode, ATTACKER_MIB, 16),
-            ATTACKER_RAM,
-        );
+        let (v0, ram0) = self.attacker(inp.u8());
         let mut destroyed = false;
         let mut summary = RunSummary::default();
         while summary.ops < MAX_OPS {
@@ -392,63 +588,11 @@ impl Rig {
                 break;
             };
             summary.ops += 1;
-            match op {
-                FuzzOp::Bar {
-                    bar,
-                    offset,
-                    width,
-                    write,
-                    value,
-                } => access(
-                    &v0,
-                    bar,
-                    offset,
-                    write,
-                    &value.to_le_bytes()[..width as usize],
-                ),
-                FuzzOp::Config {
-                    offset,
-                    width,
-                    write,
-                    value,
-                } => {
-                    let w = width as usize;
-                    if write {
-                        v0.config_write(offset, &value.to_le_bytes()[..w]);
-                    } else {
-                        let mut b = [0u8; 4];
-                        v0.config_read(offset, &mut b[..w]);
-                    }
-                }
-                FuzzOp::Advance { us } => {
-                    clock.advance(u64::from(us) * 1000);
-                    host.poll();
-                }
-                FuzzOp::RamWrite { gpa, value } => {
-                    let gpa = u64::from(gpa) % (ATTACKER_RAM as u64 - 8);
-                    ram0.write_obj(value, GuestAddress(gpa)).unwrap();
-                }
-                FuzzOp::Poll => v0.poll(),
-                FuzzOp::Destroy => {
-                    if !destroyed {
-                        let s = v0.stats();
-                        summary.doorbells = s.doorbells;
-                        summary.completions = s.completions;
-                        host.destroy_vgpu(&v0).expect("destroy_vgpu");
-                        destroyed = true;
-                    }
-                }
-            }
+            self.apply(&v0, &ram0, op, &mut destroyed, &mut summary);
         }
+        let (gpu, host) = (&self.gpu, &self.host);
         // Let whatever VM 0 started run to completion (bounded), then check, destroy, check.
-        for _ in 0..64 {
-            match gpu.next_event_ns() {
-                Some(t) => clock.advance_to(t.max(clock.now_ns())),
-                None => break,
-            }
-            host.poll();
-        }
-        host.poll();
+        self.drain();
         assert!(
             snapshot(gpu, &self.v1, &self.ram1) == self.before,
             "VM 1 changed by VM 0's accesses"
@@ -464,14 +608,7 @@ impl Rig {
             snapshot(gpu, &self.v1, &self.ram1) == self.before,
             "VM 1 changed by VM 0's teardown"
         );
-        // Freed shadow memory leaves the quarantine once the GPU is seen idle.
-        for _ in 0..8 {
-            if host.stats().hypervisor_vram_quarantined == 0 {
-                break;
-            }
-            clock.advance(1_000_000);
-            host.poll();
-        }
+        self.settle();
         assert_eq!(
             Baseline::of(host),
             self.baseline,
@@ -499,7 +636,7 @@ pub fn run(data: &[u8]) -> RunSummary {
 /// The same input on a rig of its own (how every execution ran before the rig was reused; kept
 /// to measure the difference and to check that reuse does not change what an input does).
 pub fn run_fresh(data: &[u8]) -> RunSummary {
-    Rig::new().execute(data)
+    Rig::without_checkpoints().execute(data)
 }
 
 fn access(v: &Vgpu, bar: Bar, off: u64, write: bool, value: &[u8]) {

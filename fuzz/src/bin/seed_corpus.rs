@@ -38,4 +38,25 @@ fn main() {
             bytes.len()
         );
     }
+    // Checkpoint seeds: the tails of the traces in ../tests/traces, started from a snapshot of
+    // their prefix (gpuvm_fuzz::vgpu_mmio, "Checkpoint starts").
+    let cuts = gpuvm_fuzz::vgpu_mmio::Rig::new().checkpoint_cuts();
+    for (i, c) in gpuvm_fuzz::seeds::checkpoint_plan().iter().enumerate() {
+        let Some(cut) = cuts[i] else {
+            println!(
+                "checkpoint {i} ({}): no cut near {} could be snapshotted (a channel busy, e.g. in a semaphore acquire); no seed",
+                c.name, c.cut
+            );
+            continue;
+        };
+        let file = out.join(format!("ckpt-{}", c.name));
+        let bytes = c.seed(i, cut);
+        std::fs::write(&file, &bytes).expect("writing a seed");
+        println!(
+            "checkpoint {i} (cut at {cut} of {} ops) -> {} ({} bytes)",
+            c.ops.len(),
+            file.display(),
+            bytes.len()
+        );
+    }
 }
