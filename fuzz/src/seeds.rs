@@ -36,6 +36,17 @@ pub fn trace_dir() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/traces")
 }
 
+/// A trace's name for seed files: its directory and its file's stem (`1vm-lazy-vm0`).
+pub fn trace_name(path: &std::path::Path) -> String {
+    let dir = path
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|d| d.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let file = path.file_name().unwrap_or_default().to_string_lossy();
+    format!("{dir}-{}", file.split('.').next().unwrap_or("vm"))
+}
+
 /// One checkpoint of `vgpu_mmio` (see its module doc): a trace's operations and where to cut
 /// them; the rig replays and snapshots those before the cut (moving it forward if that state
 /// cannot be snapshotted), the seed is those after.
@@ -83,13 +94,7 @@ pub fn checkpoint_plan() -> &'static [CheckpointPlan] {
                 continue;
             };
             let (_, ops) = vgpu_mmio_seed(&trace);
-            let dir = path
-                .parent()
-                .and_then(|p| p.file_name())
-                .map(|d| d.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            let file = path.file_name().unwrap_or_default().to_string_lossy();
-            let name = format!("{dir}-{}", file.split('.').next().unwrap_or("vm"));
+            let name = trace_name(&path);
             for cut in CHECKPOINT_CUTS {
                 plan.push(CheckpointPlan {
                     name: format!("{name}-{cut}"),

@@ -21,14 +21,7 @@ fn main() {
             }
         };
         let (bytes, ops) = gpuvm_fuzz::seeds::vgpu_mmio_seed(&trace);
-        let name = path
-            .parent()
-            .and_then(|p| p.file_name())
-            .map(|d| d.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let stem = path.file_name().unwrap_or_default().to_string_lossy();
-        let stem = stem.split('.').next().unwrap_or("vm");
-        let file = out.join(format!("trace-{name}-{stem}"));
+        let file = out.join(format!("trace-{}", gpuvm_fuzz::seeds::trace_name(&path)));
         std::fs::write(&file, &bytes).expect("writing a seed");
         println!(
             "{} -> {} ({} ops, {} bytes)",

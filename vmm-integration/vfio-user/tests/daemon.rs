@@ -3,54 +3,23 @@
 //! disconnect each give the VM a fresh vGPU while the other VM's keeps running; shutdown
 //! destroys every vGPU and removes the sockets.
 
-use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+mod support;
+
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpuvm::clock::ClockKind;
-use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::PhysicalGpu;
-use gpuvm::profile::VgpuProfile;
-use gpuvm_sim::{SimConfig, SimGpu};
 use gpuvm_vfio_user::wire::RawClient;
-use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
+use gpuvm_vfio_user::Daemon;
 use vfio_user::Client;
 
 fn start(test: &str) -> (Daemon, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("gpuvm-vfio-user-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let clock = ClockKind::Real.create();
-    let phys: Arc<dyn PhysicalGpu> = Arc::new(SimGpu::new(SimConfig {
-        vram_size: 2 << 30,
-        clock: clock.clone(),
-        ..SimConfig::default()
-    }));
-    let host = Arc::new(GpuHost::new(phys, HostConfig::default()).unwrap());
-    let vms = ["a", "b"]
-        .iter()
-        .map(|n| VmSpec {
-            name: n.to_string(),
-            profile: VgpuProfile {
-                name: n.to_string(),
-                vram_mib: 256,
-                ..VgpuProfile::default()
-            },
-            cap_ppm: None,
-        })
-        .collect();
-    let d = Daemon::start(
-        host,
-        clock,
-        DaemonConfig {
-            socket_dir: dir.clone(),
-            vms,
-            require_sealed_dma: true,
-        },
+    support::start(
+        test,
+        2 << 30,
+        None,
+        vec![support::spec("a", 256, 1), support::spec("b", 256, 1)],
     )
-    .unwrap();
-    (d, dir)
 }
 
 fn config_dword(c: &mut Client, offset: u64) -> u32 {
@@ -65,22 +34,6 @@ fn boot0(c: &mut Client) -> u32 {
     u32::from_le_bytes(b)
 }
 
-fn sealed_memfd(len: u64) -> File {
-    // SAFETY: memfd_create with a NUL-terminated name returns a new descriptor or -1.
-    let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_ALLOW_SEALING) };
-    assert!(fd >= 0);
-    // SAFETY: a fresh descriptor we own.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(len).unwrap();
-    // SAFETY: adds a seal to our descriptor.
-    assert_eq!(
-        unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
-        0
-    );
-    f
-}
-
-/// Waits (bounded) until `cond` holds; the bound only keeps a broken build from hanging.
 fn eventually(what: &str, cond: impl Fn() -> bool) {
     let end = Instant::now() + Duration::from_secs(30);
     while !cond() {
@@ -107,7 +60,7 @@ fn clients_reset_and_disconnect_only_touch_their_own_vgpu() {
     assert_eq!(config_dword(&mut ca, 0x10) & !0xf, !((32u32 << 20) - 1));
 
     // RAM and the interrupt.
-    let ram = sealed_memfd(2 << 20);
+    let ram = support::sealed_memfd(2 << 20);
     ca.dma_map(0, 0, 2 << 20, ram.as_raw_fd()).unwrap();
     // SAFETY: eventfd returns a new descriptor or -1.
     let evt = unsafe { libc::eventfd(0, 0) };

@@ -3,70 +3,26 @@
 //! next client finds on the other daemon; every refusal names its reason and leaves the VM
 //! with a working vGPU and its neighbour untouched.
 
+mod support;
+
 use std::fs::File;
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gf100::pbus::{PMEM, PRAMIN_BASE};
 use gpuvm::clock::ClockKind;
-use gpuvm::host::{GpuHost, HostConfig};
-use gpuvm::phys::PhysicalGpu;
-use gpuvm::profile::VgpuProfile;
-use gpuvm_sim::{SimConfig, SimGpu};
-use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
+use gpuvm_vfio_user::Daemon;
 use vfio_user::Client;
 
 /// A daemon serving `a` (256 MiB) and `b` (128 MiB).
 fn start(test: &str) -> (Daemon, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("gpuvm-moving-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let clock = ClockKind::Real.create();
-    let phys: Arc<dyn PhysicalGpu> = Arc::new(SimGpu::new(SimConfig {
-        vram_size: 2 << 30,
-        clock: clock.clone(),
-        ..SimConfig::default()
-    }));
-    let host = Arc::new(GpuHost::new(phys, HostConfig::default()).unwrap());
-    let vms = [("a", 256), ("b", 128)]
-        .iter()
-        .map(|&(n, mib)| VmSpec {
-            name: n.to_string(),
-            profile: VgpuProfile {
-                name: n.to_string(),
-                vram_mib: mib,
-                ..VgpuProfile::default()
-            },
-            cap_ppm: None,
-        })
-        .collect();
-    let d = Daemon::start(
-        host,
-        clock,
-        DaemonConfig {
-            socket_dir: dir.clone(),
-            vms,
-            require_sealed_dma: true,
-        },
+    support::start(
+        &format!("moving-{test}"),
+        2 << 30,
+        None,
+        vec![support::spec("a", 256, 1), support::spec("b", 128, 1)],
     )
-    .unwrap();
-    (d, dir)
-}
-
-fn sealed_memfd(len: u64) -> File {
-    // SAFETY: memfd_create with a NUL-terminated name returns a new descriptor or -1.
-    let fd = unsafe { libc::memfd_create(c"t".as_ptr(), libc::MFD_ALLOW_SEALING) };
-    assert!(fd >= 0);
-    // SAFETY: a fresh descriptor we own.
-    let f = unsafe { File::from_raw_fd(fd) };
-    f.set_len(len).unwrap();
-    // SAFETY: adds a seal to our descriptor.
-    assert_eq!(
-        unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) },
-        0
-    );
-    f
 }
 
 fn rd(c: &mut Client, region: u32, off: u64) -> u32 {
@@ -106,7 +62,7 @@ const PATTERN: [u32; 4] = [0xdead_beef, 0x0123_4567, 0x89ab_cdef, 0x5a5a_a5a5];
 fn a_vgpu_moves_to_another_daemon_with_what_its_client_put_there() {
     let (src, sdir) = start("src");
     let (dst, ddir) = start("dst");
-    let ram = sealed_memfd(2 << 20);
+    let ram = support::sealed_memfd(2 << 20);
     let mut c = client(&src, &sdir, "a", &ram);
     wr(&mut c, 7, 4, 0x6); // memory decoding and bus mastering
     wr(&mut c, 0, PMEM as u64, 0x10); // PRAMIN at 1 MiB of the slice
@@ -164,7 +120,7 @@ fn a_vgpu_moves_to_another_daemon_with_what_its_client_put_there() {
 fn a_bad_stream_or_a_mismatched_vm_is_refused_and_the_vm_keeps_a_working_vgpu() {
     let (src, sdir) = start("bad-src");
     let (dst, ddir) = start("bad-dst");
-    let ram = sealed_memfd(2 << 20);
+    let ram = support::sealed_memfd(2 << 20);
     let e = src.device("a").unwrap().migrate_out().err().unwrap();
     assert!(e.contains("has no client"), "{e}");
     let mut c = client(&src, &sdir, "a", &ram);

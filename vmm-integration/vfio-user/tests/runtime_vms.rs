@@ -3,57 +3,28 @@
 //! other VMs' clients keep answering and their memory is untouched; bad requests change
 //! nothing; an idle daemon's event loop does not wake up.
 
+mod support;
+
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use gpuvm::addr::HostVram;
-use gpuvm::clock::ClockKind;
-use gpuvm::host::{GpuHost, HostConfig};
 use gpuvm::phys::PhysicalGpu;
-use gpuvm::profile::VgpuProfile;
 use gpuvm::sched::Policy;
-use gpuvm_sim::{SimConfig, SimGpu};
-use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
+use gpuvm_vfio_user::{Daemon, VmSpec};
 use vfio_user::Client;
 
 fn spec(n: &str, weight: u32) -> VmSpec {
-    VmSpec {
-        name: n.to_string(),
-        profile: VgpuProfile {
-            name: n.to_string(),
-            vram_mib: 64,
-            weight,
-            ..VgpuProfile::default()
-        },
-        cap_ppm: None,
-    }
+    support::spec(n, 64, weight)
 }
 
 fn start(test: &str, policy: Policy) -> (Daemon, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("gpuvm-rt-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let clock = ClockKind::Real.create();
-    let phys: Arc<dyn PhysicalGpu> = Arc::new(SimGpu::new(SimConfig {
-        vram_size: 1 << 30,
-        clock: clock.clone(),
-        ..SimConfig::default()
-    }));
-    let host = Arc::new(GpuHost::new(phys, HostConfig::default()).unwrap());
-    host.set_scheduler(policy.create(&Default::default()))
-        .unwrap();
-    host.set_clock(clock.clone());
-    let d = Daemon::start(
-        host,
-        clock,
-        DaemonConfig {
-            socket_dir: dir.clone(),
-            vms: vec![spec("a", 1), spec("b", 1)],
-            require_sealed_dma: true,
-        },
+    support::start(
+        &format!("rt-{test}"),
+        1 << 30,
+        Some(policy),
+        vec![spec("a", 1), spec("b", 1)],
     )
-    .unwrap();
-    (d, dir)
 }
 
 fn boot0(c: &mut Client) -> u32 {

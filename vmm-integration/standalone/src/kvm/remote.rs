@@ -238,13 +238,13 @@ impl DeviceSnapshot for RemoteVgpu {
     fn save(&self) -> anyhow::Result<Vec<u8>> {
         let mut s = crate::serve_migrate::Session::open(&self.daemon_dir, &self.name)?;
         let st = s.stop(snapshot::QUIESCE_WAIT_NS / 1_000_000)?;
-        let mut bytes = s.take();
+        // The header (from `open`) and everything the stop produced.
+        let bytes = s.take();
         log::info!(
             "vGPU {} saved by its daemon ({} submissions withdrawn)",
             self.name,
             st.withdrawn
         );
-        bytes.extend(s.take());
         *self.saved() = Some(s);
         Ok(bytes)
     }
