@@ -142,6 +142,7 @@ impl VmDevice {
             return Err(format!("VM '{}' is being migrated out", self.name()));
         }
         let p = self.profile();
+        let t0 = std::time::Instant::now();
         let r = self.replace_vgpu(|host| {
             let v = gpuvm::migrate::restore(host, stream, Some(ram))
                 .map_err(|e| format!("the stream: {e}"))?;
@@ -161,9 +162,10 @@ impl VmDevice {
         });
         match &r {
             Ok(v) => self.event(&format!(
-                "vGPU restored from a migration stream ({} bytes) as {}: the client's connection adopts it",
+                "vGPU restored from a migration stream ({} bytes) as {} in {:.1} ms: the client's connection adopts it",
                 stream.len(),
-                v.id()
+                v.id(),
+                t0.elapsed().as_secs_f64() * 1e3
             )),
             Err(e) => self.event(&format!("restore refused, the VM has a fresh vGPU: {e}")),
         }

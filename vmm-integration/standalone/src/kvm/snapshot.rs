@@ -171,19 +171,71 @@ impl Hasher {
     }
 }
 
-/// Hashes all of guest RAM, page by page.
+/// Hashes all of guest RAM, page by page. In a file-backed region (a memfd, when the vGPU is
+/// in a `gpuvm serve` daemon) the file's holes are hashed as the zeros they read as, without
+/// reading them: reading a hole of shared memory allocates a page for it, which made the
+/// destination of a migration spend about 35 ms of the guest's downtime, and 44 MiB of memory,
+/// on pages nobody wrote.
 pub fn ram_hash(mem: &GuestMemoryMmap, ram: u64) -> anyhow::Result<String> {
+    const CHUNK: u64 = 1 << 20;
     let mut h = Hasher::default();
-    let mut buf = vec![0u8; 1 << 20];
+    let mut buf = vec![0u8; CHUNK as usize];
+    let zeros = vec![0u8; CHUNK as usize];
     let mut at = 0;
     while at < ram {
-        let n = (ram - at).min(buf.len() as u64) as usize;
-        mem.read_slice(&mut buf[..n], GuestAddress(at))
-            .context("reading guest RAM")?;
-        h.update(&buf[..n]);
-        at += n as u64;
+        let (n, hole) = match hole_at(mem, at) {
+            Some(Extent::Hole(len)) => (len, true),
+            Some(Extent::Data(len)) => (len, false),
+            None => (PAGE, false),
+        };
+        let n = n.min(ram - at).min(CHUNK).max(1);
+        if hole {
+            h.update(&zeros[..n as usize]);
+        } else {
+            mem.read_slice(&mut buf[..n as usize], GuestAddress(at))
+                .context("reading guest RAM")?;
+            h.update(&buf[..n as usize]);
+        }
+        at += n;
     }
     Ok(h.finish())
+}
+
+/// A stretch of a file-backed RAM region: a hole (reads as zeros) or data, page-aligned.
+enum Extent {
+    Hole(u64),
+    Data(u64),
+}
+
+/// The stretch of RAM at `gpa` as its backing file sees it (`lseek` `SEEK_DATA`/`SEEK_HOLE`),
+/// or `None` if the region is not file-backed or the file cannot tell.
+fn hole_at(mem: &GuestMemoryMmap, gpa: u64) -> Option<Extent> {
+    use std::os::fd::AsRawFd;
+    use vm_memory::GuestMemoryRegion;
+    let region = mem.find_region(GuestAddress(gpa))?;
+    let fo = region.file_offset()?;
+    let into = gpa - region.start_addr().0;
+    let left = region.len() - into;
+    let off = i64::try_from(fo.start() + into).ok()?;
+    let fd = fo.file().as_raw_fd();
+    // SAFETY: lseek on a descriptor the region owns; it moves only the file position, which
+    // nothing here uses (RAM is accessed through the mapping).
+    let data = unsafe { libc::lseek(fd, off, libc::SEEK_DATA) };
+    if data < 0 {
+        // ENXIO: no data from here to the end of the file.
+        return (std::io::Error::last_os_error().raw_os_error() == Some(libc::ENXIO))
+            .then_some(Extent::Hole(left));
+    }
+    if data > off {
+        let len = ((data - off) as u64).min(left);
+        return (len > 0).then_some(Extent::Hole(len));
+    }
+    // SAFETY: as above.
+    let hole = unsafe { libc::lseek(fd, off, libc::SEEK_HOLE) };
+    if hole <= off {
+        return None;
+    }
+    Some(Extent::Data(((hole - off) as u64).min(left)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1282,7 +1334,11 @@ mod tests {
     }
 
     fn ram() -> GuestMemoryMmap {
-        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 4 << 20)]).unwrap()
+        ram_of(4 << 20)
+    }
+
+    fn ram_of(len: u64) -> GuestMemoryMmap {
+        GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), len as usize)]).unwrap()
     }
 
     fn bar0_read(d: &dyn VgpuDevice, off: u64) -> u32 {
@@ -1379,6 +1435,30 @@ mod tests {
         let e = short.get::<kvm_regs>("regs").unwrap_err().to_string();
         assert!(e.contains("expected 144"), "{e}");
         assert!(Blob("zz".into()).get::<u8>("x").is_err());
+    }
+
+    #[test]
+    fn a_memfd_with_holes_hashes_as_the_same_bytes_in_anonymous_memory() {
+        const RAM: u64 = 8 << 20;
+        let shared = crate::kvm::shared_ram::memfd_ram(RAM).unwrap();
+        let anon = ram_of(RAM);
+        // Data at the start, in the middle of the first MiB, across a MiB boundary and in the
+        // last page; holes everywhere else (never written in the memfd).
+        for (gpa, byte) in [
+            (0u64, 1u8),
+            (0x8_1000, 2),
+            ((1 << 20) - 4096, 3),
+            (RAM - 8, 4),
+        ] {
+            for m in [&shared, &anon] {
+                m.write_slice(&[byte; 8], GuestAddress(gpa)).unwrap();
+            }
+        }
+        let h = ram_hash(&anon, RAM).unwrap();
+        assert_eq!(ram_hash(&shared, RAM).unwrap(), h);
+        // And a byte written into a hole is seen.
+        shared.write_slice(&[9], GuestAddress(5 << 20)).unwrap();
+        assert_ne!(ram_hash(&shared, RAM).unwrap(), h);
     }
 
     #[test]
