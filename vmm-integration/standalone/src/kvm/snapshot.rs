@@ -188,7 +188,7 @@ pub fn ram_hash(mem: &GuestMemoryMmap, ram: u64) -> anyhow::Result<String> {
             Some(Extent::Data(len)) => (len, false),
             None => (PAGE, false),
         };
-        let n = n.min(ram - at).min(CHUNK).max(1);
+        let n = n.min(ram - at).clamp(1, CHUNK);
         if hole {
             h.update(&zeros[..n as usize]);
         } else {
