@@ -14,7 +14,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
 use support::{gpuvm, json, kvm_available};
@@ -459,8 +459,25 @@ fn a_guest_that_used_its_vgpu_is_snapshotted_mid_workload_and_finishes_after_res
     let _ = std::fs::remove_dir_all(&tmp);
 }
 
-/// Starts a destination listening on `sock`; returns once the socket exists.
-fn destination(sock: &Path) -> std::process::Child {
+/// A destination VMM, its standard error read by a thread of its own.
+struct Destination {
+    child: std::process::Child,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Destination {
+    /// Waits for it to end; its output with all it printed on standard error.
+    fn wait_with_output(self) -> std::process::Output {
+        let mut out = self.child.wait_with_output().unwrap();
+        out.stderr = self.stderr.join().unwrap().into_bytes();
+        out
+    }
+}
+
+/// Starts a destination listening on `sock`; returns once it says it listens (it prints that
+/// after binding the socket).
+fn destination(sock: &Path) -> Destination {
+    use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_gpuvm"))
         .args([
             "run",
@@ -476,23 +493,28 @@ fn destination(sock: &Path) -> std::process::Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the destination");
-    let t0 = Instant::now();
-    while !sock.exists() {
-        if let Some(st) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            panic!(
-                "the destination ended ({st}) before listening: {}",
-                stderr(&out)
-            );
+    let err = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("waiting for a migration on") {
+                let _ = tx.send(());
+            }
+            all.push_str(&line);
+            all.push('\n');
         }
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no socket after 60 s"
+        all
+    });
+    if rx.recv_timeout(Duration::from_secs(60)).is_err() {
+        let out = Destination { child, stderr }.wait_with_output();
+        panic!(
+            "the destination never listened ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
         );
-        // Waiting for another process to bind its socket: there is nothing to block on.
-        std::thread::sleep(Duration::from_millis(20));
     }
-    child
+    Destination { child, stderr }
 }
 
 #[test]
@@ -513,7 +535,7 @@ fn a_running_guest_migrates_live_to_another_process_and_finishes_there() {
         "--migrate-after-exits",
         "20",
     ]));
-    let dout = dst.wait_with_output().unwrap();
+    let dout = dst.wait_with_output();
     assert!(out.status.success(), "source: {}", stderr(&out));
     assert!(dout.status.success(), "destination: {}", stderr(&dout));
     let src = &json(&out)["vms"][0]["kvm"];
@@ -598,7 +620,7 @@ fn a_destination_refuses_a_stream_that_is_not_a_migration() {
         msg.extend_from_slice(b"GET / HTTP/1.1\r\n");
         s.write_all(&msg).unwrap();
     }
-    let out = dst.wait_with_output().unwrap();
+    let out = dst.wait_with_output();
     let err = stderr(&out);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("not a gpuvm migration stream"), "{err}");
@@ -615,7 +637,7 @@ fn a_guest_mid_workload_migrates_live_with_its_vgpu_and_finishes_there() {
     let sock = tmp.join("b.sock");
     let dst = destination(&sock);
     let out = migrate_busy(&sock);
-    let dout = dst.wait_with_output().unwrap();
+    let dout = dst.wait_with_output();
     assert!(out.status.success(), "source: {}", stderr(&out));
     assert!(dout.status.success(), "destination: {}", stderr(&dout));
     let src = &json(&out)["vms"][0];

@@ -110,6 +110,8 @@ impl Drop for Serve {
 /// A `gpuvm run --kvm --vfio-user` process, killed when dropped.
 struct Vmm {
     child: Option<Child>,
+    /// What it printed on standard error (also echoed with its name).
+    lines: Lines,
 }
 
 impl Vmm {
@@ -123,9 +125,12 @@ impl Vmm {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start gpuvm run");
-        // Echoed with the VM's name (kept for a failure's context), not inspected.
-        collect_stderr(&mut child, name);
-        Vmm { child: Some(child) }
+        // Echoed with the VM's name (kept for a failure's context).
+        let lines = collect_stderr(&mut child, name);
+        Vmm {
+            child: Some(child),
+            lines,
+        }
     }
 
     fn finish(mut self) -> (Output, Value) {
@@ -627,18 +632,6 @@ fn moving_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     a
 }
 
-/// Waits for another process to bind `sock`: there is no cross-process event to block on.
-fn wait_for_socket(sock: &Path) {
-    let t0 = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no {sock:?} after 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_guest_moves_live_between_two_daemons_with_its_vmm_and_finishes_there() {
     if !kvm_available("a_guest_moves_live_between_two_daemons_with_its_vmm_and_finishes_there") {
@@ -657,7 +650,10 @@ fn a_guest_moves_live_between_two_daemons_with_its_vmm_and_finishes_there() {
             "--quiet-console",
         ],
     );
-    wait_for_socket(&msock);
+    // Printed once its socket is bound.
+    wait_line(&dst.lines, 0, "the destination listening", |l| {
+        l.contains("waiting for a migration on")
+    });
     // A neighbour on daemon B runs throughout.
     let nb = Vmm::start(
         &b.socket("vm1"),

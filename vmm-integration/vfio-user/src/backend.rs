@@ -411,7 +411,12 @@ impl VgpuBackend {
     }
 
     /// Adopts a vGPU a restore put in place since the last request: the guest goes on with
-    /// it (a migrated VM is not a booting one, so the restore check does not apply).
+    /// it (a migrated VM is not a booting one, so the restore check does not apply). Its RAM
+    /// is what this connection had mapped when the restore read [`VmDevice::ram`]; it is not
+    /// attached again here, because detaching and attaching unmaps the DMA windows for a
+    /// moment while the restored guest's work may be running. A client that maps or unmaps
+    /// while its own restore runs can leave the vGPU with its previous maps (still its own
+    /// memory, kept mapped) until its next DMA request.
     fn sync(&mut self) {
         let g = self.dev.generation();
         if g != self.generation {

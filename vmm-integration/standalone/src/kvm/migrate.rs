@@ -44,10 +44,9 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::{Kvm, VmFd};
 use serde::{Deserialize, Serialize};
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
 
 use super::snapshot::{self, DeviceInfo, GuestSpec, Hasher, MachineState, PAGE};
 use super::vm::GuestVm;
@@ -509,26 +508,6 @@ fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
 // ---------------------------------------------------------------------------------------------
 // Source
 
-/// Turns dirty-page logging of the RAM slot (slot 0) on or off.
-pub fn set_dirty_log(gvm: &GuestVm, on: bool) -> anyhow::Result<()> {
-    let r = gvm.mem.iter().next().context("the VM has no RAM")?;
-    let host = gvm
-        .mem
-        .get_host_address(r.start_addr())
-        .context("guest RAM host address")?;
-    let slot = kvm_userspace_memory_region {
-        slot: 0,
-        flags: if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
-        guest_phys_addr: r.start_addr().0,
-        memory_size: r.len(),
-        userspace_addr: host as u64,
-    };
-    // SAFETY: the same live mapping `GuestVm::with_memory` registered as slot 0 (owned by
-    // `gvm.mem`, which outlives the VM fd); only the flags change.
-    unsafe { gvm.fd.set_user_memory_region(slot) }
-        .context("KVM_SET_USER_MEMORY_REGION (dirty logging)")
-}
-
 /// The vGPU's side of a live migration as the VMM drives it: the next bytes of the vGPU's
 /// `gpuvm::migrate` stream, produced in this process (`gpuvm::migrate::Outgoing`) or by the
 /// `gpuvm serve` daemon that holds the vGPU (`crate::serve_migrate::Session`). Dropped before
@@ -710,24 +689,6 @@ fn end_round(w: &mut impl Write, round: u32, pages: u64) -> anyhow::Result<u64> 
     Ok(5 + p.len() as u64)
 }
 
-fn dirty_pages(vm: &VmFd, ram: u64) -> anyhow::Result<Vec<u64>> {
-    let bitmap = vm
-        .get_dirty_log(0, ram as usize)
-        .context("KVM_GET_DIRTY_LOG")?;
-    let mut pages = Vec::new();
-    for (w, &bits) in bitmap.iter().enumerate() {
-        let mut b = bits;
-        while b != 0 {
-            let page = w as u64 * 64 + u64::from(b.trailing_zeros());
-            b &= b - 1;
-            if page < ram / PAGE {
-                pages.push(page);
-            }
-        }
-    }
-    Ok(pages)
-}
-
 /// The vGPU's side of the source: its session, and what has been sent of its stream.
 struct VramSide {
     /// Dropped uncommitted (the migration failed), it resumes the vGPU.
@@ -831,7 +792,7 @@ fn run_source(
             }
             v
         } else {
-            dirty_pages(&vm, ram)?
+            super::vm::dirty_pages(&vm, ram)?
         };
         let (zeros, mut bytes) = send_pages(&mut w, &mem, round, &pages)?;
         bytes += end_round(&mut w, round, pages.len() as u64)?;
@@ -884,7 +845,7 @@ fn run_source(
     stats.withdrawn = st.withdrawn;
     // The last RAM pages: what KVM saw written, and every page the GPU could write by DMA
     // since the vGPU's log began (KVM does not see those writes).
-    let mut pages = dirty_pages(&vm, ram)?;
+    let mut pages = super::vm::dirty_pages(&vm, ram)?;
     let dma: Vec<u64> = st
         .dma_pages
         .iter()

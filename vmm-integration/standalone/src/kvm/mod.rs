@@ -1267,7 +1267,7 @@ fn run_vcpu(
                     .context("this vGPU cannot be migrated live")
                     .and_then(|s| s.live());
                 match live.and_then(|live| {
-                    migrate::set_dirty_log(&gvm, true)?;
+                    gvm.set_dirty_log(true)?;
                     migrate::Source::start(kvm, &gvm, socket, spec.clone(), live)
                 }) {
                     Ok(s) => {
@@ -1636,7 +1636,7 @@ fn run_vcpu(
 /// Records a snapshot or migration that failed; the guest goes on in this process.
 fn handoff_failed(info: &mut KvmVmInfo, gvm: &vm::GuestVm, name: &str, what: &str, e: String) {
     if what == "migration" {
-        if let Err(e) = migrate::set_dirty_log(gvm, false) {
+        if let Err(e) = gvm.set_dirty_log(false) {
             log::warn!("{name}: turning dirty logging off: {e:#}");
         }
     }

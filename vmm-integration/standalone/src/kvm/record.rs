@@ -13,7 +13,6 @@ use std::ops::Range;
 
 use anyhow::Context;
 use gpuvm_trace::record::TapRecorder;
-use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryRegion};
 
 use super::vm::GuestVm;
@@ -44,21 +43,7 @@ impl RamLog {
             region.start < region.end && region.end <= ram,
             "DMA region {region:#x?} is not inside guest RAM (0..{ram:#x})"
         );
-        let host = gvm
-            .mem
-            .get_host_address(r.start_addr())
-            .context("guest RAM host address")?;
-        let slot = kvm_userspace_memory_region {
-            slot: 0,
-            flags: KVM_MEM_LOG_DIRTY_PAGES,
-            guest_phys_addr: r.start_addr().0,
-            memory_size: ram,
-            userspace_addr: host as u64,
-        };
-        // SAFETY: the same live mapping `GuestVm::new` registered as slot 0 (owned by `gvm.mem`,
-        // which outlives the VM fd); only the flags change.
-        unsafe { gvm.fd.set_user_memory_region(slot) }
-            .context("KVM_SET_USER_MEMORY_REGION with KVM_MEM_LOG_DIRTY_PAGES (dirty logging)")?;
+        gvm.set_dirty_log(true)?;
         let mut log = RamLog {
             copy: vec![0u8; (region.end - region.start) as usize],
             region,
@@ -73,22 +58,11 @@ impl RamLog {
     /// Records the bytes of the DMA region the guest changed since the last call (pages KVM
     /// logged as dirty, compared with the copy in blocks of [`BLOCK`] bytes).
     pub fn sync(&mut self, gvm: &GuestVm, rec: &TapRecorder) -> anyhow::Result<()> {
-        let bitmap = gvm
-            .fd
-            .get_dirty_log(0, self.ram as usize)
-            .context("KVM_GET_DIRTY_LOG")?;
         let (first, last) = (self.region.start / PAGE, self.region.end.div_ceil(PAGE));
-        let mut pages = Vec::new();
-        for (w, &bits) in bitmap.iter().enumerate() {
-            let mut b = bits;
-            while b != 0 {
-                let page = w as u64 * 64 + u64::from(b.trailing_zeros());
-                b &= b - 1;
-                if (first..last).contains(&page) {
-                    pages.push(page);
-                }
-            }
-        }
+        let pages = super::vm::dirty_pages(&gvm.fd, self.ram)?
+            .into_iter()
+            .filter(|p| (first..last).contains(p))
+            .collect();
         self.record_pages(gvm, rec, pages)
     }
 

@@ -163,10 +163,11 @@ impl VgpuDevice for RemoteVgpu {
         true
     }
     fn attach_ram(&self, mem: &GuestMemoryMmap) -> anyhow::Result<()> {
-        if self.ram_mapped.swap(true, Ordering::SeqCst) {
+        // Under the client's lock, so the flag and the maps change together.
+        let mut client = self.client();
+        if self.ram_mapped.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let mut client = self.client();
         for region in mem.iter() {
             let fo = region
                 .file_offset()
@@ -180,6 +181,7 @@ impl VgpuDevice for RemoteVgpu {
                 )
                 .map_err(|e| anyhow::anyhow!("DMA_MAP of guest RAM: {e}"))?;
         }
+        self.ram_mapped.store(true, Ordering::SeqCst);
         Ok(())
     }
     fn connect_irq(&self, evt: EventFd) -> anyhow::Result<()> {

@@ -3,7 +3,7 @@
 //! program loaded from its ELF's PT_LOAD segments, the system tables and the boot parameters.
 
 use anyhow::{bail, Context};
-use kvm_bindings::kvm_userspace_memory_region;
+use kvm_bindings::{kvm_userspace_memory_region, KVM_MEM_LOG_DIRTY_PAGES};
 use kvm_ioctls::{Kvm, VcpuFd, VmFd};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 
@@ -17,7 +17,49 @@ pub struct GuestVm {
     pub mem: GuestMemoryMmap,
 }
 
+/// Pages (GPA / 4096) below `ram` that KVM's dirty log of slot 0 reports written since the
+/// last call (the log is cleared by reading it). Takes the VM fd, not a [`GuestVm`]: a live
+/// migration reads it from its own thread through a duplicate descriptor.
+pub fn dirty_pages(vm: &VmFd, ram: u64) -> anyhow::Result<Vec<u64>> {
+    let bitmap = vm
+        .get_dirty_log(0, ram as usize)
+        .context("KVM_GET_DIRTY_LOG")?;
+    let mut pages = Vec::new();
+    for (w, &bits) in bitmap.iter().enumerate() {
+        let mut b = bits;
+        while b != 0 {
+            let page = w as u64 * 64 + u64::from(b.trailing_zeros());
+            b &= b - 1;
+            if page < ram / 4096 {
+                pages.push(page);
+            }
+        }
+    }
+    Ok(pages)
+}
+
 impl GuestVm {
+    /// Turns KVM's dirty-page logging of the RAM slot (slot 0) on or off: the same mapping is
+    /// registered again with only the flag changed.
+    pub fn set_dirty_log(&self, on: bool) -> anyhow::Result<()> {
+        let r = self.mem.iter().next().context("the VM has no RAM")?;
+        let host = self
+            .mem
+            .get_host_address(r.start_addr())
+            .context("guest RAM host address")?;
+        let slot = kvm_userspace_memory_region {
+            slot: 0,
+            flags: if on { KVM_MEM_LOG_DIRTY_PAGES } else { 0 },
+            guest_phys_addr: r.start_addr().0,
+            memory_size: r.len(),
+            userspace_addr: host as u64,
+        };
+        // SAFETY: the same live mapping `GuestVm::with_memory` registered as slot 0 (owned by
+        // `self.mem`, which outlives the VM fd); only the flags change.
+        unsafe { self.fd.set_user_memory_region(slot) }
+            .context("KVM_SET_USER_MEMORY_REGION (dirty logging)")
+    }
+
     /// Creates a VM with `ram` bytes of RAM at GPA 0 and the in-kernel irqchip.
     pub fn new(kvm: &Kvm, ram: u64) -> anyhow::Result<GuestVm> {
         if ram > abi::MMIO_HOLE {
