@@ -8,6 +8,9 @@
 # not rebuilt unless config.fragment, virt-pci-reclaim.patch or the package version changed
 # (their hash is kept in $TARGET/uml/stamp). Also builds the guest test program
 # (gpuvm-nvtest.c, static) into $TARGET/uml/rootfs/, the host directory UML mounts as its root.
+# After a build only the kernel binary and the DRM UAPI headers ($TARGET/uml/uapi) are kept:
+# the unpacked source and the object files are 2.9 GiB, and a changed stamp rebuilds from a
+# fresh unpack anyway.
 # Installs linux-source-6.12 and the build tools with apt-get when missing (needs root).
 # Concurrent runs on one target directory (two test binaries, `gpuvm nouveau --build`) are
 # serialized by an flock(1) on $TARGET/uml.lock: the second waits, then finds the kernel
@@ -61,15 +64,16 @@ fi
 version="$(dpkg-query -W -f='${Version}' "$pkg")"
 stamp="$( {
     echo "$version"
+    echo "keeps: linux uapi"
     cat "$here/config.fragment" "$here/virt-pci-reclaim.patch"
 } | sha256sum | cut -d' ' -f1)"
 
-# The guest test program: static, built against the unpacked tree's DRM UAPI headers.
+# The guest test program: static, built against the kernel's DRM UAPI headers.
 build_test_program() {
     mkdir -p "$out/rootfs"
     local src="$here/gpuvm-nvtest.c" bin="$out/rootfs/gpuvm-nvtest"
     if [ ! -x "$bin" ] || [ "$src" -nt "$bin" ]; then
-        gcc -static -O2 -Wall -D__user= -idirafter "$out/src/include/uapi" -o "$bin.new" "$src" >&2
+        gcc -static -O2 -Wall -D__user= -idirafter "$out/uapi" -o "$bin.new" "$src" >&2
         mv "$bin.new" "$bin"
     fi
 }
@@ -83,7 +87,7 @@ fi
 
 echo "uml build: building $pkg $version into $out (takes minutes)" >&2
 mkdir -p "$out"
-rm -rf "$out/src" "$out/build" "$out/linux" "$out/stamp"
+rm -rf "$out/src" "$out/build" "$out/linux" "$out/uapi" "$out/stamp"
 mkdir -p "$out/src" "$out/build"
 tar -xf "$tarball" -C "$out/src" --strip-components=1
 patch -d "$out/src" -p1 --forward < "$here/virt-pci-reclaim.patch" >&2
@@ -103,6 +107,8 @@ done < "$here/config.fragment"
 make -s -C "$out/src" O="$out/build" ARCH=um -j"$jobs" linux >&2
 cp "$out/build/linux" "$out/linux.new"
 mv "$out/linux.new" "$out/linux"
+cp -r "$out/src/include/uapi" "$out/uapi"
+rm -rf "$out/src" "$out/build"
 echo "$stamp" > "$out/stamp"
 build_test_program
 echo "uml build: done" >&2
