@@ -5,12 +5,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use gpuvm::clock::{Clock, SimClock};
+use gpuvm::gf100::pfifo;
 use gpuvm::host::{GpuHost, HostConfig};
 use gpuvm::migrate::{self, LiveOptions};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm_guest::workloads::{self, Workload};
-use gpuvm_guest::{DriverConfig, Gpu};
+use gpuvm_guest::{DriverConfig, Gpu, MemLocation, PushBuf};
 use gpuvm_harness::hal::InProcessHal;
 use gpuvm_harness::MovableVgpu;
 use gpuvm_sim::{SimConfig, SimGpu};
@@ -350,6 +351,68 @@ fn a_round_trip_keeps_what_the_guest_sees() {
         a.destroy_vgpu(&v).unwrap();
         run_all(&mut drv);
         assert_eq!(v2.stats().violations.total, 0, "{mode:?}");
+    }
+}
+
+/// A channel parked on a semaphore acquire when the VM is stopped has left the scheduler (its
+/// submission ended), but the GPU is part-way through its pushbuffer. It moves with the
+/// acquire, the rest of its segment and where GP_GET stands: on the destination it is still
+/// parked, does not run ahead, and once the guest releases the semaphore it runs the rest of
+/// its work there.
+#[test]
+fn a_channel_parked_on_an_acquire_moves_and_runs_on() {
+    for mode in [ShadowMode::Lazy, ShadowMode::Eager, ShadowMode::Pv] {
+        let clock = Arc::new(SimClock::new());
+        let (a, b) = (host(&clock), host(&clock));
+        let _other = b.create_vgpu(&profile(mode)).unwrap();
+        let (v, ram, dev) = new_vm(&a, &profile(mode));
+        let c: Arc<dyn Clock> = clock.clone();
+        let hal = InProcessHal::with_device(dev.clone(), c, ram.clone(), 0, RAM as u64);
+        let mut drv = Gpu::init(hal, DriverConfig::default()).unwrap();
+        let mut ch = drv.channel_new().unwrap();
+        let sem = drv
+            .buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, true)
+            .unwrap();
+        let mut pb = PushBuf::new();
+        pb.semaphore_acquire_geq(sem.va(), 1);
+        pb.semaphore_release(sem.va() + 64, 0xbeef, false, false);
+        let fence = drv.submit(&mut ch, &pb).unwrap();
+        let parked = |h: &GpuHost, v: &gpuvm::vgpu::Vgpu| {
+            h.poll();
+            let p = v.phys_channels().start + ch.chid();
+            v.phys().read_reg(pfifo::chan_state(p)) & pfifo::STATE_ACQUIRE_PENDING != 0
+        };
+        for _ in 0..100 {
+            clock.advance(100_000);
+            a.poll();
+        }
+        assert!(parked(&a, &v), "{mode:?}: parked on the acquire");
+
+        dev.pause();
+        let seen = visible(&v);
+        let mut buf = Vec::new();
+        migrate::snapshot(&a, &v, &*clock, 1_000_000_000, &mut buf)
+            .unwrap_or_else(|e| panic!("{mode:?}: snapshot of a parked channel: {e}"));
+        let v2 = migrate::restore(&b, &buf[..], Some(ram.clone())).unwrap();
+        assert_ne!(v2.phys_channels(), v.phys_channels(), "{mode:?}");
+        // GP_GET included: the GPU stopped short of the GP_PUT it was given.
+        assert_eq!(visible(&v2), seen, "{mode:?}: restored");
+        dev.switch_to(v2.clone());
+        a.destroy_vgpu(&v).unwrap();
+        for _ in 0..100 {
+            clock.advance(100_000);
+            b.poll();
+        }
+        assert!(parked(&b, &v2), "{mode:?}: still parked on the destination");
+        assert!(!drv.fence_done(&ch, fence).unwrap(), "{mode:?}");
+        assert_eq!(drv.buffer_rd32(&sem, 64).unwrap(), 0, "{mode:?}: ran ahead");
+
+        drv.buffer_wr32(&sem, 0, 1).unwrap();
+        drv.fence_wait(&mut ch, fence).unwrap();
+        assert_eq!(drv.buffer_rd32(&sem, 64).unwrap(), 0xbeef, "{mode:?}");
+        run_all(&mut drv);
+        let s = v2.stats();
+        assert_eq!((s.violations.total, s.faults_delivered), (0, 0), "{mode:?}");
     }
 }
 
@@ -729,6 +792,14 @@ fn damaged_snapshots_are_refused_and_leave_the_host_as_it_was() {
         }),
         "beyond its",
         "the GPU's GP_PUT beyond the ring",
+    );
+    refuse(
+        &device(&|d| {
+            let g = bound_chan(d);
+            d["chans"][g]["gp_get"] = (1u32 << 30).into();
+        }),
+        "beyond its",
+        "the GPU's GP_GET beyond the ring",
     );
     refuse(
         &device(&|d| {

@@ -426,9 +426,9 @@ impl Rig {
     }
 
     /// Replays `prefix` on a fresh VM 0 and snapshots it (then destroys it: the host is back
-    /// at its baseline). `None` if the snapshot is refused: a prefix that ends with a channel
-    /// waiting in a semaphore acquire leaves it busy, and the simulator saves only idle
-    /// channels.
+    /// at its baseline). `None` if the snapshot is refused: a prefix that ends with a fetch or
+    /// an engine operation of a channel on the GPU (a channel parked on a semaphore acquire
+    /// is saved).
     fn checkpoint(&self, mode: ShadowMode, prefix: &[FuzzOp]) -> Option<Checkpoint> {
         let (v0, ram0) = vm(
             &self.host,

@@ -4,7 +4,8 @@
 //!
 //! - [`GpuHost::quiesce`]: the VM's doorbells stop reaching the scheduler, its queued
 //!   submissions are withdrawn (they stay in its rings: GP_PUT is ahead of what the GPU was
-//!   given), and the host services the GPU until none of its work is in flight — bounded: a
+//!   given), and the host services the GPU until none of its work is in flight and no engine
+//!   is busy with one of its channels — bounded: a
 //!   channel still busy at the deadline is reported ([`MigrateError::Hung`]) and the VM is left
 //!   frozen for the caller to resume (abort) or destroy. The VMM must not run the guest's vCPUs
 //!   while the VM is quiesced.
@@ -15,6 +16,8 @@
 //!   profile (all checks first; on error the caller destroys the vGPU and the host is as before).
 
 use std::sync::Arc;
+
+use gf100::pfifo;
 
 use crate::clock::Clock;
 use crate::guest_mem::DirtyLog;
@@ -180,6 +183,9 @@ impl GpuHost {
     }
 }
 
+/// The VM's guest channels with work on the GPU: a submission in flight, or an engine busy
+/// with the channel (work of a channel the guest disabled after its submission, or one that
+/// resumed from an acquire, runs outside the scheduler's accounting).
 fn inflight_chans(shared: &HostShared, id: VmId) -> Vec<u32> {
     let st = shared.lock();
     let mut v: Vec<u32> = st
@@ -188,6 +194,16 @@ fn inflight_chans(shared: &HostShared, id: VmId) -> Vec<u32> {
         .filter(|f| f.sub.vm == id)
         .map(|f| f.sub.guest_chid)
         .collect();
+    if let Some(vm) = st.vms.get(&id) {
+        let base = vm.phys_chid(0);
+        for e in 0..pfifo::ENGINES {
+            let s = shared.phys.read_reg(pfifo::eng_state(e));
+            let p = s & pfifo::ENG_STATE_CHID_MASK;
+            if s & pfifo::ENG_STATE_BUSY != 0 && (base..base + vm.nchan()).contains(&p) {
+                v.push(p - base);
+            }
+        }
+    }
     v.sort_unstable();
     v.dedup();
     v

@@ -33,8 +33,13 @@ pub struct ChanState {
     pub chan_word: u32,
     /// GP_PUT as the guest last wrote it.
     pub gp_put: u32,
-    /// GP_PUT the GPU was given (after quiescing, also where GP_GET stands).
+    /// GP_PUT the GPU was given.
     pub phys_put: u32,
+    /// Where the GPU's GP_GET stood: short of `phys_put` when the channel stopped part-way
+    /// (parked on a semaphore acquire, or disabled, with entries left). `None` (streams from
+    /// before it was carried): at `phys_put`.
+    #[serde(default)]
+    pub gp_get: Option<u32>,
     /// Killed by the watchdog.
     pub killed: bool,
     /// The physical STATE word's RUNNABLE and engine bits.
@@ -90,7 +95,7 @@ pub(crate) fn capture(cx: &mut VmCx) -> Result<DeviceState, StateError> {
     let mut chans = Vec::with_capacity(cx.vm.chans.len());
     for (g, c) in cx.vm.chans.iter().enumerate() {
         let p = cx.vm.phys_chid(g as u32);
-        let (state, scan, gpu_context) = match &c.bound {
+        let (state, scan, gpu_context, gp_get) = match &c.bound {
             Some(b) => {
                 let state = cx.phys.read_reg(pfifo::chan_state(p))
                     & (pfifo::STATE_RUNNABLE | pfifo::STATE_ENGINE_MASK);
@@ -98,14 +103,19 @@ pub(crate) fn capture(cx: &mut VmCx) -> Result<DeviceState, StateError> {
                     chan: g as u32,
                     what: e.to_string(),
                 })?;
-                (state, b.scan.parts(), Some(blob))
+                let mut get = [0u8; 4];
+                cx.phys
+                    .read_vram(cx.layout.userd_page(p).offset(userd::GP_GET), &mut get);
+                let get = u32::from_le_bytes(get);
+                (state, b.scan.parts(), Some(blob), Some(get))
             }
-            None => (0, ScanParts::default(), None),
+            None => (0, ScanParts::default(), None, None),
         };
         chans.push(ChanState {
             chan_word: c.chan_word,
             gp_put: c.gp_put,
             phys_put: c.phys_put,
+            gp_get,
             killed: c.killed,
             state,
             scan,
@@ -204,16 +214,20 @@ pub(crate) fn apply(cx: &mut VmCx, st: &DeviceState) -> Result<(), StateError> {
             Some(b) => 1u64 << b.ib_order.min(32),
             None => 0,
         };
-        if u64::from(c.gp_put) >= entries || u64::from(c.phys_put) >= entries {
+        let gp_get = c.gp_get.unwrap_or(c.phys_put);
+        if u64::from(c.gp_put) >= entries
+            || u64::from(c.phys_put) >= entries
+            || u64::from(gp_get) >= entries
+        {
             return Err(chan_err(format!(
-                "GP_PUT {} / {} beyond its {entries}-entry ring",
+                "GP_PUT {} / {} or GP_GET {gp_get} beyond its {entries}-entry ring",
                 c.gp_put, c.phys_put
             )));
         }
         let p = cx.vm.phys_chid(g);
         let page = cx.layout.userd_page(p);
         cx.phys
-            .write_vram(page.offset(userd::GP_GET), &c.phys_put.to_le_bytes());
+            .write_vram(page.offset(userd::GP_GET), &gp_get.to_le_bytes());
         cx.phys
             .write_vram(page.offset(userd::GP_PUT), &c.phys_put.to_le_bytes());
         if let Some(blob) = &c.gpu_context {

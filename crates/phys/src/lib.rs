@@ -216,17 +216,20 @@ pub trait PhysicalGpu: Send + Sync {
         None
     }
 
-    /// The state of idle physical channel `chid` that lives in the GPU rather than in memory
-    /// (on hardware: what a context switch saves to RAMFC and the engine contexts), as an opaque
-    /// blob [`PhysicalGpu::restore_channel`] of the same backend accepts. Migration takes it
-    /// after quiescing the channel's VM. The default: not supported.
+    /// The state of physical channel `chid` that lives in the GPU rather than in memory (on
+    /// hardware: what a context switch saves to RAMFC and the engine contexts), as an opaque
+    /// blob [`PhysicalGpu::restore_channel`] of the same backend accepts — including a
+    /// pushbuffer segment or semaphore acquire the channel is stopped in. Migration takes it
+    /// after quiescing the channel's VM; a channel with an operation on the GPU is
+    /// [`ChannelStateError::Busy`]. The default: not supported.
     fn save_channel(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
         let _ = chid;
         Err(ChannelStateError::Unsupported)
     }
 
     /// Loads `state` (from [`PhysicalGpu::save_channel`], untrusted: validated) into bound,
-    /// idle physical channel `chid`.
+    /// idle physical channel `chid`; a restored segment or acquire continues when the channel
+    /// is next scheduled.
     fn restore_channel(&self, chid: u32, state: &[u8]) -> Result<(), ChannelStateError> {
         let _ = (chid, state);
         Err(ChannelStateError::Unsupported)

@@ -196,9 +196,14 @@ pub(crate) struct Channel {
     pub epoch: u64,
 }
 
-/// What [`Channel::save`] keeps of an idle channel: the PBDMA and method state that lives in
-/// the GPU between submissions (on hardware, saved to RAMFC and the engine contexts by a
-/// context switch; here a JSON document, validated when loaded).
+/// What [`Channel::save`] keeps of a channel: the PBDMA and method state that lives in the GPU
+/// between submissions (on hardware, saved to RAMFC and the engine contexts by a context
+/// switch; here a JSON document, validated when loaded). A channel stopped part-way through a
+/// GPFIFO entry — parked on a semaphore acquire, disabled or preempted mid-segment — keeps the
+/// segment it was executing (the dwords already fetched and where the rest is), the method
+/// being assembled and the acquire it waits on, as PBDMA keeps them in RAMFC; its context is
+/// not saved but reloaded from the (rebuilt) instance block before it runs again, as after a
+/// preempt.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Saved {
@@ -209,19 +214,130 @@ struct Saved {
     mem_op_a: u32,
     copy: CopyRegs,
     compute: ComputeRegs,
+    #[serde(default)]
+    seg: Option<SavedSegment>,
+    #[serde(default)]
+    run: Option<SavedRun>,
+    #[serde(default)]
+    acquire: Option<SavedAcquire>,
 }
 
-const SAVED_FORMAT: &str = "gpuvm-sim-channel-1";
+/// [`Segment`] as saved.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedSegment {
+    va: u64,
+    unfetched: u32,
+    buf: Vec<u32>,
+    pos: usize,
+}
+
+/// [`MethodRun`] as saved (`mode`: 0 incrementing, 1 non-incrementing, 2 increment-once).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedRun {
+    mode: u8,
+    subchannel: u32,
+    method: u32,
+    remaining: u32,
+}
+
+/// [`Acquire`] as saved.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SavedAcquire {
+    va: u64,
+    payload: u32,
+    op: u32,
+}
+
+/// The saved format; `gpuvm-sim-channel-1` (idle channels only, no segment, method or
+/// acquire) is still read.
+const SAVED_FORMAT: &str = "gpuvm-sim-channel-2";
+const SAVED_FORMAT_V1: &str = "gpuvm-sim-channel-1";
+
+/// The largest GPU virtual address (40 bits).
+const VA_LIMIT: u64 = 1 << 40;
+
+fn invalid(what: String) -> ChannelStateError {
+    ChannelStateError::Invalid(what)
+}
+
+impl SavedSegment {
+    fn load(self) -> Result<Segment, ChannelStateError> {
+        // PBDMA fetches at most up to the end of a small page at a time.
+        let page_dwords = (gf100::mmu::SMALL_PAGE_SIZE / 4) as usize;
+        if self.buf.len() > page_dwords || self.pos > self.buf.len() {
+            return Err(invalid(format!(
+                "segment buffer of {} dwords at position {} (at most {page_dwords})",
+                self.buf.len(),
+                self.pos
+            )));
+        }
+        if self.va >= VA_LIMIT
+            || self.unfetched > gf100::gpfifo::MAX_LENGTH_DWORDS
+            || self.va + self.unfetched as u64 * 4 > VA_LIMIT
+        {
+            return Err(invalid(format!(
+                "segment of {} dwords at VA {:#x} is outside the address space",
+                self.unfetched, self.va
+            )));
+        }
+        Ok(Segment {
+            va: self.va,
+            unfetched: self.unfetched,
+            buf: self.buf,
+            pos: self.pos,
+        })
+    }
+}
+
+impl SavedRun {
+    fn save(r: &MethodRun) -> SavedRun {
+        SavedRun {
+            mode: match r.mode {
+                Mode::Incrementing => 0,
+                Mode::NonIncrementing => 1,
+                Mode::IncrementOnce => 2,
+            },
+            subchannel: r.subchannel,
+            method: r.method,
+            remaining: r.remaining,
+        }
+    }
+
+    fn load(self) -> Result<MethodRun, ChannelStateError> {
+        let mode = match self.mode {
+            0 => Mode::Incrementing,
+            1 => Mode::NonIncrementing,
+            2 => Mode::IncrementOnce,
+            m => return Err(invalid(format!("method mode {m}"))),
+        };
+        if self.subchannel as usize >= SUBCHANNELS
+            || self.method > gf100::method::MAX_METHOD
+            || self.method % 4 != 0
+            || !(1..=gf100::method::MAX_COUNT).contains(&self.remaining)
+        {
+            return Err(invalid(format!(
+                "method {:#x} on subchannel {} with {} words to come",
+                self.method, self.subchannel, self.remaining
+            )));
+        }
+        Ok(MethodRun {
+            mode,
+            subchannel: self.subchannel,
+            method: self.method,
+            remaining: self.remaining,
+        })
+    }
+}
 
 impl Channel {
-    /// The channel's GPU-held state, if it is idle (no segment, method or acquire in
-    /// progress).
+    /// The channel's GPU-held state. Refused for a channel that is not bound; the caller
+    /// refuses one with an operation on the GPU (`Fifo::save_channel`).
     pub(crate) fn save(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
         if self.inst.is_none() {
             return Err(ChannelStateError::NoChannel(chid));
-        }
-        if self.seg.is_some() || self.run.is_some() || self.acquire.is_some() {
-            return Err(ChannelStateError::Busy(chid));
         }
         let saved = Saved {
             format: SAVED_FORMAT.into(),
@@ -231,11 +347,25 @@ impl Channel {
             mem_op_a: self.mem_op_a,
             copy: self.copy,
             compute: self.compute,
+            seg: self.seg.as_ref().map(|s| SavedSegment {
+                va: s.va,
+                unfetched: s.unfetched,
+                buf: s.buf.clone(),
+                pos: s.pos,
+            }),
+            run: self.run.as_ref().map(SavedRun::save),
+            acquire: self.acquire.map(|a| SavedAcquire {
+                va: a.va,
+                payload: a.payload,
+                op: a.op,
+            }),
         };
-        serde_json::to_vec(&saved).map_err(|e| ChannelStateError::Invalid(e.to_string()))
+        serde_json::to_vec(&saved).map_err(|e| invalid(e.to_string()))
     }
 
-    /// Loads what [`Channel::save`] produced into this bound, idle channel.
+    /// Loads what [`Channel::save`] produced into this bound, idle channel. Everything is
+    /// checked before anything is changed. A restored segment, method or acquire continues
+    /// when the channel is next scheduled, its context reloaded from the instance block first.
     pub(crate) fn restore(&mut self, chid: u32, state: &[u8]) -> Result<(), ChannelStateError> {
         if self.inst.is_none() {
             return Err(ChannelStateError::NoChannel(chid));
@@ -243,27 +373,46 @@ impl Channel {
         if self.seg.is_some() || self.run.is_some() || self.acquire.is_some() {
             return Err(ChannelStateError::Busy(chid));
         }
-        let s: Saved =
-            serde_json::from_slice(state).map_err(|e| ChannelStateError::Invalid(e.to_string()))?;
-        if s.format != SAVED_FORMAT {
-            return Err(ChannelStateError::Invalid(format!(
+        let s: Saved = serde_json::from_slice(state).map_err(|e| invalid(e.to_string()))?;
+        if s.format != SAVED_FORMAT && s.format != SAVED_FORMAT_V1 {
+            return Err(invalid(format!(
                 "format {:?}, expected {SAVED_FORMAT:?}",
                 s.format
             )));
         }
         let subch: [Option<EngineClass>; SUBCHANNELS] =
             s.subch.try_into().map_err(|v: Vec<_>| {
-                ChannelStateError::Invalid(format!(
-                    "{} subchannels, expected {SUBCHANNELS}",
-                    v.len()
-                ))
+                invalid(format!("{} subchannels, expected {SUBCHANNELS}", v.len()))
             })?;
+        let seg = s.seg.map(SavedSegment::load).transpose()?;
+        // A method's data words may continue in the next GPFIFO entry: a run without a
+        // segment is a state PBDMA can be in.
+        let run = s.run.map(SavedRun::load).transpose()?;
+        let acquire = match s.acquire {
+            Some(a) if a.va >= VA_LIMIT => {
+                return Err(invalid(format!("acquire at VA {:#x}", a.va)))
+            }
+            Some(a) => Some(Acquire {
+                va: a.va,
+                payload: a.payload,
+                op: a.op,
+            }),
+            None => None,
+        };
         self.gp_get = s.gp_get;
         self.subch = subch;
         self.sem = s.sem;
         self.mem_op_a = s.mem_op_a;
         self.copy = s.copy;
         self.compute = s.compute;
+        self.ctx = None;
+        self.seg = seg;
+        self.run = run;
+        if let Some(a) = acquire {
+            self.block(a);
+        }
+        // PFIFO looks at the channel again (GP_PUT, or the restored segment).
+        self.pending = true;
         Ok(())
     }
 
@@ -331,6 +480,128 @@ mod tests {
         assert!(!a(gf100::host::SEM_OP_ACQ_GEQ, 5).satisfied_by(4));
         assert!(a(gf100::host::SEM_OP_ACQ_AND, 6).satisfied_by(2));
         assert!(!a(gf100::host::SEM_OP_ACQ_AND, 6).satisfied_by(1));
+    }
+
+    /// A bound channel stopped part-way: a fetched segment, a method with words to come and
+    /// an acquire.
+    fn parked() -> Channel {
+        let mut c = Channel {
+            inst: Some((0x1000, Target::Vram)),
+            gp_get: 3,
+            seg: Some(Segment {
+                va: 0x20_0000,
+                unfetched: 40,
+                buf: vec![1, 2, 3, 4],
+                pos: 2,
+            }),
+            run: Some(MethodRun {
+                mode: Mode::IncrementOnce,
+                subchannel: 5,
+                method: 0x100,
+                remaining: 2,
+            }),
+            ..Channel::default()
+        };
+        c.block(Acquire {
+            va: 0x30_0000,
+            payload: 9,
+            op: gf100::host::SEM_OP_ACQ_GEQ,
+        });
+        c
+    }
+
+    fn fresh() -> Channel {
+        Channel {
+            inst: Some((0x8000, Target::Vram)),
+            ..Channel::default()
+        }
+    }
+
+    #[test]
+    fn a_channel_stopped_part_way_is_saved_and_restored_whole() {
+        let src = parked();
+        let blob = src.save(1).unwrap();
+        let mut dst = fresh();
+        dst.restore(2, &blob).unwrap();
+        assert_eq!(dst.gp_get, 3);
+        let (a, b) = (src.seg.as_ref().unwrap(), dst.seg.as_ref().unwrap());
+        assert_eq!(
+            (a.va, a.unfetched, &a.buf, a.pos),
+            (b.va, b.unfetched, &b.buf, b.pos)
+        );
+        let (a, b) = (src.run.unwrap(), dst.run.unwrap());
+        assert_eq!(
+            (a.mode, a.subchannel, a.method, a.remaining),
+            (b.mode, b.subchannel, b.method, b.remaining)
+        );
+        assert_eq!(dst.acquire, src.acquire);
+        assert_ne!(dst.state_word & pfifo::STATE_ACQUIRE_PENDING, 0);
+        assert!(dst.ctx.is_none(), "the context is reloaded before it runs");
+        assert!(dst.pending);
+        // Into a channel that is itself part-way: refused, and it is left alone.
+        let mut busy = parked();
+        assert_eq!(busy.restore(4, &blob), Err(ChannelStateError::Busy(4)));
+        assert_eq!(busy.gp_get, 3);
+    }
+
+    #[test]
+    fn a_format_1_blob_of_an_idle_channel_is_still_read() {
+        let mut idle = fresh();
+        idle.gp_get = 7;
+        let mut doc: serde_json::Value = serde_json::from_slice(&idle.save(0).unwrap()).unwrap();
+        let o = doc.as_object_mut().unwrap();
+        for k in ["seg", "run", "acquire"] {
+            assert!(o.remove(k).is_some_and(|v| v.is_null()), "{k}");
+        }
+        o.insert("format".into(), SAVED_FORMAT_V1.into());
+        let mut dst = fresh();
+        dst.restore(0, &serde_json::to_vec(&doc).unwrap()).unwrap();
+        assert_eq!(dst.gp_get, 7);
+        assert!(dst.seg.is_none() && dst.run.is_none() && dst.acquire.is_none());
+    }
+
+    #[test]
+    fn crafted_part_way_state_is_refused_and_changes_nothing() {
+        let blob = parked().save(1).unwrap();
+        let doc: serde_json::Value = serde_json::from_slice(&blob).unwrap();
+        type Edit = fn(&mut serde_json::Value);
+        let cases: [(&str, Edit); 10] = [
+            ("buffer over a page", |d| {
+                d["seg"]["buf"] = vec![0u32; 1025].into()
+            }),
+            ("position past the buffer", |d| d["seg"]["pos"] = 5.into()),
+            ("segment VA beyond 40 bits", |d| {
+                d["seg"]["va"] = (1u64 << 40).into()
+            }),
+            ("segment running off the address space", |d| {
+                d["seg"]["va"] = ((1u64 << 40) - 8).into()
+            }),
+            ("unfetched over an entry's length", |d| {
+                d["seg"]["unfetched"] = (1u32 << 21).into()
+            }),
+            ("method mode 3", |d| d["run"]["mode"] = 3.into()),
+            ("subchannel 8", |d| d["run"]["subchannel"] = 8.into()),
+            ("no words to come", |d| d["run"]["remaining"] = 0.into()),
+            ("unaligned method", |d| d["run"]["method"] = 0x101.into()),
+            ("acquire VA beyond 40 bits", |d| {
+                d["acquire"]["va"] = u64::MAX.into()
+            }),
+        ];
+        for (what, edit) in cases {
+            let mut d = doc.clone();
+            edit(&mut d);
+            let mut dst = fresh();
+            let r = dst.restore(0, &serde_json::to_vec(&d).unwrap());
+            assert!(
+                matches!(r, Err(ChannelStateError::Invalid(_))),
+                "{what}: {r:?}"
+            );
+            assert!(
+                dst.seg.is_none() && dst.run.is_none() && dst.acquire.is_none(),
+                "{what}: changed the channel"
+            );
+            assert_eq!(dst.state_word, 0, "{what}");
+        }
     }
 
     #[test]

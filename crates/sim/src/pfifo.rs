@@ -140,8 +140,16 @@ fn eng_mask_index(offset: u32) -> Option<usize> {
 }
 
 impl Fifo {
-    /// See `PhysicalGpu::save_channel`.
+    /// See `PhysicalGpu::save_channel`. A channel with a fetch or an engine operation on the
+    /// GPU is busy: that operation's effect cannot be captured part-way.
     pub(crate) fn save_channel(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
+        if self
+            .inflight
+            .as_ref()
+            .is_some_and(|f| f.chid == chid as usize)
+        {
+            return Err(ChannelStateError::Busy(chid));
+        }
         match self.channels.get(chid as usize) {
             Some(c) => c.save(chid),
             None => Err(ChannelStateError::NoChannel(chid)),
@@ -155,9 +163,12 @@ impl Fifo {
         state: &[u8],
     ) -> Result<(), ChannelStateError> {
         match self.channels.get_mut(chid as usize) {
-            Some(c) => c.restore(chid, state),
-            None => Err(ChannelStateError::NoChannel(chid)),
+            Some(c) => c.restore(chid, state)?,
+            None => return Err(ChannelStateError::NoChannel(chid)),
         }
+        self.recount_blocked();
+        self.dirty = true;
+        Ok(())
     }
 
     /// Reads a PFIFO control register; `None` if `offset` is not one.

@@ -37,7 +37,7 @@ fn main() {
     for (i, c) in gpuvm_fuzz::seeds::checkpoint_plan().iter().enumerate() {
         let Some(cut) = cuts[i] else {
             println!(
-                "checkpoint {i} ({}): no cut near {} could be snapshotted (a channel busy, e.g. in a semaphore acquire); no seed",
+                "checkpoint {i} ({}): no cut near {} could be snapshotted (a channel with an operation on the GPU); no seed",
                 c.name, c.cut
             );
             continue;
