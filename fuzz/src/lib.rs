@@ -246,8 +246,9 @@ mod tests {
         assert!(handled >= 10, "{handled}");
     }
 
-    /// The seeds parse, the two whole snapshots restore; prefixes of the short seed, and
-    /// flipped bytes in it, are refused or restored without a finding.
+    /// The seeds parse, the whole snapshots restore; prefixes of the short seed, flipped bytes
+    /// in it and in the parked channel's device state, are refused or restored without a
+    /// finding.
     #[test]
     fn snapshot_stream() {
         let seeds = super::snapshot_stream::seeds();

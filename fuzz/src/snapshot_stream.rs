@@ -231,6 +231,25 @@ pub fn seeds() -> Vec<Vec<u8>> {
     migrate::snapshot(&host, &v, &*clock, 1_000_000_000, &mut full).expect("snapshot");
     out.push(strip_pages(&full));
     out.push(full);
+    host.resume(&v).expect("resume after the snapshot");
+
+    // A channel parked on a semaphore acquire, part-way through its segment: its GPU context
+    // carries the segment, the acquire and a GP_GET short of GP_PUT.
+    let mut ch = drv.channel_new().expect("channel");
+    let sem = drv
+        .buffer_new(ch.vm_mut(), 4096, gpuvm_guest::MemLocation::Vram, true)
+        .expect("semaphore");
+    let mut pb = gpuvm_guest::PushBuf::new();
+    pb.semaphore_acquire_geq(sem.va(), 1);
+    pb.semaphore_release(sem.va() + 64, 0xbeef, false, false);
+    drv.submit(&mut ch, &pb).expect("submit");
+    for _ in 0..100 {
+        clock.advance(100_000);
+        host.poll();
+    }
+    let mut parked = Vec::new();
+    migrate::snapshot(&host, &v, &*clock, 1_000_000_000, &mut parked).expect("parked snapshot");
+    out.push(parked);
     out
 }
 
