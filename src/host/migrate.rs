@@ -5,10 +5,9 @@
 //! - [`GpuHost::quiesce`]: the VM's doorbells stop reaching the scheduler, its queued
 //!   submissions are withdrawn (they stay in its rings: GP_PUT is ahead of what the GPU was
 //!   given), and the host services the GPU until none of its work is in flight and no engine
-//!   is busy with one of its channels — bounded: a
-//!   channel still busy at the deadline is reported ([`MigrateError::Hung`]) and the VM is left
-//!   frozen for the caller to resume (abort) or destroy. The VMM must not run the guest's vCPUs
-//!   while the VM is quiesced.
+//!   is busy with one of its channels — bounded: a channel still busy at the deadline is
+//!   reported ([`MigrateError::Hung`]) and the VM is left frozen for the caller to resume
+//!   (abort) or destroy. The VMM must not run the guest's vCPUs while the VM is quiesced.
 //! - [`GpuHost::device_state`]: the [`DeviceState`] of a quiesced VM.
 //! - [`GpuHost::resume`]: rings again every channel whose GP_PUT is ahead.
 //! - [`Vgpu::start_dirty_log`], [`Vgpu::vram_page`], [`Vgpu::restore_vram`]: the VRAM side.
