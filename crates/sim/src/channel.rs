@@ -9,6 +9,7 @@
 //! GPUvm's shadow channels require.
 
 use gf100::method::Mode;
+use gf100::mmu::VA_LIMIT;
 use gf100::{inst, pfifo, Target};
 use gpuvm_phys::ChannelStateError;
 
@@ -89,8 +90,10 @@ pub(crate) fn userd_of(mem: &mut Memory, inst: u64, target: Target) -> Option<(u
         .and_then(inst::userd_decode)
 }
 
-/// A pushbuffer segment being executed.
-#[derive(Debug, Clone, Default)]
+/// A pushbuffer segment being executed (saved as it is, checked by [`Segment::check`] when
+/// loaded).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Segment {
     /// VA of the next dword not yet fetched.
     pub va: u64,
@@ -134,7 +137,8 @@ impl HostSem {
 }
 
 /// A semaphore acquire the channel is waiting on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Acquire {
     pub va: u64,
     pub payload: u32,
@@ -215,21 +219,11 @@ struct Saved {
     copy: CopyRegs,
     compute: ComputeRegs,
     #[serde(default)]
-    seg: Option<SavedSegment>,
+    seg: Option<Segment>,
     #[serde(default)]
     run: Option<SavedRun>,
     #[serde(default)]
-    acquire: Option<SavedAcquire>,
-}
-
-/// [`Segment`] as saved.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SavedSegment {
-    va: u64,
-    unfetched: u32,
-    buf: Vec<u32>,
-    pos: usize,
+    acquire: Option<Acquire>,
 }
 
 /// [`MethodRun`] as saved (`mode`: 0 incrementing, 1 non-incrementing, 2 increment-once).
@@ -242,29 +236,18 @@ struct SavedRun {
     remaining: u32,
 }
 
-/// [`Acquire`] as saved.
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SavedAcquire {
-    va: u64,
-    payload: u32,
-    op: u32,
-}
-
 /// The saved format; `gpuvm-sim-channel-1` (idle channels only, no segment, method or
 /// acquire) is still read.
 const SAVED_FORMAT: &str = "gpuvm-sim-channel-2";
 const SAVED_FORMAT_V1: &str = "gpuvm-sim-channel-1";
 
-/// The largest GPU virtual address (40 bits).
-const VA_LIMIT: u64 = 1 << 40;
-
 fn invalid(what: String) -> ChannelStateError {
     ChannelStateError::Invalid(what)
 }
 
-impl SavedSegment {
-    fn load(self) -> Result<Segment, ChannelStateError> {
+impl Segment {
+    /// Checks a segment read from a saved channel.
+    fn check(self) -> Result<Segment, ChannelStateError> {
         // PBDMA fetches at most up to the end of a small page at a time.
         let page_dwords = (gf100::mmu::SMALL_PAGE_SIZE / 4) as usize;
         if self.buf.len() > page_dwords || self.pos > self.buf.len() {
@@ -283,12 +266,7 @@ impl SavedSegment {
                 self.unfetched, self.va
             )));
         }
-        Ok(Segment {
-            va: self.va,
-            unfetched: self.unfetched,
-            buf: self.buf,
-            pos: self.pos,
-        })
+        Ok(self)
     }
 }
 
@@ -347,18 +325,9 @@ impl Channel {
             mem_op_a: self.mem_op_a,
             copy: self.copy,
             compute: self.compute,
-            seg: self.seg.as_ref().map(|s| SavedSegment {
-                va: s.va,
-                unfetched: s.unfetched,
-                buf: s.buf.clone(),
-                pos: s.pos,
-            }),
+            seg: self.seg.clone(),
             run: self.run.as_ref().map(SavedRun::save),
-            acquire: self.acquire.map(|a| SavedAcquire {
-                va: a.va,
-                payload: a.payload,
-                op: a.op,
-            }),
+            acquire: self.acquire,
         };
         serde_json::to_vec(&saved).map_err(|e| invalid(e.to_string()))
     }
@@ -384,21 +353,13 @@ impl Channel {
             s.subch.try_into().map_err(|v: Vec<_>| {
                 invalid(format!("{} subchannels, expected {SUBCHANNELS}", v.len()))
             })?;
-        let seg = s.seg.map(SavedSegment::load).transpose()?;
+        let seg = s.seg.map(Segment::check).transpose()?;
         // A method's data words may continue in the next GPFIFO entry: a run without a
         // segment is a state PBDMA can be in.
         let run = s.run.map(SavedRun::load).transpose()?;
-        let acquire = match s.acquire {
-            Some(a) if a.va >= VA_LIMIT => {
-                return Err(invalid(format!("acquire at VA {:#x}", a.va)))
-            }
-            Some(a) => Some(Acquire {
-                va: a.va,
-                payload: a.payload,
-                op: a.op,
-            }),
-            None => None,
-        };
+        if let Some(a) = s.acquire.filter(|a| a.va >= VA_LIMIT) {
+            return Err(invalid(format!("acquire at VA {:#x}", a.va)));
+        }
         self.gp_get = s.gp_get;
         self.subch = subch;
         self.sem = s.sem;
@@ -408,7 +369,7 @@ impl Channel {
         self.ctx = None;
         self.seg = seg;
         self.run = run;
-        if let Some(a) = acquire {
+        if let Some(a) = s.acquire {
             self.block(a);
         }
         // PFIFO looks at the channel again (GP_PUT, or the restored segment).

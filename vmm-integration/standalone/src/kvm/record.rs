@@ -15,9 +15,8 @@ use anyhow::Context;
 use gpuvm_trace::record::TapRecorder;
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryRegion};
 
-use super::vm::GuestVm;
+use super::vm::{GuestVm, PAGE};
 
-const PAGE: u64 = 4096;
 /// Changed bytes are recorded in blocks of this size (a smaller block records fewer unchanged
 /// bytes; a larger one fewer records).
 const BLOCK: usize = 64;

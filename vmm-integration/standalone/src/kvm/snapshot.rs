@@ -58,7 +58,7 @@ pub const FORMAT: &str = "gpuvm-kvm-snapshot";
 /// The manifest's `version`; a snapshot of another version is refused.
 pub const VERSION: u32 = 1;
 /// Guest page size of the RAM file and of the migration stream.
-pub const PAGE: u64 = 4096;
+pub use super::vm::PAGE;
 /// File names inside a snapshot directory.
 pub const MANIFEST: &str = "manifest.json";
 const RAM_FILE: &str = "ram.bin";

@@ -17,7 +17,11 @@ pub struct GuestVm {
     pub mem: GuestMemoryMmap,
 }
 
-/// Pages (GPA / 4096) below `ram` that KVM's dirty log of slot 0 reports written since the
+/// The guest page: KVM's dirty-log granularity, and the unit of the RAM file and of the
+/// migration stream.
+pub const PAGE: u64 = 4096;
+
+/// Pages (GPA / [`PAGE`]) below `ram` that KVM's dirty log of slot 0 reports written since the
 /// last call (the log is cleared by reading it). Takes the VM fd, not a [`GuestVm`]: a live
 /// migration reads it from its own thread through a duplicate descriptor.
 pub fn dirty_pages(vm: &VmFd, ram: u64) -> anyhow::Result<Vec<u64>> {
@@ -30,7 +34,7 @@ pub fn dirty_pages(vm: &VmFd, ram: u64) -> anyhow::Result<Vec<u64>> {
         while b != 0 {
             let page = w as u64 * 64 + u64::from(b.trailing_zeros());
             b &= b - 1;
-            if page < ram / 4096 {
+            if page < ram / PAGE {
                 pages.push(page);
             }
         }
