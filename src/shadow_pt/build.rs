@@ -421,11 +421,12 @@ pub(crate) fn set_pde(
     shadow.encode()
 }
 
-/// Page-directory entries with tables one [`rebuild_step`] may re-shadow (each re-walks up to
-/// a small-page and a large-page table): the same order of work as a PV batch's
-/// `WALK_BUDGET` of sixteen full tables (host policy, not hardware; the isolation review's
-/// finding 4 measured 48-85 ms of host lock for one unbounded rebuild of a full directory).
-pub const REBUILD_BUDGET_PDES: usize = 16;
+/// Page-directory entries with tables one [`rebuild_step`] may re-shadow. Each re-walks its
+/// small-page and large-page tables: a full small-page table is 32,768 entries, so two are
+/// about a quarter of a PV batch's `WALK_BUDGET` (host policy, not hardware; the isolation
+/// review's finding 4 measured 48-85 ms of host lock for one unbounded rebuild of a full
+/// directory; `gpuvm exp lockhold`'s eager-flush scenario measures what is left).
+pub const REBUILD_BUDGET_PDES: usize = 2;
 
 /// Rebuilds the whole shadow of `pdb` from the guest's tables now (no budget).
 pub(crate) fn rebuild(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, space: &mut Space) {
