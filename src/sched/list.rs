@@ -96,6 +96,10 @@ struct Entry {
     throttled: bool,
     /// GPU time per completion, moving average (1/8), ns.
     gpu_per_completion_ns: u64,
+    /// Its time slice ended by preemption while others waited ([`ListSched::slice_expired`]):
+    /// until another VM has been dispatched, no time buffer is held for it and its arrivals do
+    /// not take one, so the waiting VMs get the GPU before it runs again.
+    yielded: bool,
 }
 
 /// A running time buffer.
@@ -268,6 +272,7 @@ impl<R: Rules> ListSched<R> {
                 away: false,
                 throttled: false,
                 gpu_per_completion_ns: 0,
+                yielded: false,
             },
         );
         // gdev_init_scheduler: a new vGPU starts with one replenishment.
@@ -371,6 +376,10 @@ impl<R: Rules> ListSched<R> {
             self.buffer = None;
         }
         if let Some(b) = self.buffer {
+            if self.vms.get(&v).is_some_and(|e| e.yielded) {
+                // It just yielded its slice to the VMs waiting: it cannot take their buffer.
+                return;
+            }
             let view = self.view(v).expect("present");
             if b.guarded && v != b.prev && self.rules.buffer_before(&view) {
                 // A VM over its share cannot end an adaptive buffer: it is held with the
@@ -530,6 +539,9 @@ impl<R: Rules> ListSched<R> {
     pub fn slice_expired(&mut self, vm: VmId, now: u64) {
         self.catch_up(now);
         self.move_to_tail(vm);
+        if let Some(e) = self.vms.get_mut(&vm) {
+            e.yielded = true;
+        }
     }
 
     /// Another VM than `vm` has queued work and is not held back by a cap.
@@ -549,7 +561,7 @@ impl<R: Rules> ListSched<R> {
     /// Selection after a completion of `u` (or a buffer retry).
     fn select_next(&mut self, u: VmId, now: u64, chances: u32) {
         self.demote_if(u);
-        let throttled = self.vms.get(&u).is_some_and(|e| e.throttled);
+        let throttled = self.vms.get(&u).is_some_and(|e| e.throttled || e.yielded);
         let buffers = R::BUFFERS && self.p.wait_ns > 0 && !throttled;
         match self.first_with_work() {
             None => {
@@ -641,6 +653,10 @@ impl<R: Rules> ListSched<R> {
         };
         let s = e.queue.remove(i).expect("index from position");
         self.queued -= 1;
+        // The GPU went to someone after a yield: the yielded VM competes normally again.
+        for e in self.vms.values_mut() {
+            e.yielded = false;
+        }
         Decision::Dispatch(s)
     }
 
