@@ -452,6 +452,11 @@ impl Vm {
             } else {
                 let mut pds = sp.tlb_flush(cx, Some(pdb));
                 pds.extend(sp.before_submit(cx, pdb));
+                // A rebuild goes in budgeted steps (one per host lock hold); the host finishes
+                // it before the work that uses the directory runs.
+                while sp.pending(pdb) {
+                    pds.extend(sp.step(cx));
+                }
                 pds
             }
         })

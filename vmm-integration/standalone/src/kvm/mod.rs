@@ -527,8 +527,10 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
             )));
             continue;
         }
+        // The DMA window sized from the guest's RAM (not the host's default 32 GiB), so that
+        // 64 guests of tens of MiB fit in the 2^40-byte IOVA space.
         let v = host
-            .create_vgpu(&p)
+            .create_vgpu_for_ram(&p, ram_layout(opts).0)
             .with_context(|| format!("creating the vGPU of vm{i}"))?;
         devs.push(if handoff {
             // The snapshot seam (see `snapshot::MigratableVgpu`).
