@@ -32,6 +32,16 @@ struct VmLabel {
 type FCounter = Counter<f64, AtomicU64>;
 type FGauge = Gauge<f64, AtomicU64>;
 
+/// A per-VM counter: name, help, value.
+type CounterSpec = (&'static str, &'static str, fn(&VmStat) -> u64);
+/// A per-VM gauge: name, help, unit, value (absent where unknown).
+type GaugeSpec = (
+    &'static str,
+    &'static str,
+    Option<Unit>,
+    fn(&VmStat) -> Option<f64>,
+);
+
 fn label(v: &VmStat) -> VmLabel {
     VmLabel { vm: v.name.clone() }
 }
@@ -83,7 +93,7 @@ pub fn encode_stat(stat: &Stat) -> Result<String, std::fmt::Error> {
                 .inc_by(v.lifetime.gpu_busy_seconds);
         }
     }
-    let lifetime: [(&str, &str, fn(&VmStat) -> u64); 7] = [
+    let lifetime: [CounterSpec; 7] = [
         (
             "gpuvm_vm_doorbells",
             "Doorbells (GP_PUT writes) over the VM's life",
@@ -151,7 +161,7 @@ pub fn encode_stat(stat: &Stat) -> Result<String, std::fmt::Error> {
         None,
         &|v| v.rejected,
     );
-    let gauges: [(&str, &str, Option<Unit>, fn(&VmStat) -> Option<f64>); 12] = [
+    let gauges: [GaugeSpec; 12] = [
         ("gpuvm_vm_vgpu_generation", "The current vGPU's generation: 1 for the VM's first, one more for each fresh vGPU", None, |v| Some(v.vgpu_generation as f64)),
         ("gpuvm_vm_share_window_ratio", "Share of the GPU's busy time over the last window", None, |v| Some(v.share_window)),
         ("gpuvm_vm_share_ratio", "Share of all VMs' GPU time since the current vGPU was created", None, |v| Some(v.share_total)),
