@@ -191,6 +191,15 @@ impl Drop for DirLock {
     }
 }
 
+/// Removes a file when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Holds `DIR/serve.lock` (flock) for the daemon's life: a second daemon on the same directory
 /// is refused with the first one's pid.
 fn lock_dir(dir: &std::path::Path) -> anyhow::Result<DirLock> {
@@ -251,6 +260,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
     let _lock = lock_dir(&args.socket_dir)?;
     let (control_listener, control_path) =
         crate::control::bind(&args.socket_dir).context("binding the control socket")?;
+    // Removed however `run` ends (a failed start too), before the lock goes.
+    let _control_sock = RemoveOnDrop(control_path.clone());
     let signals = block_signals();
     let clock = ClockKind::Real.create();
     let sim = Arc::new(SimGpu::new(SimConfig {
@@ -354,7 +365,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
         })
         .collect();
     daemon.shutdown();
-    let _ = std::fs::remove_file(&control_path);
     let stats = host.stats();
     for s in summary {
         say(s);
