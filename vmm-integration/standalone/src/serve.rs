@@ -148,9 +148,15 @@ fn specs(args: &ServeArgs) -> anyhow::Result<Vec<VmSpec>> {
 /// time; a ceiling every policy honours). Errors name every field the file may have, once.
 pub fn profile_from_toml(text: &str) -> anyhow::Result<(VgpuProfile, Option<u32>)> {
     const FIELDS: &str = "name, vram_mib, channels, weight, shadow, cap_pct";
-    let mut table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| anyhow::anyhow!("invalid profile: {}", e.message()))?;
+    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        let line = e
+            .span()
+            .map(|r| text[..r.start.min(text.len())].matches('\n').count() + 1);
+        match line {
+            Some(l) => anyhow::anyhow!("invalid profile: line {l}: {}", e.message()),
+            None => anyhow::anyhow!("invalid profile: {}", e.message()),
+        }
+    })?;
     let cap = match table.remove("cap_pct") {
         None => None,
         Some(v) => {
