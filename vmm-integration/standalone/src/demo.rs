@@ -178,15 +178,11 @@ fn run_inprocess(a: &DemoArgs) -> anyhow::Result<DemoReport> {
             // Phase 0 is the driver's bring-up; the workloads are counted as the summary
             // counts them.
             let step = if i == 0 {
-                "init".to_string()
+                "init] driver bring-up".to_string()
             } else {
-                format!("{i:>2}/{workloads}")
+                format!("{i:>2}/{workloads}] {}", p.run.name)
             };
-            println!(
-                "vm{vm} [{step}] {} {verdict}, GPU {}",
-                p.run.name,
-                table::ns(p.run.gpu_ns)
-            );
+            println!("vm{vm} [{step} {verdict}, GPU {}", table::ns(p.run.gpu_ns));
         }
     };
     let r = run_staged(

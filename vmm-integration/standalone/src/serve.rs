@@ -358,13 +358,13 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
         .map(|d| {
             let (life, _) = d.totals();
             format!(
-                "[{}] {} connections, {} vGPU teardowns, {} requests refused; over its life {} submissions, {:.3} s of GPU time, {} exits, {} bytes moved",
+                "[{}] {} connections, {} vGPU teardowns, {} requests refused; over its life {} submissions, {} of GPU time, {} exits, {} bytes moved",
                 d.name(),
                 d.connections(),
                 d.teardowns(),
                 d.rejected(),
                 life.submissions,
-                life.gpu_busy_ns as f64 / 1e9,
+                crate::table::ns(life.gpu_busy_ns),
                 life.exits,
                 d.bytes_moved().0
             )

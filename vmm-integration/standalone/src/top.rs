@@ -294,12 +294,12 @@ pub fn render(s: &Stat) -> String {
             v.weight.to_string(),
             v.cap.map_or("-".into(), pct),
             pct(v.share_window),
-            format!("{:.3} s", v.lifetime.gpu_busy_seconds),
+            crate::table::ns((v.lifetime.gpu_busy_seconds * 1e9) as u64),
             v.lifetime.submissions.to_string(),
             v.lifetime.exits.to_string(),
             v.lifetime.faults.to_string(),
             v.lifetime.violations.to_string(),
-            format!("{:.3} s", v.gpu_busy_seconds),
+            crate::table::ns((v.gpu_busy_seconds * 1e9) as u64),
             v.submissions.to_string(),
             match v.vram_in_use_bytes {
                 Some(b) => format!(
