@@ -382,6 +382,10 @@ fn serve_vm(
     }
 }
 
+/// How long a VM's holder has to show it hung up before a newcomer is refused as a second
+/// client (see [`watch_busy`]).
+const BUSY_GRACE_MS: i32 = 500;
+
 fn holder_lock(dev: &VmDevice) -> MutexGuard<'_, Option<crate::backend::Holder>> {
     dev.holder.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -405,8 +409,9 @@ fn poll_in(fds: &[(std::os::fd::RawFd, bool)], timeout_ms: i32) -> Option<Vec<bo
 /// (a second VMM started on the same VM by mistake) would wait in the socket's backlog with no
 /// word until the first leaves. Instead it is accepted here, logged with who holds the VM and
 /// since when, counted as a refused request, and closed, so the second VMM fails at once.
-/// A newcomer whose predecessor has already hung up is left alone: it is the VM's next client
-/// (a rebooting VMM), and the VM's thread accepts it once the old connection is torn down.
+/// A newcomer whose predecessor hangs up within [`BUSY_GRACE_MS`] is left alone: it is the VM's
+/// next client (a rebooting VMM), and the VM's thread accepts it once the old connection is torn
+/// down.
 fn watch_busy(
     dev: Arc<VmDevice>,
     listener: UnixListener,
@@ -445,26 +450,42 @@ fn watch_busy(
         if !ready[0] {
             continue;
         }
-        let h = holder_lock(&dev);
-        let Some(holder) = h.clone() else {
+        let Some(holder) = holder_lock(&dev).clone() else {
             continue;
         };
-        let alive = match holder.fd {
-            // Hung up by its client: the newcomer is the next client.
-            Some(fd) => poll_in(&[(fd, true)], 0).is_some_and(|r| !r[0]),
-            // Unknown connection: cannot tell, so never refuse.
-            None => false,
+        let gone_or_stop = [
+            (dev.holder_gone.as_raw_fd(), false),
+            (wake.as_raw_fd(), false),
+        ];
+        let Some(fd) = holder.fd else {
+            // Unknown connection: it cannot be told whether it hung up, so never refuse; wait
+            // for the VM's thread to end it.
+            let _ = poll_in(&gone_or_stop, -1);
+            continue;
         };
-        if !alive {
-            drop(h);
-            // Wait for the VM's thread to end that connection (holder_gone).
-            let _ = poll_in(
-                &[
-                    (dev.holder_gone.as_raw_fd(), false),
-                    (wake.as_raw_fd(), false),
-                ],
-                -1,
-            );
+        // A client that has just closed its connection may keep it open a moment longer (a
+        // copy of the descriptor in a child between fork and exec), and its successor must not
+        // be refused for that: the holder has a grace period to show it hung up.
+        match poll_in(
+            &[(fd, true), gone_or_stop[0], gone_or_stop[1]],
+            BUSY_GRACE_MS,
+        ) {
+            // Still connected after the grace period: the newcomer is a second client.
+            Some(r) if r.iter().all(|&x| !x) => {}
+            // Hung up: the newcomer is the next client; wait for the VM's thread to end the
+            // old connection (holder_gone).
+            Some(r) if r[0] => {
+                let _ = poll_in(&gone_or_stop, -1);
+                continue;
+            }
+            // The holder went, or the daemon stops, or poll failed: look again.
+            _ => continue,
+        }
+        let h = holder_lock(&dev);
+        let same = h
+            .as_ref()
+            .is_some_and(|x| x.fd == holder.fd && x.since == holder.since);
+        if !same || !poll_in(&[(listener.as_raw_fd(), false)], 0).is_some_and(|r| r[0]) {
             continue;
         }
         // The VM's thread only accepts between connections (holder None), and the backlog
