@@ -48,8 +48,8 @@ enum Verb {
         /// The new weight.
         weight: u32,
     },
-    /// Cap VM NAME at PCT percent of GPU time, or `none`: a ceiling every policy honours,
-    /// kept across reconnects and policy changes.
+    /// Cap VM NAME at PCT percent of GPU time, or `none`: a ceiling the policy honours (a
+    /// policy without caps refuses it), kept across reconnects and policy changes.
     Cap {
         /// The VM.
         name: String,
