@@ -307,6 +307,13 @@ fn doorbell(c: &mut Criterion) {
     };
     let before = phys.stats().gpfifo_entries;
     let mut m = 0u64;
+    // Without the device model nobody enables the channel per submission (its RUNNABLE is the
+    // host's, set only while a submission is in flight): the bare path enables it once.
+    let state = phys.read_reg(pfifo::chan_state(s.phys_chid));
+    phys.write_reg(
+        pfifo::chan_state(s.phys_chid),
+        state | pfifo::STATE_RUNNABLE,
+    );
     group.bench_function(BenchmarkId::new("nop_entry", "bare"), |b| {
         b.iter_custom(|iters| {
             let mut timed = Duration::ZERO;

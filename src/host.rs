@@ -60,7 +60,7 @@ use crate::mmio::pci::PciConfig;
 use crate::mmio::vregs::VRegs;
 use crate::phys::{GpuStats, PhysicalGpu};
 use crate::profile::{ProfileError, VgpuProfile};
-use crate::sched::{Accounting, FifoScheduler, SchedStats, Scheduler};
+use crate::sched::{Accounting, Policy, SchedParams, SchedStats, Scheduler};
 use crate::shadow_pt::ShadowPt;
 use crate::stats::RateLimit;
 use crate::vgpu::aperture::GuestBars;
@@ -97,7 +97,18 @@ pub struct HostConfig {
     /// goes on with the other VMs' work. Default 2 s (no submission of the Gdev workloads comes
     /// near it); 0 turns the watchdog off.
     pub watchdog_ns: u64,
+    /// The time slice, in ns of GPU time: a VM whose work has held the GPU this long while
+    /// another VM has work the policy could run is preempted (its channels disabled and switched
+    /// out at the next method boundary, after the engine operation in flight), and the policy
+    /// decides who runs next (`crate::host::dispatch`). Default 10 ms: the longest kernel of the
+    /// isolation experiment and a third of BAND's 30 ms period; Fermi cannot preempt inside a
+    /// kernel, so a slice much shorter than the kernels buys nothing. 0: no slices (caps still
+    /// preempt).
+    pub timeslice_ns: u64,
 }
+
+/// The default time slice: 10 ms of GPU time.
+pub const DEFAULT_TIMESLICE_NS: u64 = 10_000_000;
 
 /// The default hang watchdog: 2 s of GPU time.
 pub const DEFAULT_WATCHDOG_NS: u64 = 2_000_000_000;
@@ -116,6 +127,7 @@ impl Default for HostConfig {
             max_inflight: 4,
             shadow_vram_per_vm: 8 << 20,
             watchdog_ns: DEFAULT_WATCHDOG_NS,
+            timeslice_ns: DEFAULT_TIMESLICE_NS,
         }
     }
 }
@@ -259,6 +271,7 @@ pub struct HostStats {
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Counters {
     pub dispatched: u64,
+    pub preemptions: u64,
     pub completed: u64,
     pub aborted: u64,
     pub watchdog_kills: u64,
@@ -311,6 +324,11 @@ pub(crate) struct HostState {
     /// VMs being quiesced for a snapshot or migration: their doorbells are not submitted
     /// (`host/migrate.rs`).
     pub frozen: BTreeSet<VmId>,
+    /// Channels whose work left the GPU unfinished and waits to be queued again
+    /// (`crate::host::dispatch`).
+    pub parked: BTreeSet<(VmId, u32)>,
+    /// The VM whose work holds the GPU and since when (its time slice).
+    pub slice: Option<(VmId, u64)>,
     pub runlist_next: usize,
     pub counters: Counters,
     pub next_id: u32,
@@ -399,6 +417,8 @@ impl HostShared {
             };
             if r.is_some() {
                 st.apply_effects(&*self.phys, id);
+                // A shadow rebuild in progress goes on in its own VM's exits first.
+                st.shadow_step(&*self.phys, Some(id));
             }
             st.service(&*self.phys, &self.irq, &self.cfg);
             (r, st.line_changes())
@@ -412,7 +432,8 @@ impl HostShared {
         let st = self.lock();
         let watchdog =
             crate::host::dispatch::watchdog_deadline(&st, &*self.phys, self.cfg.watchdog_ns);
-        [self.phys.next_event_ns(), st.sched_timer, watchdog]
+        let slice = crate::host::dispatch::slice_deadline(&st, &*self.phys, self.cfg.timeslice_ns);
+        [self.phys.next_event_ns(), st.sched_timer, watchdog, slice]
             .into_iter()
             .flatten()
             .min()
@@ -614,6 +635,27 @@ impl HostState {
         }
     }
 
+    /// One budgeted step of a shadow rebuild in progress (`crate::shadow_pt`): of VM `id`'s
+    /// if given, else of the first VM with one (so that a VM that makes no exits still gets its
+    /// rebuild finished, one budget per hold of the lock). Finished directories get their
+    /// physical TLB flush. Returns true if a step was done.
+    pub(crate) fn shadow_step(&mut self, phys: &dyn PhysicalGpu, id: Option<VmId>) -> bool {
+        let vm = match id {
+            Some(id) => self.vms.get_mut(&id),
+            None => self.vms.values_mut().find(|vm| vm.shadow.rebuilding()),
+        };
+        let Some(vm) = vm.filter(|vm| vm.shadow.rebuilding()) else {
+            return false;
+        };
+        let mut cx = VmCx::new(phys, &mut self.hyp, &self.layout, vm);
+        let pds = {
+            let (sh, mut scx) = cx.shadow();
+            sh.step(&mut scx)
+        };
+        cx.phys_tlb_flush(&pds);
+        true
+    }
+
     /// Services physical interrupts, completions and dispatch.
     fn service(&mut self, phys: &dyn PhysicalGpu, irq: &IrqFlag, cfg: &HostConfig) {
         if irq.is_asserted() {
@@ -623,8 +665,13 @@ impl HostState {
             || self.sched.queued() > 0
             || self.sched_timer.is_some()
             || self.engine_watch.is_some()
+            || !self.parked.is_empty()
         {
-            crate::host::dispatch::progress(self, phys, cfg.max_inflight, cfg.watchdog_ns);
+            crate::host::dispatch::progress(self, phys, cfg);
+        }
+        if !self.parked.is_empty() {
+            // Work parked behind a shadow rebuild of a VM that makes no exits.
+            self.shadow_step(phys, None);
         }
         reclaim::reclaim(self, phys, irq);
     }
@@ -746,7 +793,7 @@ impl GpuHost {
                 owner: vec![None; pfifo::CHANNELS as usize],
             },
             vms: BTreeMap::new(),
-            sched: Box::new(FifoScheduler::new()),
+            sched: Policy::Fifo.create(&SchedParams::default()),
             inflight: Vec::new(),
             acct: {
                 let mut acct = Accounting::default();
@@ -759,6 +806,8 @@ impl GpuHost {
             clock: None,
             nonstall: BTreeSet::new(),
             frozen: BTreeSet::new(),
+            parked: BTreeSet::new(),
+            slice: None,
             runlist_next: 0,
             counters: Counters::default(),
             next_id: 0,
@@ -952,6 +1001,7 @@ impl GpuHost {
             line: line.clone(),
             line_level: false,
             line_seq: 0,
+            cap_ppm: None,
             stats: Default::default(),
             log: RateLimit::default(),
             effects: Vec::new(),
@@ -1102,7 +1152,63 @@ impl GpuHost {
         }
         st.sched
             .set_cap(vm, cap_ppm, now)
-            .map_err(HostError::Config)
+            .map_err(HostError::Config)?;
+        if let Some(v) = st.vms.get_mut(&vm) {
+            v.cap_ppm = cap_ppm;
+        }
+        Ok(())
+    }
+
+    /// Replaces the scheduling policy at run time, while VMs exist and run. The new policy
+    /// gets every VM with its weight and the cap set for it; queued work is handed to it
+    /// (each channel with work the GPU has not been given is queued again); work in flight
+    /// stays and completes into the new policy. It decides from the next service on, so the
+    /// change takes effect within one time slice. Refused (nothing changed) for invalid
+    /// parameters.
+    pub fn set_policy(&self, policy: Policy, params: &SchedParams) -> Result<(), HostError> {
+        params.validate().map_err(HostError::Config)?;
+        let mut guard = self.shared.lock();
+        let st = &mut *guard;
+        let phys = &*self.shared.phys;
+        let now = st.now(phys);
+        let mut sched = policy.create(params);
+        for vm in st.vms.values() {
+            sched.add_vm(vm.id, vm.profile.weight, now);
+            if let Some(cap) = vm.cap_ppm {
+                sched
+                    .set_cap(vm.id, Some(cap), now)
+                    .map_err(HostError::Config)?;
+            }
+        }
+        let old = std::mem::replace(&mut st.sched, sched);
+        st.sched_timer = None;
+        let chans: Vec<(VmId, u32)> = st
+            .vms
+            .values()
+            .flat_map(|vm| (0..vm.nchan()).map(move |g| (vm.id, g)))
+            .collect();
+        for (id, g) in chans {
+            let in_flight = st
+                .inflight
+                .iter()
+                .any(|f| f.sub.vm == id && f.sub.guest_chid == g);
+            let newer = st
+                .vms
+                .get(&id)
+                .and_then(|vm| vm.chans.get(g as usize))
+                .is_some_and(|c| c.gp_put != c.phys_put);
+            if !in_flight || newer {
+                crate::host::dispatch::doorbell(st, phys, id, g);
+            }
+        }
+        log::info!(
+            "scheduling policy {} -> {} ({} VMs)",
+            old.name(),
+            st.sched.name(),
+            st.vms.len()
+        );
+        st.service(phys, &self.shared.irq, &self.shared.cfg);
+        Ok(())
     }
 
     /// The cap in force for a VM (ppm) and whether its work is held back by it now.

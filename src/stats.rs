@@ -106,6 +106,11 @@ pub enum ViolationKind {
     PvBatch,
     /// An instance block whose page-directory base or USERD pointer is invalid.
     InstanceBlock,
+    /// A write the model drops: a USERD word other than GP_PUT (GP_GET, REFERENCE, ...), the
+    /// bytes of a BAR fill beyond the end of the BAR.
+    DroppedWrite,
+    /// A channel bind refused (e.g. with POLL_ENABLE before the guest set its poll area).
+    RefusedBind,
 }
 
 impl From<Violation> for ViolationKind {
@@ -145,6 +150,10 @@ pub struct Violations {
     pub pv_batch: u64,
     /// Instance blocks with an invalid page-directory base or USERD pointer.
     pub instance_block: u64,
+    /// Writes the model dropped (USERD words other than GP_PUT, BAR fills beyond the BAR).
+    pub dropped_writes: u64,
+    /// Channel binds refused.
+    pub refused_binds: u64,
     /// Page-table entries rejected by the shadow page tables.
     pub page_table: u64,
 }
@@ -163,6 +172,8 @@ impl Violations {
             ViolationKind::BadAccess => &mut self.bad_access,
             ViolationKind::PvBatch => &mut self.pv_batch,
             ViolationKind::InstanceBlock => &mut self.instance_block,
+            ViolationKind::DroppedWrite => &mut self.dropped_writes,
+            ViolationKind::RefusedBind => &mut self.refused_binds,
         };
         *c += n;
         self.total += n;
@@ -207,6 +218,12 @@ pub struct VgpuStats {
     /// Submissions held back because their channel was not runnable or not on the runlist
     /// when the scheduler picked them (queued again when the guest enables or lists it).
     pub held_submissions: u64,
+    /// Submissions the host preempted: at the end of the VM's time slice while another VM
+    /// waited, or because its cap was used up (`crate::host::dispatch`).
+    pub preemptions: u64,
+    /// Submissions that left the GPU with work left (parked on a semaphore acquire, preempted,
+    /// disabled or taken off the runlist) and were queued again when they could run.
+    pub resumes: u64,
     /// Engine operations of this VM's channels aborted (engine reset) because the channel was
     /// unbound or the VM destroyed while they ran: nothing of them lands afterwards.
     pub inflight_aborts: u64,

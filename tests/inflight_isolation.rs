@@ -226,8 +226,20 @@ fn unbind_with_work_in_flight_never_reaches_the_next_channel() {
 /// has left the GPU.
 #[test]
 fn repointing_a_running_channel_keeps_its_old_shadow_until_it_leaves() {
-    for mode in MODES {
-        let w = world();
+    // Without time slices the kernel and the rest of its entry run on the kept shadow. With
+    // them, the victim's arrival ends the attacker's slice: the preempt waits for the kernel,
+    // and the channel reloads its context — the new, empty directory — before the rest of the
+    // entry, which then faults for the attacker alone (as on a GPU that preempts). The victim is
+    // untouched either way.
+    for (mode, slice) in MODES
+        .into_iter()
+        .flat_map(|m| [(m, 0), (m, HostConfig::default().timeslice_ns)])
+    {
+        let w = rig_world(HostConfig {
+            watchdog_ns: 60_000_000_000,
+            timeslice_ns: slice,
+            ..HostConfig::default()
+        });
         let mut victim = vm(&w, "victim", mode);
         let mut attacker = vm(&w, "attacker", mode);
         let (ch, _f, _dst) = launch(&mut attacker, Op::Kernel);
@@ -255,10 +267,11 @@ fn repointing_a_running_channel_keeps_its_old_shadow_until_it_leaves() {
         pass(&w, 400_000_000);
         assert_eq!(w.fingerprint(&victim), fp, "{mode}: victim written");
         let a = attacker.vgpu.stats();
+        let expect = if slice == 0 { (2, 0) } else { (1, 1) };
         assert_eq!(
             (a.completions, a.faults_delivered),
-            (2, 0),
-            "{mode}: the rest of the entry (the fence) ran on the kept shadow, in the attacker's own memory"
+            expect,
+            "{mode} (slice {slice}): the rest of the entry (the fence) ran on the kept shadow, or (preempted) faulted in the attacker's new directory"
         );
         run_suite(&mut victim);
         let vs = victim.vgpu.stats();

@@ -60,6 +60,19 @@ pub const SEM_OP_ACQ_GEQ: u32 = 4;
 pub const SEM_OP_ACQ_AND: u32 = 8;
 /// Mask of the operation field.
 pub const SEM_OP_MASK: u32 = 0xf;
+
+/// True if a semaphore holding `value` satisfies an acquire of operation `op` (one of the
+/// `SEM_OP_ACQ*` values) with `payload`: ACQUIRE waits for equality, ACQ_GEQ for
+/// `value >= payload`, ACQ_AND for a common bit (envytools PBDMA SEMAPHORED; nouveau
+/// `NV84_SUBCHAN_SEMAPHORE_TRIGGER_ACQUIRE_*`). What PBDMA re-checks while a channel waits, and
+/// what a device model checks to decide that a parked channel may run again.
+pub const fn acquire_satisfied(op: u32, payload: u32, value: u32) -> bool {
+    match op {
+        SEM_OP_ACQUIRE => value == payload,
+        SEM_OP_ACQ_GEQ => value >= payload,
+        _ => value & payload != 0,
+    }
+}
 /// SEMAPHORED bit 12: acquire may switch channels (yield).
 pub const SEM_ACQUIRE_SWITCH: u32 = 1 << 12;
 /// SEMAPHORED bit 20: 1 = release without waiting for idle (WFI disabled).

@@ -23,9 +23,14 @@
 //! shadow instance blocks are remembered until released, so a fault the GPU reports for the old
 //! context is delivered to the VM that ran it (`crate::host::irq_route`).
 //!
-//! STATE writes are forwarded (RUNNABLE and the engine field only; RUNNABLE is dropped while the
-//! channel is killed by the watchdog, until the guest unbinds it); STATE reads show the
-//! physical state (so a guest sees RUNNABLE cleared after its channel faulted or was killed). KICK is
+//! **STATE RUNNABLE is the host's** (the class of attacks in which work reaches an
+//! engine without a scheduling decision). The guest's RUNNABLE is kept virtually ([`VChan::enabled`]:
+//! what it wrote, cleared when the GPU stopped the channel or the watchdog killed it) and shown in
+//! its STATE reads; the physical RUNNABLE is set only while a submission of the channel is in
+//! flight, by the host's dispatch, and cleared when it leaves the GPU (`crate::host::dispatch`).
+//! So a channel the guest enables again, one resuming from a semaphore acquire, one restored
+//! from a snapshot or put back on the runlist runs only when the scheduler dispatches it. The
+//! engine field of STATE is forwarded; a guest disable reaches the GPU at once. KICK is
 //! translated. Runlists are in `runlist`, USERD emulation in `userd`, the pushbuffer scan of
 //! the submission path in [`cmdscan`].
 
@@ -99,6 +104,17 @@ pub(crate) struct VChan {
     /// A submission was held back because the channel was not runnable or not on the
     /// runlist when the scheduler picked it; it is queued again when that changes.
     pub held: bool,
+    /// STATE RUNNABLE as the guest sees it: what it last wrote, cleared when the GPU stopped the
+    /// channel (fault, PBDMA error) or the watchdog killed it. The physical RUNNABLE is the
+    /// host's (module documentation).
+    pub enabled: bool,
+    /// The channel's submission left the GPU with work left (parked on a semaphore acquire,
+    /// preempted at the end of its VM's time slice or cap, disabled or taken off the runlist
+    /// by the guest): the host queues it again when it may run (`crate::host::dispatch`).
+    pub parked: bool,
+    /// With a backend that cannot tell what a parked channel waits on: the GPU time before
+    /// which it is not retried.
+    pub retry_at: u64,
 }
 
 /// Guest channel id of a CHAN_TABLE / STATE offset.
@@ -124,7 +140,14 @@ pub(crate) fn table_read(cx: &mut ChanCx, g: u32, state: bool) -> u32 {
         return 0;
     }
     if state {
-        cx.phys.read_reg(pfifo::chan_state(cx.vm.phys_chid(g)))
+        let phys = cx.phys.read_reg(pfifo::chan_state(cx.vm.phys_chid(g)));
+        let c = &cx.vm.chans[g as usize];
+        let run = if c.enabled && !c.killed {
+            pfifo::STATE_RUNNABLE
+        } else {
+            0
+        };
+        (phys & !pfifo::STATE_RUNNABLE) | run
     } else {
         cx.vm.chans[g as usize].chan_word
     }
@@ -137,14 +160,24 @@ pub(crate) fn table_write(cx: &mut ChanCx, g: u32, state: bool, value: u32) {
     }
     if state {
         let p = cx.vm.phys_chid(g);
-        let mut mask = pfifo::STATE_RUNNABLE | pfifo::STATE_ENGINE_MASK;
-        if cx.vm.chans[g as usize].killed {
-            mask &= !pfifo::STATE_RUNNABLE;
-        }
-        cx.phys.write_reg(pfifo::chan_state(p), value & mask);
-        // A submission held because the channel was disabled goes to the scheduler now.
         let ch = &mut cx.vm.chans[g as usize];
-        if value & mask & pfifo::STATE_RUNNABLE != 0 && std::mem::take(&mut ch.held) {
+        let enable = value & pfifo::STATE_RUNNABLE != 0 && !ch.killed;
+        ch.enabled = enable;
+        // The engine field as written; RUNNABLE stays as the host set it (on only while a
+        // submission is in flight), and goes off at once when the guest disables.
+        let run = if enable {
+            cx.phys.read_reg(pfifo::chan_state(p)) & pfifo::STATE_RUNNABLE
+        } else {
+            0
+        };
+        cx.phys.write_reg(
+            pfifo::chan_state(p),
+            (value & pfifo::STATE_ENGINE_MASK) | run,
+        );
+        // A submission held because the channel was disabled goes to the scheduler now (a
+        // parked one is queued again by the host once it may run).
+        let ch = &mut cx.vm.chans[g as usize];
+        if enable && std::mem::take(&mut ch.held) {
             cx.vm.effects.push(Effect::Doorbell(g));
         }
     } else {
@@ -193,19 +226,24 @@ fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
     };
     if value & pfifo::CHAN_POLL_ENABLE != 0 && cx.vm.regs.poll_area().is_none() {
         cx.vm.regs.chan_table_error(pfifo::CHAN_ERR_NO_POLL);
+        cx.violation(ViolationKind::RefusedBind, || {
+            format!("channel {g} bound with POLL_ENABLE before the poll area was set")
+        });
         unbind(cx, g);
         return;
     }
     // A rebind keeps the channel's enable (the hardware's STATE word is not part of the CHAN
     // word); unbinding on the way stops it, so it is restored after the new bind.
     let mut keep_state = 0;
+    let mut keep_enabled = false;
     if let Some(b) = &cx.vm.chans[gi].bound {
         if b.inst == (inst, target) {
             refresh(cx, g);
             return;
         }
-        keep_state = cx.phys.read_reg(pfifo::chan_state(cx.vm.phys_chid(g)))
-            & (pfifo::STATE_RUNNABLE | pfifo::STATE_ENGINE_MASK);
+        keep_state =
+            cx.phys.read_reg(pfifo::chan_state(cx.vm.phys_chid(g))) & pfifo::STATE_ENGINE_MASK;
+        keep_enabled = cx.vm.chans[gi].enabled;
         unbind(cx, g);
     }
     let mut block = vec![0u8; inst::SIZE as usize];
@@ -254,6 +292,7 @@ fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
     if keep_state != 0 {
         cx.phys.write_reg(pfifo::chan_state(p), keep_state);
     }
+    cx.vm.chans[gi].enabled = keep_enabled;
     cx.vm
         .inst_pages
         .entry(page_key(target, inst))
@@ -418,6 +457,8 @@ pub(crate) fn refresh_all(cx: &mut ChanCx) {
 pub(crate) fn unbind(cx: &mut ChanCx, g: u32) {
     cx.vm.chans[g as usize].killed = false;
     cx.vm.chans[g as usize].held = false;
+    cx.vm.chans[g as usize].parked = false;
+    cx.vm.chans[g as usize].enabled = false;
     let Some(b) = cx.vm.chans[g as usize].bound.take() else {
         return;
     };

@@ -4,7 +4,7 @@
 //! GP_PUT and handed to the scheduler; the physical GP_PUT is written only when the scheduler
 //! dispatches. A GP_PUT read returns the virtual value; every other offset reads the hypervisor's
 //! physical USERD page of the channel (so GP_GET shows the physical progress and REFERENCE what
-//! SET_REFERENCE wrote); other writes are dropped. Pages of channels outside the VM's partition
+//! SET_REFERENCE wrote); other writes are dropped and counted (`dropped_writes`). Pages of channels outside the VM's partition
 //! read all-ones and count as violations.
 
 use gf100::{pfifo, userd};
@@ -88,6 +88,12 @@ pub(crate) fn write(cx: &mut ChanCx, offset: u64, data: &[u8]) -> bool {
     } else if overlap {
         cx.violation(ViolationKind::BadAccess, || {
             format!("partial GP_PUT write of {len} bytes at {reg:#x}")
+        });
+    }
+    if !overlap || (full && len > 4) {
+        // GP_GET, REFERENCE and the rest of USERD are the GPU's: the write is dropped.
+        cx.violation(ViolationKind::DroppedWrite, || {
+            format!("USERD write of {len} bytes at {reg:#x} of channel {g} dropped (only GP_PUT is writable)")
         });
     }
     true

@@ -22,13 +22,25 @@
 //! GPU time since the previous mark of its VM (`crate::sched::account`), and the scheduler is
 //! told that time with the completion.
 //!
-//! A submission is complete when the physical GP_GET (in that USERD page) equals its GP_PUT. It
-//! also ends, without completing, when the channel stops (an MMU fault or PBDMA error clears
-//! STATE RUNNABLE), is unbound, or parks on a semaphore acquire — otherwise one guest could hold
-//! the GPU for ever. A submission to a channel that is not runnable or not on the VM's runlist
-//! is written to the GPU (it runs when the guest enables the channel, as on hardware) but not
-//! counted in flight. Work of a parked or disabled channel that later resumes runs outside the
-//! scheduler's accounting (the GPU is not preemptive).
+//! **The scheduler owns the engines.** A physical channel is RUNNABLE only while a submission
+//! of it is in flight: dispatch sets the bit after writing GP_PUT, and the host clears it when
+//! the submission leaves the GPU (`crate::channels` keeps the guest's RUNNABLE virtually). A
+//! submission is complete when the physical GP_GET (in that USERD page) equals its GP_PUT. It
+//! ends without completing when the channel stops (an MMU fault or PBDMA error clears
+//! RUNNABLE), is disabled or taken off the runlist by the guest, is unbound, parks on a
+//! semaphore acquire, or is **preempted**: at the end of its VM's time slice
+//! (`HostConfig::timeslice_ns` of GPU time holding the GPU while another VM has work the policy
+//! could run) or as soon as its VM's cap is used up (`Scheduler::over_cap`). An ending
+//! submission's channel is disabled and switched out (KICK: GF100's channel preempt, which
+//! waits for the engine operation in flight — Fermi cannot preempt inside a kernel — and saves
+//! the PBDMA state), and it stays in flight, holding the GPU for its VM, until no engine runs it
+//! any more. A channel that left with work left is **parked**; the host queues it to the
+//! scheduler again when it may run — at once after a preempt, when the semaphore it waits on
+//! would satisfy its acquire (`PhysicalGpu::channel_acquire`, read through the VM's shadow
+//! translation), when the guest enables or lists it again — so resumed work is decided,
+//! charged and watched like any other. While its work runs the VM is charged what its
+//! channels ran (`Scheduler::charge`), so budgets and caps are paid while running, not at
+//! completions that may come late.
 //!
 //! **Watchdog.** A submission still running `HostConfig::watchdog_ns` after dispatch (or an
 //! engine busy that long with a channel with nothing in flight) is hung: the host resets the
@@ -41,7 +53,8 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::addr::HostVram;
 use crate::channels::cmdscan::{self, Budget, Ring};
-use crate::host::HostState;
+use crate::host::{HostConfig, HostState};
+use crate::phys::AcquireState;
 use crate::phys::{Bar, PhysicalGpu};
 use crate::sched::{dispatchable, Decision, Submission, VmId};
 use crate::shadow_pt::GuestPdb;
@@ -58,6 +71,9 @@ pub(crate) struct InFlight {
     /// watchdog's reference — a submission is hung when its channel has *run* `watchdog_ns`
     /// since, however long it waited behind others.
     pub ran_at: Option<u64>,
+    /// The host is taking it off the GPU (its channel is disabled and switched out); it leaves
+    /// once no engine runs it.
+    pub preempting: bool,
 }
 
 impl InFlight {
@@ -100,7 +116,9 @@ pub(crate) fn doorbell(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: 
         .inflight
         .iter()
         .any(|f| f.sub.vm == id && f.sub.guest_chid == g);
-    if ch.gp_put == ch.phys_put && !busy {
+    // Nothing new, nothing in flight, nothing left of earlier work (GP_GET short of the
+    // physical GP_PUT: a parked or restored channel): nothing to run.
+    if ch.gp_put == ch.phys_put && !busy && gp_get(st, phys, vm.phys_chid(g)) == ch.phys_put {
         return;
     }
     let s = Submission {
@@ -113,18 +131,32 @@ pub(crate) fn doorbell(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: 
     st.sched.submit(s, now);
 }
 
-/// Delivers period ticks, retires finished submissions and does what the scheduler decides.
-pub(crate) fn progress(
-    st: &mut HostState,
-    phys: &dyn PhysicalGpu,
-    max_inflight: usize,
-    watchdog_ns: u64,
-) {
+/// Physical channel `p`'s GP_GET, from its USERD page.
+fn gp_get(st: &HostState, phys: &dyn PhysicalGpu, p: u32) -> u32 {
+    let mut b = [0u8; 4];
+    phys.read_vram(st.layout.userd_page(p).offset(userd::GP_GET), &mut b);
+    u32::from_le_bytes(b)
+}
+
+/// Delivers period ticks, retires finished submissions, charges and preempts running work,
+/// queues parked channels that may run again, and does what the scheduler decides.
+pub(crate) fn progress(st: &mut HostState, phys: &dyn PhysicalGpu, cfg: &HostConfig) {
     let now = st.now(phys);
     st.sched.tick(now);
     check_completions(st, phys, now);
-    watchdog(st, phys, now, watchdog_ns);
+    watchdog(st, phys, now, cfg.watchdog_ns);
+    charge_running(st, phys, now);
+    end_slice(st, phys, now, cfg.timeslice_ns);
+    wake_parked(st, phys, now, cfg.timeslice_ns);
     st.sched_timer = None;
+    if st.inflight.iter().any(|f| f.preempting) {
+        // The GPU is being handed over: nothing new until the preempted work is off.
+        check_completions(st, phys, now);
+        if st.inflight.iter().any(|f| f.preempting) {
+            return;
+        }
+    }
+    let max_inflight = cfg.max_inflight;
     loop {
         let inflight: Vec<Submission> = st.inflight.iter().map(|f| f.sub).collect();
         let s = match st.sched.decide(&inflight, max_inflight, now) {
@@ -338,6 +370,7 @@ fn kill(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: u32, start: u64
     if let Some(vm) = st.vms.get_mut(&id) {
         if let Some(ch) = vm.chans.get_mut(g as usize) {
             ch.killed = true;
+            ch.enabled = false;
         }
         vm.regs.sched_error(pfifo::SCHED_ERR_CTXSW_TIMEOUT);
         vm.stats.watchdog_kills += 1;
@@ -365,16 +398,22 @@ enum Status {
 
 fn status(phys: &dyn PhysicalGpu, st: &HostState, f: &InFlight) -> Status {
     let p = f.sub.phys_chid;
-    let mut b = [0u8; 4];
-    phys.read_vram(st.layout.userd_page(p).offset(userd::GP_GET), &mut b);
-    if u32::from_le_bytes(b) == f.sub.put {
+    if gp_get(st, phys, p) == f.sub.put {
         return Status::Done;
+    }
+    if f.preempting {
+        return Status::Ended;
     }
     let chan = phys.read_reg(pfifo::chan_table(p));
     let state = phys.read_reg(pfifo::chan_state(p));
+    let listed = st
+        .vms
+        .get(&f.sub.vm)
+        .is_some_and(|vm| vm.runlist.contains(&f.sub.guest_chid));
     if chan & pfifo::CHAN_VALID == 0
         || state & pfifo::STATE_RUNNABLE == 0
         || state & pfifo::STATE_ACQUIRE_PENDING != 0
+        || !listed
     {
         Status::Ended
     } else {
@@ -382,33 +421,291 @@ fn status(phys: &dyn PhysicalGpu, st: &HostState, f: &InFlight) -> Status {
     }
 }
 
+/// Takes the channel of in-flight submission `i` off the GPU: disabled (the host's RUNNABLE
+/// off; the engine field stays) and switched out (KICK: the preempt completes when its engine
+/// operation ends, and the channel reloads its context from the shadow instance block before
+/// it runs again). If the GPU had stopped the channel itself (a fault or PBDMA error cleared
+/// RUNNABLE), the guest sees it stopped too.
+fn switch_out(st: &mut HostState, phys: &dyn PhysicalGpu, i: usize) {
+    let f = st.inflight[i];
+    let p = f.sub.phys_chid;
+    let state = phys.read_reg(pfifo::chan_state(p));
+    if !f.preempting && state & pfifo::STATE_RUNNABLE == 0 {
+        if let Some(ch) = st
+            .vms
+            .get_mut(&f.sub.vm)
+            .and_then(|vm| vm.chans.get_mut(f.sub.guest_chid as usize))
+        {
+            ch.enabled = false;
+        }
+    }
+    phys.write_reg(pfifo::chan_state(p), state & pfifo::STATE_ENGINE_MASK);
+    phys.write_reg(pfifo::KICK, p);
+    st.inflight[i].preempting = true;
+}
+
+/// True when no engine runs an operation of physical channel `p`.
+fn off_engines(phys: &dyn PhysicalGpu, p: u32) -> bool {
+    !crate::channels::preempt::busy_channels(phys).contains(&Some(p))
+}
+
 fn check_completions(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
     let mut i = 0;
     while i < st.inflight.len() {
-        let f = st.inflight[i];
-        let done = match status(phys, st, &f) {
+        let done = match status(phys, st, &st.inflight[i]) {
             Status::Running => {
                 i += 1;
                 continue;
             }
-            Status::Done => true,
-            Status::Ended => false,
+            Status::Done => {
+                // Nothing left to run: the host's RUNNABLE goes off.
+                let p = st.inflight[i].sub.phys_chid;
+                let state = phys.read_reg(pfifo::chan_state(p));
+                phys.write_reg(pfifo::chan_state(p), state & pfifo::STATE_ENGINE_MASK);
+                true
+            }
+            Status::Ended => {
+                if !st.inflight[i].preempting {
+                    switch_out(st, phys, i);
+                }
+                if !off_engines(phys, st.inflight[i].sub.phys_chid) {
+                    // Still on an engine: it holds the GPU for its VM until it is off.
+                    i += 1;
+                    continue;
+                }
+                false
+            }
         };
-        st.inflight.remove(i);
+        let f = st.inflight.remove(i);
         let more = st.inflight.iter().any(|o| o.sub.vm == f.sub.vm);
         let wall = st.acct.retired(f.sub.vm, now, more);
         let gpu_ns = st.charge_ran(phys, f.sub.vm, now).unwrap_or(wall);
         st.sched.complete(&f.sub, now, gpu_ns);
-        let vm = st.vms.get_mut(&f.sub.vm);
+        if !more {
+            st.slice = None;
+        }
+        let left = !done && gp_get(st, phys, f.sub.phys_chid) != f.sub.put;
+        let Some(vm) = st.vms.get_mut(&f.sub.vm) else {
+            st.counters.aborted += u64::from(!done);
+            continue;
+        };
         if done {
             st.counters.completed += 1;
-            if let Some(vm) = vm {
-                vm.stats.completions += 1;
-            }
+            vm.stats.completions += 1;
+            continue;
+        }
+        st.counters.aborted += 1;
+        vm.stats.aborted += 1;
+        let g = f.sub.guest_chid;
+        let Some(ch) = vm.chans.get_mut(g as usize) else {
+            continue;
+        };
+        if left && ch.bound.is_some() && !ch.killed {
+            // Work left: queued again when it may run (`wake_parked`).
+            ch.parked = true;
+            ch.retry_at = 0;
+            st.parked.insert((f.sub.vm, g));
+        }
+    }
+}
+
+/// Measured mode: the VM whose work runs is charged what its channels ran so far, and its
+/// policy pays it now (credit, utilisation, cap), not only at completion.
+fn charge_running(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
+    let Some(vm) = st.inflight.first().map(|f| f.sub.vm) else {
+        return;
+    };
+    if !st.runtime.measured() {
+        return;
+    }
+    if let Some(ns) = st.charge_ran(phys, vm, now).filter(|&ns| ns > 0) {
+        st.sched.charge(vm, ns, now);
+    }
+}
+
+/// Ends the time slice of the VM whose work is on the GPU by preempting it, when its cap is
+/// used up, or when it has held the GPU `timeslice_ns` while another VM has work the policy
+/// could run. The slice starts when the VM's first submission reaches an idle GPU.
+fn end_slice(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, timeslice_ns: u64) {
+    let Some(vm) = st.inflight.first().map(|f| f.sub.vm) else {
+        st.slice = None;
+        return;
+    };
+    if st.inflight.iter().any(|f| f.preempting) {
+        return;
+    }
+    let since = match st.slice {
+        Some((v, t)) if v == vm => t,
+        _ => {
+            st.slice = Some((vm, now));
+            now
+        }
+    };
+    let over_cap = st.sched.over_cap(vm, now);
+    let slice_over = timeslice_ns > 0
+        && now.saturating_sub(since) >= timeslice_ns
+        && st.sched.others_waiting(vm);
+    if !(over_cap || slice_over) {
+        return;
+    }
+    if slice_over && !over_cap {
+        st.sched.slice_expired(vm, now);
+    }
+    let n = st.inflight.len();
+    for i in 0..n {
+        switch_out(st, phys, i);
+    }
+    st.counters.preemptions += n as u64;
+    if let Some(v) = st.vms.get_mut(&vm) {
+        v.stats.preemptions += n as u64;
+    }
+    st.slice = None;
+    log::debug!(
+        "{vm}: {n} submission(s) preempted ({})",
+        if over_cap {
+            "cap used up"
         } else {
-            st.counters.aborted += 1;
-            if let Some(vm) = vm {
-                vm.stats.aborted += 1;
+            "end of time slice"
+        }
+    );
+    check_completions(st, phys, now);
+}
+
+/// When the VM whose work holds the GPU must next be looked at: the end of its time slice, or
+/// the time its cap runs out, whichever comes first (`None` when nothing runs or a preempt is
+/// already under way). A simulated-clock driver advances to it, so slices and caps end on time.
+pub(crate) fn slice_deadline(
+    st: &HostState,
+    phys: &dyn PhysicalGpu,
+    timeslice_ns: u64,
+) -> Option<u64> {
+    let (vm, since) = st.slice?;
+    if st.inflight.is_empty() || st.inflight.iter().any(|f| f.preempting) {
+        return None;
+    }
+    let now = st.now(phys);
+    // A slice that ended with nobody waiting is looked at again at the next arrival (an
+    // event of its own), not polled.
+    let end = (timeslice_ns > 0)
+        .then(|| since.saturating_add(timeslice_ns))
+        .filter(|&t| t > now);
+    let cap = st.sched.cap_runs_out(vm, now).filter(|&t| t > now);
+    [end, cap].into_iter().flatten().min()
+}
+
+/// Queues the parked channels that may run again: bound, not killed, enabled and listed by
+/// the guest, and not waiting on an acquire that would still fail. With a backend that cannot
+/// tell what a channel waits on, a parked channel is retried once per time slice.
+fn wake_parked(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, timeslice_ns: u64) {
+    if st.parked.is_empty() {
+        return;
+    }
+    let parked: Vec<(VmId, u32)> = st.parked.iter().copied().collect();
+    for (id, g) in parked {
+        let frozen = st.frozen.contains(&id);
+        let Some(vm) = st.vms.get_mut(&id) else {
+            st.parked.remove(&(id, g));
+            continue;
+        };
+        let listed = vm.runlist.contains(&g);
+        let p = vm.phys_chid(g);
+        let Some(ch) = vm.chans.get_mut(g as usize) else {
+            st.parked.remove(&(id, g));
+            continue;
+        };
+        if !ch.parked || ch.bound.is_none() || ch.killed {
+            ch.parked = false;
+            st.parked.remove(&(id, g));
+            continue;
+        }
+        if !ch.enabled || !listed || frozen {
+            continue;
+        }
+        let rebuilding = ch
+            .bound
+            .as_ref()
+            .and_then(|b| b.pdb)
+            .is_some_and(|pdb| vm.shadow.pending(pdb));
+        if rebuilding {
+            continue;
+        }
+        let ready = match phys.channel_acquire(p) {
+            AcquireState::None => true,
+            AcquireState::Waiting(a) => acquire_would_pass(st, phys, id, g, a),
+            AcquireState::Unknown => {
+                let ch = &mut st.vms.get_mut(&id).expect("present").chans[g as usize];
+                let due = now >= ch.retry_at;
+                if due {
+                    ch.retry_at = now.saturating_add(timeslice_ns.max(1));
+                }
+                due
+            }
+        };
+        if !ready {
+            continue;
+        }
+        if let Some(vm) = st.vms.get_mut(&id) {
+            vm.chans[g as usize].parked = false;
+            vm.stats.resumes += 1;
+        }
+        st.parked.remove(&(id, g));
+        doorbell(st, phys, id, g);
+    }
+}
+
+/// Would acquire `a` of VM `id`'s channel `g` succeed now? The semaphore is read as the GPU
+/// would read it: through the channel's shadow translation. When that translation is stale
+/// (lazy mode before its rebuild) or leads nowhere, the GPU decides: the channel is queued,
+/// and it parks again or faults on its own memory.
+fn acquire_would_pass(
+    st: &mut HostState,
+    phys: &dyn PhysicalGpu,
+    id: VmId,
+    g: u32,
+    a: crate::phys::SemAcquire,
+) -> bool {
+    let Some(vm) = st.vms.get_mut(&id) else {
+        return false;
+    };
+    let Some(pdb) = vm.chans[g as usize].bound.as_ref().and_then(|b| b.pdb) else {
+        return true;
+    };
+    let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, vm);
+    if cx.shadow().0.is_stale(pdb) {
+        return true;
+    }
+    let mut b = [0u8; 4];
+    if !read_va(&mut cx, pdb, a.va, &mut b) {
+        return true;
+    }
+    gf100::host::acquire_satisfied(a.op, a.payload, u32::from_le_bytes(b))
+}
+
+/// Reads `buf.len()` bytes at GPU VA `va` of `pdb` through the VM's shadow translation, only
+/// from the VM's own VRAM slice or RAM; false if it leads elsewhere or nowhere.
+fn read_va(cx: &mut VmCx, pdb: GuestPdb, va: u64, buf: &mut [u8]) -> bool {
+    let (sh, scx) = cx.shadow();
+    let Some(t) = sh.translate(&scx, pdb, va) else {
+        return false;
+    };
+    match t.target {
+        Target::Vram => {
+            let slice = scx.mem.slice;
+            let end = t.addr.saturating_add(buf.len() as u64 - 1);
+            if slice.to_guest(HostVram(t.addr)).is_none() || slice.to_guest(HostVram(end)).is_none()
+            {
+                return false;
+            }
+            scx.mem.phys.read_vram(HostVram(t.addr), buf);
+            true
+        }
+        Target::SysCoherent | Target::SysNonCoherent => {
+            let Some(ram) = scx.mem.ram else {
+                return false;
+            };
+            match t.addr.checked_sub(ram.iova_base.raw()) {
+                Some(gpa) => ram.mem.read_slice(buf, GuestAddress(gpa)).is_ok(),
+                None => false,
             }
         }
     }
@@ -442,7 +739,7 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
     // accounting and the watchdog's view. The submission is held and queued again when the
     // guest enables the channel or lists it (`channels`).
     let in_runlist = vm.runlist.contains(&s.guest_chid);
-    let runnable = phys.read_reg(pfifo::chan_state(s.phys_chid)) & pfifo::STATE_RUNNABLE != 0;
+    let runnable = vm.chans[g].enabled && !vm.chans[g].killed;
     if !(in_runlist && runnable) {
         vm.chans[g].held = true;
         vm.stats.held_submissions += 1;
@@ -469,6 +766,7 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
     pds.sort();
     pds.dedup();
     cx.phys_tlb_flush(&pds);
+
     if let Some(b) = cx.vm.chans[g].bound.as_mut() {
         b.scan = scan;
     }
@@ -480,14 +778,30 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
         cx.layout.userd_bar1(p) + userd::GP_PUT,
         &s.put.to_le_bytes(),
     );
+    if pdb.is_some_and(|p| cx.vm.shadow.pending(p)) {
+        // Its shadow is still being rebuilt (one budget per lock hold): GP_PUT is written (its
+        // entries are scanned) but the channel stays disabled; the work is parked and queued
+        // again once the rebuild is done.
+        cx.vm.chans[g].parked = true;
+        cx.vm.stats.held_submissions += 1;
+        st.parked.insert((s.vm, s.guest_chid));
+        return;
+    }
+    // The scheduler's decision: the channel may run (until its submission leaves the GPU).
+    let state = phys.read_reg(pfifo::chan_state(p));
+    phys.write_reg(pfifo::chan_state(p), state | pfifo::STATE_RUNNABLE);
     st.counters.dispatched += 1;
     let runnable = phys.read_reg(pfifo::chan_state(p)) & pfifo::STATE_RUNNABLE != 0;
     if runnable {
         let ran_at = st.runtime.ran(phys, p);
+        if st.inflight.is_empty() {
+            st.slice = Some((s.vm, now));
+        }
         st.inflight.push(InFlight {
             sub: s,
             start_ns: now,
             ran_at,
+            preempting: false,
         });
         st.acct.dispatched(s.vm, now);
         st.nonstall.insert(s.vm);

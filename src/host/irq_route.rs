@@ -128,6 +128,11 @@ fn faults(st: &mut HostState, phys: &dyn PhysicalGpu) {
                 if vm.regs.report_fault(f) {
                     vm.stats.faults_delivered += 1;
                 }
+                // The GPU stopped the channel (RUNNABLE cleared); the guest's view follows, even
+                // when the fault came after the host had switched the channel out.
+                if let Some(ch) = vm.chans.get_mut(g as usize).filter(|c| c.chan_word == word) {
+                    ch.enabled = false;
+                }
                 if vm.log.hit() {
                     log::info!(
                         "{id}: MMU fault of channel {g}: unit {unit:#x} VA {va:#x} reason {:#x}",
@@ -170,6 +175,9 @@ fn pbdma(st: &mut HostState, phys: &dyn PhysicalGpu) {
                 p.method = method;
                 p.data = data;
                 vm.stats.pbdma_errors_delivered += 1;
+                if let Some(ch) = vm.chans.get_mut(g as usize) {
+                    ch.enabled = false;
+                }
                 if vm.log.hit() {
                     log::info!(
                         "{}: PBDMA {i} error {intr:#x} on channel {g} (method {method:#x} data {data:#x})",

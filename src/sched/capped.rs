@@ -1,23 +1,29 @@
-//! The policies operators know from NVIDIA vGPU and HAMi, on top of BAND:
+//! Caps, and the policies operators know from NVIDIA vGPU and HAMi:
 //!
+//! - [`CapLayer`]: the layer every policy made by [`super::Policy::create`] runs under. A VM
+//!   with a cap ([`Scheduler::set_cap`]: a profile's `cap_pct`, or `gpuvm ctl cap` at run
+//!   time) never gets more GPU time than its cap, whatever the policy, even when the GPU would
+//!   otherwise be idle (NVIDIA's fixed share, HAMi's core limit).
 //! - [`EqualShareScheduler`] (`equal-share`): every VM present gets the same share, whatever
 //!   its weight — BAND's rules with every weight 1. Work-conserving: an idle VM's time goes to
 //!   the others.
-//! - [`FixedShareScheduler`] (`fixed-share`): BAND's rules, and every VM is **capped**: it never
-//!   gets more GPU time than its cap, even when the GPU would otherwise be idle (NVIDIA's fixed
-//!   share, HAMi's core limit). A VM's cap is the one set for it ([`Scheduler::set_cap`]: a
-//!   profile's `cap_pct`, or `gpuvm ctl cap` at run time) or else its weight's share
-//!   (`weight / sum of weights` over the VMs present).
+//! - `fixed-share` ([`CapLayer::fixed_share`]): BAND's rules, and every VM is capped: by the
+//!   cap set for it or else by its weight's share (`weight / sum of weights` over the VMs
+//!   present).
 //!
-//! **How a cap is held.** GPU work is not preemptive, so a cap can only be held by admission.
-//! Each capped VM has a token bucket of GPU time: it earns `cap x elapsed` and pays the GPU
-//! time charged at each completion; the bucket holds at most `cap x period` (one period's
-//! worth, so a VM that was idle can burst that much and no more). While the bucket is empty
-//! (<= 0) the VM's submissions are held back here and the inner BAND never sees them; when it
-//! refills they are handed over. A submission already in flight runs to its end, so the bucket
-//! can go negative by up to the work of `max_inflight` submissions; that debt is repaid before
-//! the VM runs again, so over any run the VM's GPU time is at most `cap x elapsed + burst`.
-//! When only held VMs have work the policy answers [`Decision::WaitUntil`] the time the
+//! **How a cap is held.** Each capped VM has a token bucket of GPU time: it earns `cap x
+//! elapsed` and pays the GPU time its work **runs**, while it runs ([`Scheduler::charge`], told
+//! by the host as it measures it) and the rest at completion; the bucket holds at most `cap x
+//! period` (one period's worth, so a VM that was idle can burst that much and no more). When the
+//! bucket empties while the VM's work runs, [`Scheduler::over_cap`] says so and the host
+//! preempts that work (`crate::host::dispatch`); the VM is let back once its bucket holds half
+//! a burst again, so that it runs long enough to pay for its resume's context switch: it stops at the next method boundary, after
+//! the engine operation it is in (Fermi cannot preempt inside a kernel). While the bucket is
+//! empty (<= 0) the VM's submissions — including work the preempt took off the GPU and work
+//! resumed from a semaphore acquire — are held back here and the inner policy never sees
+//! them; when it refills they are handed over. The bucket goes negative by at most the engine
+//! operation that was running at the preempt; that debt is repaid before the VM runs again.
+//! When only held VMs have work the layer answers [`Decision::WaitUntil`] the time the
 //! earliest bucket refills, so the host's timer wakes it (no polling).
 
 use std::collections::BTreeMap;
@@ -71,64 +77,114 @@ impl Scheduler for EqualShareScheduler {
     fn snapshot(&self) -> PolicySnapshot {
         self.0.snapshot()
     }
+    fn charge(&mut self, vm: VmId, gpu_ns: u64, now_ns: u64) {
+        self.0.charge(vm, gpu_ns, now_ns)
+    }
+    fn others_waiting(&self, vm: VmId) -> bool {
+        self.0.others_waiting(vm)
+    }
+    fn slice_expired(&mut self, vm: VmId, now_ns: u64) {
+        self.0.slice_expired(vm, now_ns)
+    }
+    fn set_throttled(&mut self, vm: VmId, throttled: bool) {
+        self.0.set_throttled(vm, throttled)
+    }
 }
 
 /// One VM's cap and bucket.
 #[derive(Debug, Clone)]
 struct Capped {
     weight: u32,
-    /// An explicit cap (ppm); `None`: the weight's share.
+    /// An explicit cap (ppm); `None`: the weight's share under `fixed-share`, else no cap.
     cap: Option<u32>,
     /// GPU time the VM may still use (ns); negative = debt.
     tokens: i64,
     /// Time up to which `tokens` has been refilled.
     last_ns: u64,
+    /// The bucket ran empty and the VM waits until it holds half a burst again (so that a VM
+    /// let back in runs long enough to pay for the context switch of its resume, instead of
+    /// being preempted again at once).
+    refilling: bool,
     /// Submissions held back while the bucket is empty, one per channel (coalesced).
     held: BTreeMap<u32, Submission>,
-    /// Submissions handed to BAND and not dispatched yet, one per channel.
+    /// Submissions handed to the inner policy and not dispatched yet, one per channel.
     passed: BTreeMap<u32, Submission>,
 }
 
-/// `fixed-share`: BAND with a cap per VM (see the module documentation).
-#[derive(Debug)]
-pub struct FixedShareScheduler {
-    inner: BandScheduler,
+/// Caps over any policy (see the module documentation).
+pub struct CapLayer {
+    inner: Box<dyn Scheduler>,
+    /// `fixed-share`: every VM without a cap of its own is capped at its weight's share.
+    fixed_share: bool,
     period_ns: u64,
     vms: BTreeMap<VmId, Capped>,
     total_weight: u64,
 }
 
-impl FixedShareScheduler {
-    /// A fixed-share scheduler with BAND's parameters; the burst a bucket holds is one
-    /// `period_ns` of the VM's cap.
-    pub fn new(params: SchedParams) -> FixedShareScheduler {
-        FixedShareScheduler {
+impl std::fmt::Debug for CapLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapLayer")
+            .field("inner", &self.inner.name())
+            .field("fixed_share", &self.fixed_share)
+            .field("vms", &self.vms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `fixed-share`: BAND with a cap on every VM (the name it had before caps held for every
+/// policy).
+pub type FixedShareScheduler = CapLayer;
+
+impl CapLayer {
+    /// Caps over `inner`; a VM has a cap only once one is set for it. The burst a bucket holds
+    /// is one `params.period_ns` of the VM's cap.
+    pub fn over(inner: Box<dyn Scheduler>, params: &SchedParams) -> CapLayer {
+        CapLayer {
+            inner,
+            fixed_share: false,
             period_ns: params.period_ns,
-            inner: BandScheduler::new(params),
             vms: BTreeMap::new(),
             total_weight: 0,
         }
     }
 
-    fn cap_of(&self, c: &Capped) -> u32 {
+    /// `fixed-share`: BAND with BAND's parameters, every VM capped.
+    pub fn fixed_share(params: SchedParams) -> CapLayer {
+        CapLayer {
+            fixed_share: true,
+            ..CapLayer::over(Box::new(BandScheduler::new(params.clone())), &params)
+        }
+    }
+
+    /// The `fixed-share` scheduler (BAND, every VM capped) with BAND's parameters.
+    pub fn new(params: SchedParams) -> CapLayer {
+        CapLayer::fixed_share(params)
+    }
+
+    fn cap_of(&self, c: &Capped) -> Option<u32> {
         c.cap
-            .unwrap_or_else(|| share_ppm(c.weight, self.total_weight))
-            .max(1)
+            .or_else(|| {
+                self.fixed_share
+                    .then(|| share_ppm(c.weight, self.total_weight))
+            })
+            .map(|cap| cap.max(1))
     }
 
     fn burst(&self, cap: u32) -> i64 {
         (u128::from(self.period_ns) * u128::from(cap) / 1_000_000) as i64
     }
 
-    /// Refills every bucket up to `now`; hands the held work of VMs whose bucket is positive
-    /// again to BAND, and takes back the queued work of VMs whose bucket is empty.
+    /// Refills every capped VM's bucket up to `now`; hands the held work of VMs whose bucket
+    /// is positive again to the inner policy, and takes back the queued work of VMs whose
+    /// bucket is empty.
     fn refill(&mut self, now: u64) {
         let ids: Vec<VmId> = self.vms.keys().copied().collect();
         for vm in ids {
-            let (cap, c) = {
-                let c = &self.vms[&vm];
-                (self.cap_of(c), c.clone())
+            let c = &self.vms[&vm];
+            let Some(cap) = self.cap_of(c) else {
+                continue;
             };
+            let c = c.clone();
             let burst = self.burst(cap);
             let dt = now.saturating_sub(c.last_ns);
             let earned = (u128::from(dt) * u128::from(cap) / 1_000_000).min(i64::MAX as u128);
@@ -136,9 +192,15 @@ impl FixedShareScheduler {
             let e = self.vms.get_mut(&vm).expect("present");
             e.tokens = tokens;
             e.last_ns = now.max(c.last_ns);
-            // An empty bucket: BAND must not hold the GPU idle for this VM.
-            self.inner.set_throttled(vm, tokens <= 0);
-            if tokens > 0 {
+            if tokens <= 0 {
+                e.refilling = true;
+            } else if tokens >= (burst / 2).max(1) {
+                e.refilling = false;
+            }
+            let blocked = e.refilling;
+            // An empty bucket: the policy must not hold the GPU idle for this VM.
+            self.inner.set_throttled(vm, blocked);
+            if !blocked {
                 for (_, s) in std::mem::take(&mut e.held) {
                     e.passed.insert(s.guest_chid, s);
                     self.inner.submit(s, now);
@@ -153,26 +215,47 @@ impl FixedShareScheduler {
         }
     }
 
-    /// When the earliest empty bucket with held work becomes positive.
+    /// When the earliest refilling bucket with held work holds half a burst again.
     fn next_refill(&self, now: u64) -> Option<u64> {
         self.vms
             .values()
-            .filter(|c| !c.held.is_empty() && c.tokens <= 0)
-            .map(|c| {
-                let cap = u128::from(self.cap_of(c));
-                let need = (1 - c.tokens) as u128; // tokens <= 0: need > 0
-                now + need
-                    .saturating_mul(1_000_000)
-                    .div_ceil(cap)
-                    .min(u64::MAX as u128 / 2) as u64
+            .filter(|c| !c.held.is_empty() && c.refilling)
+            .filter_map(|c| {
+                let cap = self.cap_of(c)?;
+                let want = (self.burst(cap) / 2).max(1);
+                let cap = u128::from(cap);
+                let need = want.saturating_sub(c.tokens).max(1) as u128;
+                Some(
+                    now + need
+                        .saturating_mul(1_000_000)
+                        .div_ceil(cap)
+                        .min(u64::MAX as u128 / 2) as u64,
+                )
             })
             .min()
     }
+
+    /// Pays `gpu_ns` from `vm`'s bucket, if it has a cap.
+    fn pay(&mut self, vm: VmId, gpu_ns: u64) {
+        let capped = self.vms.get(&vm).and_then(|c| self.cap_of(c)).is_some();
+        if let Some(c) = self.vms.get_mut(&vm).filter(|_| capped) {
+            c.tokens = c
+                .tokens
+                .saturating_sub(i64::try_from(gpu_ns).unwrap_or(i64::MAX));
+            c.refilling |= c.tokens <= 0;
+            // Before the policy selects the next VM: no buffer for a VM that cannot run.
+            self.inner.set_throttled(vm, c.refilling);
+        }
+    }
 }
 
-impl Scheduler for FixedShareScheduler {
+impl Scheduler for CapLayer {
     fn name(&self) -> &'static str {
-        "fixed-share"
+        if self.fixed_share {
+            "fixed-share"
+        } else {
+            self.inner.name()
+        }
     }
 
     fn add_vm(&mut self, vm: VmId, weight: u32, now_ns: u64) {
@@ -186,11 +269,12 @@ impl Scheduler for FixedShareScheduler {
             cap: None,
             tokens: 0,
             last_ns: now_ns,
+            refilling: false,
             held: BTreeMap::new(),
             passed: BTreeMap::new(),
         };
         // A new VM starts with one period's burst, as BAND gives it one replenishment.
-        let tokens = self.burst(self.cap_of(&c)).max(1);
+        let tokens = self.cap_of(&c).map_or(0, |cap| self.burst(cap).max(1));
         self.vms.insert(vm, Capped { tokens, ..c });
     }
 
@@ -204,12 +288,13 @@ impl Scheduler for FixedShareScheduler {
 
     fn set_weight(&mut self, vm: VmId, weight: u32, now_ns: u64) -> bool {
         self.refill(now_ns);
-        let Some(c) = self.vms.get_mut(&vm) else {
+        if !self.vms.contains_key(&vm) || !self.inner.set_weight(vm, weight, now_ns) {
             return false;
-        };
+        }
+        let c = self.vms.get_mut(&vm).expect("present");
         self.total_weight = self.total_weight - u64::from(c.weight) + u64::from(weight);
         c.weight = weight;
-        self.inner.set_weight(vm, weight, now_ns)
+        true
     }
 
     fn set_cap(&mut self, vm: VmId, cap_ppm: Option<u32>, now_ns: u64) -> Result<(), String> {
@@ -219,15 +304,39 @@ impl Scheduler for FixedShareScheduler {
             }
         }
         self.refill(now_ns);
-        let Some(c) = self.vms.get_mut(&vm) else {
+        let Some(c) = self.vms.get(&vm) else {
             return Err(format!("no such VM {vm}"));
         };
+        let was_capped = self.cap_of(c).is_some();
+        let c = self.vms.get_mut(&vm).expect("present");
         c.cap = cap_ppm;
+        c.last_ns = now_ns;
+        let now_capped = self.vms.get(&vm).and_then(|c| self.cap_of(c));
+        match now_capped {
+            // A fresh bucket holds one period's burst.
+            Some(cap) if !was_capped => {
+                let burst = self.burst(cap).max(1);
+                self.vms.get_mut(&vm).expect("present").tokens = burst;
+            }
+            Some(_) => {}
+            None => {
+                // No cap any more: what was held back goes to the policy.
+                let c = self.vms.get_mut(&vm).expect("present");
+                c.tokens = 0;
+                c.refilling = false;
+                for (_, s) in std::mem::take(&mut c.held) {
+                    c.passed.insert(s.guest_chid, s);
+                    self.inner.submit(s, now_ns);
+                }
+                self.inner.set_throttled(vm, false);
+            }
+        }
+        self.refill(now_ns);
         Ok(())
     }
 
     fn cap_ppm(&self, vm: VmId) -> Option<u32> {
-        self.vms.get(&vm).map(|c| self.cap_of(c))
+        self.vms.get(&vm).and_then(|c| self.cap_of(c))
     }
 
     fn throttled(&self, vm: VmId) -> bool {
@@ -236,12 +345,13 @@ impl Scheduler for FixedShareScheduler {
 
     fn submit(&mut self, s: Submission, now_ns: u64) {
         self.refill(now_ns);
+        let capped = self.vms.get(&s.vm).and_then(|c| self.cap_of(c)).is_some();
         let Some(c) = self.vms.get_mut(&s.vm) else {
-            // Unknown VM: let BAND decide what to do with it (it ignores it too).
+            // Unknown VM: let the policy decide what to do with it (it ignores it too).
             self.inner.submit(s, now_ns);
             return;
         };
-        if c.tokens > 0 {
+        if !capped || !c.refilling {
             c.passed.insert(s.guest_chid, s);
             self.inner.submit(s, now_ns);
         } else {
@@ -259,16 +369,49 @@ impl Scheduler for FixedShareScheduler {
 
     fn complete(&mut self, s: &Submission, now_ns: u64, gpu_ns: u64) {
         self.refill(now_ns);
-        if let Some(c) = self.vms.get_mut(&s.vm) {
-            c.tokens = c
-                .tokens
-                .saturating_sub(i64::try_from(gpu_ns).unwrap_or(i64::MAX));
-            // Before BAND selects the next VM: no buffer for a VM that cannot run.
-            self.inner.set_throttled(s.vm, c.tokens <= 0);
-        }
+        self.pay(s.vm, gpu_ns);
         self.inner.complete(s, now_ns, gpu_ns);
         // Take back what an emptied bucket may no longer run.
         self.refill(now_ns);
+    }
+
+    fn charge(&mut self, vm: VmId, gpu_ns: u64, now_ns: u64) {
+        self.pay(vm, gpu_ns);
+        self.inner.charge(vm, gpu_ns, now_ns);
+    }
+
+    fn over_cap(&mut self, vm: VmId, now_ns: u64) -> bool {
+        let capped = self.vms.get(&vm).and_then(|c| self.cap_of(c)).is_some();
+        if !capped {
+            return false;
+        }
+        self.refill(now_ns);
+        self.vms.get(&vm).is_some_and(|c| c.refilling)
+    }
+
+    fn cap_runs_out(&self, vm: VmId, now_ns: u64) -> Option<u64> {
+        let c = self.vms.get(&vm)?;
+        let cap = self.cap_of(c)?;
+        if cap >= 1_000_000 {
+            return None;
+        }
+        // Tokens as of `now` (what was earned since the last refill), drained at 1 - cap.
+        let earned = u128::from(now_ns.saturating_sub(c.last_ns)) * u128::from(cap) / 1_000_000;
+        let tokens = (i128::from(c.tokens) + earned as i128).max(0) as u128;
+        let ns = tokens * 1_000_000 / u128::from(1_000_000 - cap);
+        Some(now_ns.saturating_add(ns.min(u128::from(u64::MAX / 2)) as u64))
+    }
+
+    fn others_waiting(&self, vm: VmId) -> bool {
+        self.inner.others_waiting(vm)
+    }
+
+    fn slice_expired(&mut self, vm: VmId, now_ns: u64) {
+        self.inner.slice_expired(vm, now_ns)
+    }
+
+    fn set_throttled(&mut self, vm: VmId, throttled: bool) {
+        self.inner.set_throttled(vm, throttled)
     }
 
     fn tick(&mut self, now_ns: u64) {

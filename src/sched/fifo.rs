@@ -27,6 +27,20 @@ impl FifoScheduler {
 }
 
 impl Scheduler for FifoScheduler {
+    fn others_waiting(&self, vm: VmId) -> bool {
+        self.queue.iter().any(|s| s.vm != vm)
+    }
+
+    /// The VM's time slice ended while others waited: its queued submissions go behind the
+    /// others' (arrival order among the rest is kept), so a VM with many channels' work
+    /// queued cannot hold the GPU for more than a slice while others wait.
+    fn slice_expired(&mut self, vm: VmId, _now_ns: u64) {
+        let (mine, rest): (VecDeque<Submission>, VecDeque<Submission>) =
+            self.queue.drain(..).partition(|s| s.vm == vm);
+        self.queue = rest;
+        self.queue.extend(mine);
+    }
+
     fn name(&self) -> &'static str {
         "fifo"
     }

@@ -517,6 +517,28 @@ impl<R: Rules> ListSched<R> {
         }
     }
 
+    /// `vm` ran `gpu_ns` and is still running: its credit and utilisation pay it now.
+    pub fn charge(&mut self, vm: VmId, gpu_ns: u64, now: u64) {
+        self.catch_up(now);
+        if let Some(e) = self.vms.get_mut(&vm) {
+            e.credit = e.credit.saturating_sub(gpu_ns.min(i64::MAX as u64) as i64);
+            e.com_time = e.com_time.saturating_add(gpu_ns);
+        }
+    }
+
+    /// `vm`'s time slice ended while others waited: it goes to the tail of the run list.
+    pub fn slice_expired(&mut self, vm: VmId, now: u64) {
+        self.catch_up(now);
+        self.move_to_tail(vm);
+    }
+
+    /// Another VM than `vm` has queued work and is not held back by a cap.
+    pub fn others_waiting(&self, vm: VmId) -> bool {
+        self.vms
+            .iter()
+            .any(|(&v, e)| v != vm && !e.queue.is_empty() && !e.throttled)
+    }
+
     /// Is a VM held by a running time buffer (it has work queued, the GPU is kept idle for
     /// another VM)?
     fn held_by_buffer(&self, vm: VmId) -> bool {
@@ -691,6 +713,18 @@ macro_rules! list_scheduler {
             }
             fn snapshot(&self) -> $crate::sched::PolicySnapshot {
                 self.0.snapshot()
+            }
+            fn charge(&mut self, vm: $crate::sched::VmId, gpu_ns: u64, now_ns: u64) {
+                self.0.charge(vm, gpu_ns, now_ns)
+            }
+            fn others_waiting(&self, vm: $crate::sched::VmId) -> bool {
+                self.0.others_waiting(vm)
+            }
+            fn slice_expired(&mut self, vm: $crate::sched::VmId, now_ns: u64) {
+                self.0.slice_expired(vm, now_ns)
+            }
+            fn set_throttled(&mut self, vm: $crate::sched::VmId, throttled: bool) {
+                self.0.set_throttled(vm, throttled)
             }
         }
     };

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 pub use account::{Accounting, SchedStats, VmSchedStats};
 pub use band::BandScheduler;
-pub use capped::{EqualShareScheduler, FixedShareScheduler};
+pub use capped::{CapLayer, EqualShareScheduler, FixedShareScheduler};
 pub use credit::CreditScheduler;
 pub use fifo::FifoScheduler;
 
@@ -178,8 +178,8 @@ pub trait Scheduler: Send {
         false
     }
 
-    /// Sets (parts per million of GPU time) or clears a VM's cap. Only capping policies
-    /// ([`capped::FixedShareScheduler`]) take one.
+    /// Sets (parts per million of GPU time) or clears a VM's cap. The cap layer every
+    /// [`Policy::create`] scheduler has takes one; a bare policy does not.
     fn set_cap(&mut self, _vm: VmId, _cap_ppm: Option<u32>, _now_ns: u64) -> Result<(), String> {
         Err(format!(
             "the {} policy has no caps (run the daemon with --sched fixed-share)",
@@ -196,6 +196,45 @@ pub trait Scheduler: Send {
     fn throttled(&self, _vm: VmId) -> bool {
         false
     }
+
+    /// `vm`'s work has run `gpu_ns` on the GPU since its last charge and is still running: the
+    /// policy pays it now (credit, utilisation, a cap's bucket), so that what it decides on is
+    /// time actually run, not time reported at completions that may come late or never. The
+    /// completion later carries only the rest. Default: nothing (FIFO keeps no budget).
+    fn charge(&mut self, _vm: VmId, _gpu_ns: u64, _now_ns: u64) {}
+
+    /// True if a VM other than `vm` has queued work the policy could run now (not held back
+    /// by a cap): the host then ends `vm`'s time slice by preemption. The default asks
+    /// [`Scheduler::snapshot`].
+    fn others_waiting(&self, vm: VmId) -> bool {
+        self.snapshot()
+            .vms
+            .iter()
+            .any(|v| v.vm != vm && v.queued > 0 && !self.throttled(v.vm))
+    }
+
+    /// True if `vm` has used up its cap at `now_ns` (its bucket is empty): the host preempts
+    /// its work at once. Only a policy with caps says so.
+    fn over_cap(&mut self, _vm: VmId, _now_ns: u64) -> bool {
+        false
+    }
+
+    /// `vm` was preempted at the end of its time slice because another VM had work waiting:
+    /// a policy with a run list moves it behind the others (as a credit scheduler does with a
+    /// vCPU whose slice expired), so the waiting VMs get the GPU before it runs again. The
+    /// completions of its preempted submissions follow.
+    fn slice_expired(&mut self, _vm: VmId, _now_ns: u64) {}
+
+    /// While `vm`'s work runs: the GPU time at which its cap would be used up (its bucket
+    /// drains at the rate its work runs minus what the cap earns), if it has one. The host
+    /// looks again then, so that a cap is enforced on time and not at the next event.
+    fn cap_runs_out(&self, _vm: VmId, _now_ns: u64) -> Option<u64> {
+        None
+    }
+
+    /// A capping layer above the policy holds `vm`'s work back (or no longer does): a policy
+    /// that holds the GPU idle for a VM (BAND's time buffer) must not do it for this one.
+    fn set_throttled(&mut self, _vm: VmId, _throttled: bool) {}
 
     /// Submissions waiting.
     fn queued(&self) -> usize;
@@ -272,8 +311,18 @@ impl Policy {
         )
     }
 
-    /// A scheduler of this policy with these parameters.
+    /// A scheduler of this policy with these parameters, under the cap layer
+    /// ([`capped::CapLayer`]) every policy has: a cap set for a VM is a ceiling whatever the
+    /// policy; `fixed-share` also caps every VM without one at its weight's share.
     pub fn create(self, params: &SchedParams) -> Box<dyn Scheduler> {
+        match self {
+            Policy::FixedShare => Box::new(capped::CapLayer::fixed_share(params.clone())),
+            p => Box::new(capped::CapLayer::over(p.create_bare(params), params)),
+        }
+    }
+
+    /// The policy alone, without the cap layer (`fixed-share` is BAND here).
+    fn create_bare(self, params: &SchedParams) -> Box<dyn Scheduler> {
         match self {
             Policy::Fifo => Box::new(FifoScheduler::new()),
             Policy::Credit => Box::new(CreditScheduler::new(params.clone())),
@@ -284,7 +333,7 @@ impl Policy {
                 ..params.clone()
             })),
             Policy::EqualShare => Box::new(EqualShareScheduler::new(params.clone())),
-            Policy::FixedShare => Box::new(FixedShareScheduler::new(params.clone())),
+            Policy::FixedShare => Box::new(BandScheduler::new(params.clone())),
         }
     }
 }

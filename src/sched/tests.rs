@@ -897,8 +897,19 @@ proptest! {
 /// an uncapped competitor takes the rest, and nothing is lost.
 #[test]
 fn fixed_share_caps_hold_with_and_without_competition() {
-    for (competitor, kernel) in [(true, MS), (false, MS), (true, 10 * MS), (false, 250 * US)] {
-        let mut gpu = MockGpu::new(Policy::FixedShare.create(&SchedParams::default()), 4);
+    let cases = [(true, MS), (false, MS), (true, 10 * MS), (false, 250 * US)];
+    // A cap is a ceiling under every policy, not only fixed-share.
+    let policies = [
+        Policy::FixedShare,
+        Policy::Band,
+        Policy::Credit,
+        Policy::Fifo,
+    ];
+    for (policy, (competitor, kernel)) in policies
+        .into_iter()
+        .flat_map(|p| cases.into_iter().map(move |c| (p, c)))
+    {
+        let mut gpu = MockGpu::new(policy.create(&SchedParams::default()), 4);
         gpu.add_vm(0, 1);
         gpu.add_vm(1, 1);
         gpu.sched.set_cap(VmId(0), Some(300_000), 0).unwrap();
@@ -917,7 +928,7 @@ fn fixed_share_caps_hold_with_and_without_competition() {
         let bound = gpu.now * 3 / 10 + 30 * MS * 3 / 10 + 4 * kernel;
         assert!(
             b0 <= bound,
-            "capped vm0 ran {b0} ns > {bound} ({competitor}, {kernel})"
+            "{policy}: capped vm0 ran {b0} ns > {bound} ({competitor}, {kernel})"
         );
         assert!(
             b0 >= end * 3 / 10 - 30 * MS,
@@ -940,9 +951,10 @@ fn fixed_share_caps_hold_with_and_without_competition() {
     }
 }
 
-/// Caps are checked, and only the capping policy takes them.
+/// Caps are checked; fixed-share caps every VM, and every policy takes a cap set for a VM (a
+/// cap is a ceiling whatever the policy).
 #[test]
-fn caps_are_validated_and_only_fixed_share_takes_them() {
+fn caps_are_validated_and_every_policy_takes_them() {
     let mut s = two(Policy::FixedShare, SchedParams::default());
     assert!(s.set_cap(VmId(0), Some(0), 0).is_err());
     assert!(s.set_cap(VmId(0), Some(1_000_001), 0).is_err());
@@ -962,8 +974,13 @@ fn caps_are_validated_and_only_fixed_share_takes_them() {
         Policy::EqualShare,
     ] {
         let mut s = two(p, SchedParams::default());
-        assert!(s.set_cap(VmId(0), Some(100_000), 0).is_err(), "{p}");
-        assert_eq!(s.cap_ppm(VmId(0)), None);
+        assert_eq!(s.cap_ppm(VmId(0)), None, "{p}: no cap unless one is set");
+        assert!(s.set_cap(VmId(0), Some(0), 0).is_err(), "{p}");
+        s.set_cap(VmId(0), Some(100_000), 0).unwrap();
+        assert_eq!(s.cap_ppm(VmId(0)), Some(100_000), "{p}");
+        assert_eq!(s.cap_ppm(VmId(1)), None, "{p}");
+        s.set_cap(VmId(0), None, 0).unwrap();
+        assert_eq!(s.cap_ppm(VmId(0)), None, "{p}");
     }
     assert!(!two(Policy::Fifo, SchedParams::default()).set_weight(VmId(0), 2, 0));
     assert!(!two(Policy::EqualShare, SchedParams::default()).set_weight(VmId(0), 2, 0));

@@ -228,6 +228,51 @@ impl ShadowPt {
             .collect()
     }
 
+    /// Starts (or restarts) the rebuild of the shadows of `pdbs` and does one budgeted step of
+    /// each; returns the directories finished (for a physical TLB flush). The rest is done by
+    /// [`ShadowPt::step`], one budget per call, before the VM's next submission of work that
+    /// uses them (`crate::host::dispatch`).
+    fn rebuild_budgeted(&mut self, cx: &mut ShadowCtx, pdbs: &[GuestPdb]) -> Vec<HostVram> {
+        let mut out = Vec::new();
+        for pdb in pdbs {
+            if let Some(space) = self.spaces.get_mut(pdb) {
+                space.dirty = false;
+                space.rebuild_at = Some(0);
+                if build::rebuild_step(cx, &mut self.books, *pdb, space, build::REBUILD_BUDGET_PDES)
+                {
+                    out.push(HostVram(space.pd));
+                }
+            }
+        }
+        out
+    }
+
+    /// True while a rebuild of `pdb`'s shadow is in progress (its work must not run yet).
+    pub fn pending(&self, pdb: GuestPdb) -> bool {
+        self.spaces
+            .get(&pdb)
+            .is_some_and(|s| s.rebuild_at.is_some())
+    }
+
+    /// True while any rebuild is in progress.
+    pub fn rebuilding(&self) -> bool {
+        self.spaces.values().any(|s| s.rebuild_at.is_some())
+    }
+
+    /// One budgeted step of the first rebuild in progress; returns the directory if it
+    /// finished (for a physical TLB flush).
+    pub fn step(&mut self, cx: &mut ShadowCtx) -> Vec<HostVram> {
+        let Some((pdb, space)) = self.spaces.iter_mut().find(|(_, s)| s.rebuild_at.is_some())
+        else {
+            return Vec::new();
+        };
+        if build::rebuild_step(cx, &mut self.books, *pdb, space, build::REBUILD_BUDGET_PDES) {
+            vec![HostVram(space.pd)]
+        } else {
+            Vec::new()
+        }
+    }
+
     /// Rebuilds the shadows of `pdbs` fully and returns their directories.
     fn rebuild_all(&mut self, cx: &mut ShadowCtx, pdbs: &[GuestPdb]) -> Vec<HostVram> {
         let mut out = Vec::with_capacity(pdbs.len());
@@ -244,13 +289,15 @@ impl ShadowPt {
     /// A guest TLB flush (register 0x100cbc or MEM_OP in a pushbuffer); `None` = all of the VM's
     /// address spaces. Returns the shadow PDs whose physical TLB entries must be flushed now.
     ///
-    /// Eager: rebuilds the named shadows and returns them. Lazy: marks them dirty and returns
-    /// nothing ([`ShadowPt::before_submit`] rebuilds). Incremental and PV: the shadows are
+    /// Eager: rebuilds the named shadows — one budget of
+    /// `REBUILD_BUDGET_PDES` entries now, the rest in later steps — and returns those
+    /// finished. Lazy: marks them dirty and returns nothing ([`ShadowPt::before_submit`]
+    /// rebuilds, with the same budget). Incremental and PV: the shadows are
     /// already current; returns them for the physical flush.
     pub fn tlb_flush(&mut self, cx: &mut ShadowCtx, pdb: Option<GuestPdb>) -> Vec<HostVram> {
         let pdbs = self.matching(pdb);
         match self.mode {
-            ShadowMode::Eager => self.rebuild_all(cx, &pdbs),
+            ShadowMode::Eager => self.rebuild_budgeted(cx, &pdbs),
             ShadowMode::Lazy => {
                 for p in &pdbs {
                     if let Some(s) = self.spaces.get_mut(p) {
@@ -271,7 +318,10 @@ impl ShadowPt {
     /// Returns the shadow PDs whose physical TLB entries must be flushed now.
     pub fn before_submit(&mut self, cx: &mut ShadowCtx, pdb: GuestPdb) -> Vec<HostVram> {
         match self.spaces.get(&pdb) {
-            Some(s) if self.mode == ShadowMode::Lazy && s.dirty => self.rebuild_all(cx, &[pdb]),
+            Some(s) if self.mode == ShadowMode::Lazy && s.dirty => {
+                self.rebuild_budgeted(cx, &[pdb])
+            }
+            Some(s) if s.rebuild_at.is_some() => self.step(cx),
             _ => Vec::new(),
         }
     }
@@ -341,6 +391,14 @@ impl ShadowPt {
     pub fn translate(&self, cx: &ShadowCtx, pdb: GuestPdb, va: u64) -> Option<ShadowTranslation> {
         let space = self.spaces.get(&pdb)?;
         walk::resolve(cx.mem.phys, space.pd, va)
+    }
+
+    /// True when the shadow of `pdb` may not match the guest's tables yet (lazy mode between a
+    /// guest TLB flush and the rebuild before the next submission, or a rebuild in progress).
+    pub fn is_stale(&self, pdb: GuestPdb) -> bool {
+        self.spaces
+            .get(&pdb)
+            .is_some_and(|s| (self.mode == ShadowMode::Lazy && s.dirty) || s.rebuild_at.is_some())
     }
 
     /// The shadow page directory of `pdb`, if attached.

@@ -207,8 +207,15 @@ fn read_handler(cx: &mut VmCx, h: Handler, off: u32) -> Option<u32> {
         },
         Handler::SysmemFlushPage => r.sysmem_flush_page,
         Handler::VmCfg => {
+            // No free flush slot while a shadow rebuild is in progress: a guest that flushes
+            // again waits for it (each of its polls is an exit that does a step of it).
+            let slots = if cx.vm.shadow.rebuilding() {
+                0
+            } else {
+                pffb::VM_CFG_FLUSH_SLOTS_MASK
+            };
             (r.vm_cfg & pffb::VM_CFG_LARGE_PAGE_64K)
-                | pffb::VM_CFG_FLUSH_SLOTS_MASK
+                | slots
                 | if r.flush_queued {
                     pffb::VM_CFG_FLUSH_QUEUED
                 } else {

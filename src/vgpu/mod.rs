@@ -177,6 +177,8 @@ pub(crate) struct VmState {
     pub line: Arc<LineSlot>,
     pub line_level: bool,
     pub line_seq: u64,
+    /// The cap set for the VM (ppm), kept by the host so that it survives a change of policy.
+    pub cap_ppm: Option<u32>,
     pub stats: VgpuStats,
     pub log: RateLimit,
     pub effects: Vec<Effect>,
@@ -470,11 +472,27 @@ impl Vgpu {
     /// but at most [`FILL_CHUNK`] bytes per acquisition of the host lock, so a transport need
     /// not pay one lock round trip and GPU service per 8 bytes of a large memset. With an
     /// access tap installed every piece goes through [`Vgpu::bar_write`] (the tap sees it).
+    ///
+    /// The fill is clipped to the BAR before anything is walked: the bytes beyond its end
+    /// reach no register or memory (as on a bus where nothing decodes them), and a fill that
+    /// starts or reaches beyond the BAR is counted as a dropped write.
     pub fn bar_fill(&self, bar: Bar, offset: u64, len: u64, value: u8) {
         let fill = [value; 8];
-        let Some(end) = offset.checked_add(len) else {
+        let want_end = offset.saturating_add(len);
+        let end = want_end.min(bar.size());
+        if want_end > end && len > 0 {
+            self.port.access(self.id, |cx| {
+                cx.violation(crate::stats::ViolationKind::DroppedWrite, || {
+                    format!(
+                        "{bar:?} fill of {len:#x} bytes at {offset:#x} reaches beyond the {:#x}-byte BAR; the rest is dropped",
+                        bar.size()
+                    )
+                })
+            });
+        }
+        if offset >= end {
             return;
-        };
+        }
         if self.tap.get().is_some() {
             for (off, n) in aligned_pieces(offset, end) {
                 self.bar_write(bar, off, &fill[..n]);

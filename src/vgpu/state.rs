@@ -97,8 +97,10 @@ pub(crate) fn capture(cx: &mut VmCx) -> Result<DeviceState, StateError> {
         let p = cx.vm.phys_chid(g as u32);
         let (state, scan, gpu_context, gp_get) = match &c.bound {
             Some(b) => {
-                let state = cx.phys.read_reg(pfifo::chan_state(p))
-                    & (pfifo::STATE_RUNNABLE | pfifo::STATE_ENGINE_MASK);
+                // RUNNABLE as the guest set it (the physical bit is the host's).
+                let run = if c.enabled { pfifo::STATE_RUNNABLE } else { 0 };
+                let state =
+                    (cx.phys.read_reg(pfifo::chan_state(p)) & pfifo::STATE_ENGINE_MASK) | run;
                 let blob = cx.phys.save_channel(p).map_err(|e| StateError::Channel {
                     chan: g as u32,
                     what: e.to_string(),
@@ -242,19 +244,20 @@ pub(crate) fn apply(cx: &mut VmCx, st: &DeviceState) -> Result<(), StateError> {
         if let Some(b) = ch.bound.as_mut() {
             b.scan = ScanState::from_parts(c.scan).unwrap_or_default();
         }
-        let state = if c.killed {
-            c.state & !pfifo::STATE_RUNNABLE
-        } else {
-            c.state
-        };
-        if state != 0 {
-            cx.phys.write_reg(pfifo::chan_state(p), state);
+        // The guest's RUNNABLE is virtual; the GPU gets only the engine field, and the channel
+        // runs when the scheduler dispatches it (its work, or the rest of a segment or acquire
+        // it stopped in, is queued below).
+        ch.enabled = c.state & pfifo::STATE_RUNNABLE != 0 && !c.killed;
+        let engine = c.state & pfifo::STATE_ENGINE_MASK;
+        if engine != 0 {
+            cx.phys.write_reg(pfifo::chan_state(p), engine);
         }
     }
     cx.vm.runlist = st.runlist.clone();
     cx.vm.effects.push(Effect::RunlistChanged);
     for (g, c) in st.chans.iter().enumerate() {
-        if c.chan_word & pfifo::CHAN_VALID != 0 && c.gp_put != c.phys_put && !c.killed {
+        let work_left = c.gp_put != c.phys_put || c.gp_get.is_some_and(|get| get != c.phys_put);
+        if c.chan_word & pfifo::CHAN_VALID != 0 && work_left && !c.killed {
             cx.vm.effects.push(Effect::Doorbell(g as u32));
         }
     }

@@ -46,6 +46,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use gf100::compute::Kernel;
+use gpuvm_guest::hal::Mmio;
 use gpuvm_guest::{Buffer, Channel, DriverConfig, Fence, FenceMode, Gpu, MemLocation, PushBuf};
 use serde::Serialize;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
@@ -93,10 +94,39 @@ pub struct IsolationOptions {
     /// A guest's reaction time: after it sees a fence signal, it submits again only this much
     /// later (0: at once; the simulated guests otherwise react in no modeled time).
     pub think_ns: u64,
-    /// Caps as (VM index, parts per million of GPU time), applied in the runs of policies that
-    /// take caps (`fixed-share`); other policies run uncapped.
+    /// Caps as (VM index, parts per million of GPU time), applied under every policy (a cap
+    /// is a ceiling whatever the policy).
     pub caps: Vec<(u32, u32)>,
+    /// Hostile tenants in place of the long-kernel VMs ([`Adversary`]).
+    pub adversary: Option<Adversary>,
+    /// The host's time slice, ns (`HostConfig::timeslice_ns`).
+    pub timeslice_ns: u64,
 }
+
+/// A hostile tenant's way of getting work onto the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Adversary {
+    /// Work that resumes from semaphore acquires: on each of [`ADVERSARY_CHANNELS`] channels
+    /// the tenant submits "acquire a semaphore, then a long kernel", waits until its channel
+    /// shows the acquire pending (its STATE, read through BAR0: the submission has left the
+    /// scheduler), then releases the semaphore from its CPU, so the kernel becomes runnable
+    /// without a doorbell.
+    Parked,
+}
+
+impl std::str::FromStr for Adversary {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "parked" => Ok(Adversary::Parked),
+            _ => Err(format!("unknown adversary '{s}' (expected parked)")),
+        }
+    }
+}
+
+/// Channels a [`Adversary::Parked`] tenant keeps parked at once.
+pub const ADVERSARY_CHANNELS: usize = 4;
 
 impl Default for IsolationOptions {
     fn default() -> Self {
@@ -114,6 +144,8 @@ impl Default for IsolationOptions {
             long_outstanding: 2,
             think_ns: 0,
             caps: Vec::new(),
+            adversary: None,
+            timeslice_ns: HostConfig::default().timeslice_ns,
         }
     }
 }
@@ -126,6 +158,8 @@ pub enum KernelKind {
     Short,
     /// Long kernels.
     Long,
+    /// Long kernels that resume from semaphore acquires ([`Adversary::Parked`]).
+    Parked,
 }
 
 /// One VM of the mix.
@@ -166,17 +200,17 @@ pub fn plan(opts: &IsolationOptions) -> Vec<VmPlan> {
             };
             VmPlan {
                 vm: i as u32,
-                kind: if short {
-                    KernelKind::Short
-                } else {
-                    KernelKind::Long
+                kind: match (short, opts.adversary) {
+                    (true, _) => KernelKind::Short,
+                    (false, None) => KernelKind::Long,
+                    (false, Some(Adversary::Parked)) => KernelKind::Parked,
                 },
                 kernel_ns,
                 iterations: iters(kernel_ns),
-                outstanding: if short {
-                    opts.short_outstanding
-                } else {
-                    opts.long_outstanding
+                outstanding: match (short, opts.adversary) {
+                    (true, _) => opts.short_outstanding,
+                    (false, None) => opts.long_outstanding,
+                    (false, Some(_)) => ADVERSARY_CHANNELS,
                 },
                 weight: if n >= 4 && i == 2 { 2 } else { 1 },
                 start_ns,
@@ -207,6 +241,21 @@ pub struct VmResult {
     pub cap: Option<f64>,
     /// Its GPU time over the elapsed time while all ran (what a cap bounds).
     pub busy_fraction: f64,
+    /// Longest time one of its kernels took beyond its own duration (submission to retired
+    /// fence, minus the kernel's nominal time), from one utilisation window
+    /// (`SchedParams::util_window_ns`) after all VMs run to the end: how long it waited in
+    /// steady state, ns. (In the first window a VM that ran alone before is over its share and
+    /// BAND holds it back until its utilisation decays — a catch-up honest mixes show too.)
+    pub worst_wait_ns: u64,
+    /// The same over the whole interval in which all VMs ran, catch-up included, ns.
+    pub worst_wait_all_ns: u64,
+    /// Its submissions the host preempted (time slice or cap).
+    pub preemptions: u64,
+    /// Its submissions that left the GPU with work left and were queued again (resumed from
+    /// an acquire, after a preempt).
+    pub resumes: u64,
+    /// Its channels killed by the watchdog.
+    pub watchdog_kills: u64,
 }
 
 /// The per-window time series of one run.
@@ -260,6 +309,8 @@ pub struct PolicyResult {
     pub accounting: AccountingCheck,
     /// The time series.
     pub series: Series,
+    /// The host's time slice, ns.
+    pub timeslice_ns: u64,
 }
 
 /// The whole experiment.
@@ -277,6 +328,8 @@ pub struct IsolationReport {
     pub params: SchedParams,
     /// Per policy, in the order run.
     pub policies: Vec<PolicyResult>,
+    /// The hostile tenants, if any.
+    pub adversary: Option<Adversary>,
 }
 
 /// Why the experiment could not run.
@@ -357,20 +410,41 @@ pub fn run_isolation(
         window_ns: opts.window_ns,
         params: opts.params.clone(),
         policies,
+        adversary: opts.adversary,
     })
+}
+
+/// One channel of a VM in the event loop and its outstanding kernels.
+struct Lane {
+    ch: Channel,
+    /// The kernels' output.
+    dst: Buffer,
+    /// [`Adversary::Parked`]: the semaphore the lane's work acquires.
+    sem: Option<Buffer>,
+    /// Fences with the time their kernel was submitted.
+    outstanding: VecDeque<(Fence, u64)>,
+    /// [`Adversary::Parked`]: the semaphore value the next release writes, once the channel
+    /// shows the acquire pending.
+    release: Option<u32>,
+    /// Releases done on this lane.
+    rounds: u32,
 }
 
 /// One VM in the event loop.
 struct VmRun {
     plan: VmPlan,
     gpu: Gpu<VirtHal>,
-    ch: Channel,
-    dst: Buffer,
-    outstanding: VecDeque<Fence>,
+    lanes: Vec<Lane>,
     kernels: u64,
     vgpu: Arc<Vgpu>,
     /// It may submit from this time on (its reaction time after the last retired fence).
     ready_at: u64,
+    /// Longest wait of one of its kernels in steady state and over the whole run, and from
+    /// when each is recorded.
+    worst_wait_ns: u64,
+    worst_wait_all_ns: u64,
+    measure_from: u64,
+    steady_from: u64,
 }
 
 impl VmRun {
@@ -381,37 +455,116 @@ impl VmRun {
         }
     }
 
-    /// Retires signalled fences and, if `submit`, tops up once its reaction time `think` has
-    /// passed; true if anything changed.
+    /// Retires signalled fences, releases parked lanes (adversary) and, if `submit`, tops up
+    /// once its reaction time `think` has passed; true if anything changed.
     fn step(&mut self, submit: bool, now: u64, think: u64) -> Result<bool, IsolationError> {
         let mut progressed = false;
-        while let Some(&f) = self.outstanding.front() {
-            match self.gpu.fence_done(&self.ch, f) {
-                Ok(true) => {
-                    self.outstanding.pop_front();
-                    self.kernels += 1;
-                    self.ready_at = now + think;
+        for l in 0..self.lanes.len() {
+            while let Some(&(f, at)) = self.lanes[l].outstanding.front() {
+                match self.gpu.fence_done(&self.lanes[l].ch, f) {
+                    Ok(true) => {
+                        self.lanes[l].outstanding.pop_front();
+                        self.kernels += 1;
+                        self.ready_at = now + think;
+                        let wait = now.saturating_sub(at).saturating_sub(self.plan.kernel_ns);
+                        if at >= self.measure_from {
+                            self.worst_wait_all_ns = self.worst_wait_all_ns.max(wait);
+                        }
+                        if at >= self.steady_from {
+                            self.worst_wait_ns = self.worst_wait_ns.max(wait);
+                        }
+                        progressed = true;
+                    }
+                    Ok(false) => break,
+                    Err(e) => return Err(self.err(e)),
+                }
+            }
+            progressed |= self.release_if_parked(l)?;
+        }
+        if self.plan.kind == KernelKind::Parked {
+            // One round per lane: acquire, then the long kernel.
+            for l in 0..self.lanes.len() {
+                if submit && self.lanes[l].outstanding.is_empty() && now >= self.ready_at {
+                    self.submit_parked(l, now)?;
                     progressed = true;
                 }
-                Ok(false) => break,
-                Err(e) => return Err(self.err(e)),
             }
+            return Ok(progressed);
         }
-        while submit && now >= self.ready_at && self.outstanding.len() < self.plan.outstanding {
+        while submit
+            && now >= self.ready_at
+            && self.lanes[0].outstanding.len() < self.plan.outstanding
+        {
             let mut pb = PushBuf::new();
             pb.kernel(&Kernel::Loop {
-                dst: self.dst.va(),
+                dst: self.lanes[0].dst.va(),
                 iterations: self.plan.iterations,
                 seed: self.kernels as u32,
             });
             let f = self
                 .gpu
-                .submit(&mut self.ch, &pb)
+                .submit(&mut self.lanes[0].ch, &pb)
                 .map_err(|e| self.err(e))?;
-            self.outstanding.push_back(f);
+            self.lanes[0].outstanding.push_back((f, now));
             progressed = true;
         }
         Ok(progressed)
+    }
+
+    /// Adversary: submits "acquire semaphore >= round + 1, long kernel" on lane `l`.
+    fn submit_parked(&mut self, l: usize, now: u64) -> Result<(), IsolationError> {
+        let lane = &mut self.lanes[l];
+        let Some(sem) = lane.sem.as_ref() else {
+            return Ok(());
+        };
+        let value = lane.rounds + 1;
+        let mut pb = PushBuf::new();
+        pb.semaphore_acquire_geq(sem.va(), value);
+        pb.kernel(&Kernel::Loop {
+            dst: lane.dst.va(),
+            iterations: self.plan.iterations,
+            seed: self.kernels as u32,
+        });
+        let f = self
+            .gpu
+            .submit(&mut lane.ch, &pb)
+            .map_err(|e| IsolationError::Driver {
+                vm: self.plan.vm,
+                error: e.to_string(),
+            })?;
+        lane.outstanding.push_back((f, now));
+        lane.release = Some(value);
+        Ok(())
+    }
+
+    /// Adversary: once lane `l`'s channel shows the acquire pending, the CPU releases it.
+    fn release_if_parked(&mut self, l: usize) -> Result<bool, IsolationError> {
+        let Some(value) = self.lanes[l]
+            .release
+            .filter(|_| self.lanes[l].sem.is_some())
+        else {
+            return Ok(false);
+        };
+        let chid = self.lanes[l].ch.chid();
+        let state = self.gpu.hal_mut().read32(
+            gpuvm::phys::Bar::Bar0,
+            u64::from(gf100::pfifo::chan_state(chid)),
+        );
+        if state & gf100::pfifo::STATE_ACQUIRE_PENDING == 0 {
+            return Ok(false);
+        }
+        let lane = &self.lanes[l];
+        if let Some(sem) = lane.sem.as_ref() {
+            if let Err(e) = self.gpu.buffer_wr32(sem, 0, value) {
+                return Err(IsolationError::Driver {
+                    vm: self.plan.vm,
+                    error: e.to_string(),
+                });
+            }
+        }
+        self.lanes[l].release = None;
+        self.lanes[l].rounds += 1;
+        Ok(true)
     }
 }
 
@@ -434,6 +587,7 @@ fn run_policy(
         phys,
         HostConfig {
             max_inflight: opts.max_inflight,
+            timeslice_ns: opts.timeslice_ns,
             ..HostConfig::default()
         },
     )?;
@@ -445,15 +599,13 @@ fn run_policy(
         let vgpu = host.create_vgpu(&VgpuProfile {
             name: format!("vm{}", p.vm),
             vram_mib: 256,
-            channels: 4,
+            channels: 8,
             weight: p.weight,
             shadow: ShadowMode::Lazy,
         })?;
         debug_assert_eq!(vgpu.id(), VmId(p.vm));
-        if policy == Policy::FixedShare {
-            for &(_, ppm) in opts.caps.iter().filter(|c| c.0 == p.vm) {
-                host.set_vm_cap(vgpu.id(), Some(ppm))?;
-            }
+        for &(_, ppm) in opts.caps.iter().filter(|c| c.0 == p.vm) {
+            host.set_vm_cap(vgpu.id(), Some(ppm))?;
         }
         let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), GUEST_RAM)])
             .map_err(|e| IsolationError::GuestRam(e.to_string()))?;
@@ -468,19 +620,43 @@ fn run_policy(
             ..DriverConfig::default()
         };
         let mut gpu = Gpu::init(hal, cfg).map_err(driver_err)?;
-        let mut ch = gpu.channel_new().map_err(driver_err)?;
-        let dst = gpu
-            .buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, false)
-            .map_err(driver_err)?;
+        let parked = p.kind == KernelKind::Parked;
+        let n_lanes = if parked { ADVERSARY_CHANNELS } else { 1 };
+        let mut lanes = Vec::new();
+        for _ in 0..n_lanes {
+            let mut ch = gpu.channel_new().map_err(driver_err)?;
+            let dst = gpu
+                .buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, false)
+                .map_err(driver_err)?;
+            let sem = if parked {
+                let b = gpu
+                    .buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, true)
+                    .map_err(driver_err)?;
+                gpu.buffer_wr32(&b, 0, 0).map_err(driver_err)?;
+                Some(b)
+            } else {
+                None
+            };
+            lanes.push(Lane {
+                ch,
+                dst,
+                sem,
+                outstanding: VecDeque::new(),
+                release: None,
+                rounds: 0,
+            });
+        }
         vms.push(VmRun {
             plan: p.clone(),
             gpu,
-            ch,
-            dst,
-            outstanding: VecDeque::new(),
+            lanes,
             kernels: 0,
             vgpu,
             ready_at: 0,
+            worst_wait_ns: 0,
+            worst_wait_all_ns: 0,
+            measure_from: u64::MAX,
+            steady_from: u64::MAX,
         });
     }
 
@@ -498,6 +674,11 @@ fn run_policy(
         host.phys().stats().busy_ns,
     );
     let end = t0 + opts.duration_ns;
+    let all_from = t0 + plans.iter().map(|p| p.start_ns).max().unwrap_or(0);
+    for v in &mut vms {
+        v.measure_from = all_from;
+        v.steady_from = all_from.saturating_add(opts.params.util_window_ns);
+    }
     let ids: Vec<VmId> = plans.iter().map(|p| VmId(p.vm)).collect();
     let busy = |host: &GpuHost| {
         let s = host.sched_stats();
@@ -559,8 +740,10 @@ fn run_policy(
     loop {
         let mut left = false;
         for v in &mut vms {
+            v.measure_from = u64::MAX;
+            v.steady_from = u64::MAX;
             v.step(false, clock.now_ns(), 0)?;
-            left |= !v.outstanding.is_empty();
+            left |= v.lanes.iter().any(|l| !l.outstanding.is_empty());
         }
         if !left {
             break;
@@ -584,6 +767,7 @@ fn run_policy(
         gpu_busy_ns: host.phys().stats().busy_ns - before.2,
     };
     let dispatched = host.stats().dispatched;
+    let vstats: Vec<gpuvm::stats::VgpuStats> = vms.iter().map(|v| v.vgpu.stats()).collect();
     for v in &vms {
         host.destroy_vgpu(&v.vgpu)?;
     }
@@ -593,14 +777,21 @@ fn run_policy(
         .map(|p| {
             opts.caps
                 .iter()
-                .filter(|c| c.0 == p.vm && policy == Policy::FixedShare)
+                .filter(|c| c.0 == p.vm)
                 .map(|c| f64::from(c.1) / 1e6)
                 .next_back()
         })
         .collect();
-    Ok(summarise(
+    let mut r = summarise(
         &caps, policy, &plans, t0, &samples, &vms, &stats, accounting, dispatched,
-    ))
+    );
+    for (v, st) in r.vms.iter_mut().zip(&vstats) {
+        v.preemptions = st.preemptions;
+        v.resumes = st.resumes;
+        v.watchdog_kills = st.watchdog_kills;
+    }
+    r.timeslice_ns = opts.timeslice_ns;
+    Ok(r)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -646,6 +837,11 @@ fn summarise(
             kernels: vms[i].kernels,
             cap: caps.get(i).copied().flatten(),
             busy_fraction: gpu[i] as f64 / span as f64,
+            worst_wait_ns: vms[i].worst_wait_ns,
+            worst_wait_all_ns: vms[i].worst_wait_all_ns,
+            preemptions: 0,
+            resumes: 0,
+            watchdog_kills: 0,
         });
     }
     let mean_error = out.iter().map(|v| v.error).sum::<f64>() / n as f64;
@@ -686,6 +882,7 @@ fn summarise(
         dispatched,
         accounting,
         series,
+        timeslice_ns: 0,
     }
 }
 
@@ -733,7 +930,7 @@ mod tests {
     /// A capped VM on the real device model stays under its cap (plus one period's burst and
     /// what in-flight work can overdraw), and only the fixed-share run applies caps.
     #[test]
-    fn fixed_share_caps_hold_on_the_device_model() {
+    fn caps_hold_on_the_device_model_under_fixed_share_and_band() {
         let r = run_isolation(
             &IsolationOptions {
                 policies: vec![Policy::FixedShare, Policy::Band],
@@ -763,7 +960,11 @@ mod tests {
         // timing; `docs/serve.md` §5 has it measured side by side: 62-65 % utilisation
         // before `set_throttled`, 80 % after.)
         assert!(v1 >= 0.5 - 0.05, "vm1 far under its cap: {v1}");
-        assert!(r.policies[1].vms.iter().all(|v| v.cap.is_none()));
+        // A cap is a ceiling under every policy: BAND holds it too, and vm1 is uncapped there.
+        let band = &r.policies[1];
+        assert_eq!(band.vms[0].cap, Some(0.3));
+        assert!(band.vms[0].busy_fraction <= 0.3 + 0.05, "{:?}", band.vms[0]);
+        assert_eq!(band.vms[1].cap, None);
     }
 
     #[test]

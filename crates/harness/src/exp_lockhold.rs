@@ -9,6 +9,10 @@
 //! - `mmul`: a neighbour submits 1024x1024 (by default) matrix multiplies back to back;
 //! - `pv-switch`: a neighbour in PV mode submits 2048-op batches, each op pointing one page
 //!   directory entry at another full small-page table (every op re-walks a whole table).
+//! - `eager-flush`: a neighbour in eager mode fills 2048 entries of its page directory (each
+//!   naming a full small-page table) and flushes its TLB over and over: every flush rebuilds
+//!   the whole shadow, which the host does in budgeted steps (`gpuvm::shadow_pt`, the
+//!   isolation review's finding 4: 48-85 ms in one hold before).
 //!
 //! Each scenario is a fresh host on the simulated GF100 with the simulated clock (the victim's
 //! waits jump it to the GPU's next event, so the neighbour's work falls due in large pieces:
@@ -125,6 +129,7 @@ enum Neighbour {
     None,
     Mmul,
     PvSwitch,
+    EagerFlush,
 }
 
 fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
@@ -143,6 +148,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
         Neighbour::None => None,
         Neighbour::Mmul => Some(new_vm(&host, &clock, "mmul", ShadowMode::Lazy)),
         Neighbour::PvSwitch => Some(new_vm(&host, &clock, "pv", ShadowMode::Pv)),
+        Neighbour::EagerFlush => Some(new_vm(&host, &clock, "eager", ShadowMode::Eager)),
     };
     let ready = Arc::new(AtomicBool::new(neighbour.is_none()));
     let worker = neighbour.map(|mut vm| {
@@ -156,6 +162,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
             match n {
                 Neighbour::Mmul => mmul_loop(&mut vm, mmul_n, &flags),
                 Neighbour::PvSwitch => pv_loop(&mut vm, &flags),
+                Neighbour::EagerFlush => eager_flush_loop(&mut vm, &flags),
                 Neighbour::None => {}
             }
             // Set up or not, the victim must not wait for it any longer.
@@ -200,6 +207,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
             Neighbour::None => "alone",
             Neighbour::Mmul => "mmul",
             Neighbour::PvSwitch => "pv-switch",
+            Neighbour::EagerFlush => "eager-flush",
         }
         .into(),
         workloads: runs,
@@ -320,15 +328,81 @@ fn pv_loop(vm: &mut Vm, f: &Flags) {
     }
 }
 
-/// Runs the three scenarios.
+/// Eager mode: 2048 directory entries naming two full small-page tables, then TLB flushes of
+/// the whole directory back to back (each waits for a free flush slot, as a driver does).
+fn eager_flush_loop(vm: &mut Vm, f: &Flags) {
+    let (stop, ops) = (f.stop, f.ops);
+    let Ok(mut ch) = vm.drv.channel_new() else {
+        return;
+    };
+    let pd = ch.vm_mut().pd_addr();
+    let slice = SLICE_MIB << 20;
+    let tables = [slice - (1 << 20), slice - (512 << 10)];
+    let wr =
+        |vgpu: &Vgpu, off: u32, v: u32| vgpu.bar_write(Bar::Bar0, u64::from(off), &v.to_le_bytes());
+    let rd = |vgpu: &Vgpu, off: u32| {
+        let mut b = [0u8; 4];
+        vgpu.bar_read(Bar::Bar0, u64::from(off), &mut b);
+        u32::from_le_bytes(b)
+    };
+    for i in 0..2048u64 {
+        let value = Pde {
+            small: Some(PtRef {
+                addr: tables[i as usize % 2],
+                target: Target::Vram,
+                vol: false,
+            }),
+            large: None,
+            size: PtSize::Full,
+        }
+        .encode();
+        let a = pd + 8 * (64 + i);
+        wr(
+            &vm.vgpu,
+            gf100::pbus::PMEM,
+            gf100::pbus::pmem_encode(a, Target::Vram),
+        );
+        let win = gf100::pbus::PRAMIN_BASE + (a & 0xffff) as u32;
+        wr(&vm.vgpu, win, value as u32);
+        wr(&vm.vgpu, win + 4, (value >> 32) as u32);
+    }
+    f.ready.store(true, Ordering::Relaxed);
+    while !stop.load(Ordering::Relaxed) {
+        let mut polls = 0;
+        while rd(&vm.vgpu, gf100::pffb::VM_CFG) & gf100::pffb::VM_CFG_FLUSH_SLOTS_MASK == 0 {
+            polls += 1;
+            if polls > 1_000_000 || stop.load(Ordering::Relaxed) {
+                return;
+            }
+        }
+        wr(
+            &vm.vgpu,
+            gf100::pffb::TLB_FLUSH_VSPACE,
+            gf100::pffb::vspace_encode(pd, Target::Vram),
+        );
+        wr(
+            &vm.vgpu,
+            gf100::pffb::TLB_FLUSH_TRIGGER,
+            gf100::pffb::FLUSH_TRIGGER | gf100::pffb::FLUSH_PAGE_ALL,
+        );
+        ops.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs the four scenarios.
 pub fn run_lockhold(opts: &LockholdOptions) -> LockholdReport {
     LockholdReport {
         rounds: opts.rounds,
         size: opts.size,
         mmul_n: opts.mmul_n,
-        scenarios: [Neighbour::None, Neighbour::Mmul, Neighbour::PvSwitch]
-            .into_iter()
-            .map(|n| scenario(opts, n))
-            .collect(),
+        scenarios: [
+            Neighbour::None,
+            Neighbour::Mmul,
+            Neighbour::PvSwitch,
+            Neighbour::EagerFlush,
+        ]
+        .into_iter()
+        .map(|n| scenario(opts, n))
+        .collect(),
     }
 }

@@ -101,6 +101,29 @@ impl DmaError {
     }
 }
 
+/// A semaphore acquire a channel waits on: the GPU virtual address of the semaphore (in the
+/// channel's address space), the payload and the operation (`gf100::host::SEM_OP_ACQ*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SemAcquire {
+    /// GPU virtual address of the 32-bit semaphore value.
+    pub va: u64,
+    /// The value the operation compares with.
+    pub payload: u32,
+    /// `gf100::host::SEM_OP_ACQUIRE`, `SEM_OP_ACQ_GEQ` or `SEM_OP_ACQ_AND`.
+    pub op: u32,
+}
+
+/// What [`PhysicalGpu::channel_acquire`] knows of a channel's acquire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireState {
+    /// The channel waits on no acquire.
+    None,
+    /// The channel waits on this acquire.
+    Waiting(SemAcquire),
+    /// The backend cannot tell.
+    Unknown,
+}
+
 /// Counters every backend keeps. Read with [`PhysicalGpu::stats`].
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct GpuStats {
@@ -272,6 +295,18 @@ pub trait PhysicalGpu: Send + Sync {
     fn channel_busy_ns(&self, chid: u32) -> Option<u64> {
         let _ = chid;
         None
+    }
+
+    /// What physical channel `chid` is waiting on, if it is parked on a semaphore acquire (its
+    /// STATE shows ACQUIRE_PENDING). On a GF100 PBDMA holds the acquire in its SEMAPHORE
+    /// registers, saved to RAMFC when the channel is switched out; the simulator knows it
+    /// exactly. A device model that keeps a parked channel off the GPU until its VM is
+    /// scheduled uses this to see when the acquire would succeed, without running the channel.
+    /// The default is [`AcquireState::Unknown`] (the host then retries the channel once per
+    /// time slice).
+    fn channel_acquire(&self, chid: u32) -> AcquireState {
+        let _ = chid;
+        AcquireState::Unknown
     }
 
     /// The caller starts a batch of calls it makes while holding its own lock (the host calls

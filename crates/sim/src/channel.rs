@@ -148,11 +148,7 @@ pub(crate) struct Acquire {
 impl Acquire {
     /// True if `value` satisfies the acquire.
     pub(crate) fn satisfied_by(&self, value: u32) -> bool {
-        match self.op {
-            gf100::host::SEM_OP_ACQUIRE => value == self.payload,
-            gf100::host::SEM_OP_ACQ_GEQ => value >= self.payload,
-            _ => value & self.payload != 0,
-        }
+        gf100::host::acquire_satisfied(self.op, self.payload, value)
     }
 }
 
@@ -195,6 +191,9 @@ pub(crate) struct Channel {
     pub busy_ns: u64,
     /// A preempt (KICK) of this channel waits for its engine operation to end.
     pub preempt_pending: bool,
+    /// A preempt switched the channel out in the middle of a GPFIFO entry: resuming it costs
+    /// a context switch (`CostModel::ctxsw_ns`).
+    pub switched_out: bool,
     /// Binding generation: incremented whenever the channel is bound to another instance (or
     /// unbound), so work launched by an earlier binding does not act on the new one.
     pub epoch: u64,

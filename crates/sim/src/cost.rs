@@ -30,6 +30,10 @@ pub struct CostModel {
     pub u32_ops_per_s: u64,
     /// Cost of one iteration of the `loop` kernel, in picoseconds.
     pub loop_iteration_ps: u64,
+    /// Cost of resuming a channel that a preempt (KICK) switched out in the middle of a
+    /// GPFIFO entry: restoring its PBDMA state and engine context (ns). At entry boundaries the
+    /// context is loaded with the entry's fetch and costs nothing extra.
+    pub ctxsw_ns: u64,
 }
 
 impl CostModel {
@@ -45,6 +49,7 @@ impl CostModel {
             f32_flops_per_s: 1_030_000_000_000,
             u32_ops_per_s: 515_000_000_000,
             loop_iteration_ps: 17_400,
+            ctxsw_ns: 20_000,
         }
     }
 
@@ -60,6 +65,7 @@ impl CostModel {
             f32_flops_per_s: 0,
             u32_ops_per_s: 0,
             loop_iteration_ps: 0,
+            ctxsw_ns: 0,
         }
     }
 

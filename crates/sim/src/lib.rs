@@ -380,6 +380,10 @@ impl PhysicalGpu for SimGpu {
         Some(self.lock().core.mem.vram.resident_ranges(addr.raw(), len))
     }
 
+    fn channel_acquire(&self, chid: u32) -> gpuvm_phys::AcquireState {
+        self.with_state(|s, _| s.fifo.channel_acquire(chid))
+    }
+
     fn save_channel(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
         self.with_state(|s, _| s.fifo.save_channel(chid))
     }

@@ -29,6 +29,8 @@ use super::Core;
 pub(crate) enum Work {
     /// Fetching a GPFIFO entry and its pushbuffer.
     Fetch,
+    /// Restoring a channel switched out mid-entry (`CostModel::ctxsw_ns`).
+    Restore,
     /// A copy or a compute kernel, running in the context it captured at launch.
     Engine(Box<EngineOp>),
 }
@@ -39,6 +41,12 @@ pub(crate) enum Outcome {
     /// The channel occupies the GPU for `duration` ns fetching an entry; it continues
     /// afterwards.
     Fetch {
+        /// Modeled duration.
+        duration: u64,
+    },
+    /// The channel occupies the GPU for `duration` ns restoring its context after a preempt
+    /// switched it out mid-entry; it continues afterwards.
+    Restore {
         /// Modeled duration.
         duration: u64,
     },
@@ -76,6 +84,13 @@ impl Exec<'_> {
     pub(crate) fn run(&mut self) -> Outcome {
         if self.ch.acquire.is_some() {
             return Outcome::Blocked;
+        }
+        if std::mem::take(&mut self.ch.switched_out) && self.ch.seg.is_some() {
+            // Switched out mid-entry by a preempt: restoring its state occupies the GPU.
+            let duration = self.core.cost.ctxsw_ns;
+            if duration > 0 {
+                return Outcome::Restore { duration };
+            }
         }
         if self.ch.seg.is_none() {
             return self.start_entry();

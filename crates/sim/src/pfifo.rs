@@ -111,7 +111,7 @@ impl Default for Fifo {
 /// (PFIFO's own PBDMA).
 fn engine_of(work: &Work) -> Option<u32> {
     match work {
-        Work::Fetch => None,
+        Work::Fetch | Work::Restore => None,
         Work::Engine(op) => Some(op.engine),
     }
 }
@@ -140,6 +140,18 @@ fn eng_mask_index(offset: u32) -> Option<usize> {
 }
 
 impl Fifo {
+    /// See `PhysicalGpu::channel_acquire`.
+    pub(crate) fn channel_acquire(&self, chid: u32) -> gpuvm_phys::AcquireState {
+        match self.channels.get(chid as usize).and_then(|c| c.acquire) {
+            Some(a) => gpuvm_phys::AcquireState::Waiting(gpuvm_phys::SemAcquire {
+                va: a.va,
+                payload: a.payload,
+                op: a.op,
+            }),
+            None => gpuvm_phys::AcquireState::None,
+        }
+    }
+
     /// See `PhysicalGpu::save_channel`. A channel with a fetch or an engine operation on the
     /// GPU is busy: that operation's effect cannot be captured part-way.
     pub(crate) fn save_channel(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
@@ -318,6 +330,7 @@ impl Fifo {
     fn save_pbdma(&mut self, chid: usize) {
         let ch = &mut self.channels[chid];
         ch.preempt_pending = false;
+        ch.switched_out |= ch.seg.is_some();
         ch.ctx = None;
         if self.current == Some(chid) {
             self.current = None;
@@ -460,7 +473,7 @@ impl Fifo {
         let f = self.inflight.as_mut()?;
         Some(match &mut f.work {
             Work::Engine(op) => op.horizon(f.start, mode).min(f.end),
-            Work::Fetch => f.end,
+            Work::Fetch | Work::Restore => f.end,
         })
     }
 
@@ -590,6 +603,14 @@ impl Fifo {
                     start: now,
                     end: now.saturating_add(duration),
                     work: Work::Fetch,
+                });
+            }
+            Outcome::Restore { duration } => {
+                self.inflight = Some(InFlight {
+                    chid,
+                    start: now,
+                    end: now.saturating_add(duration),
+                    work: Work::Restore,
                 });
             }
             Outcome::Launch(op) => {

@@ -82,11 +82,17 @@ pub enum FaultClass {
     /// A bound channel's instance block re-pointed at another page directory 0-7 events after
     /// a doorbell, through PRAMIN (issue 11, finding 2).
     RepointMidSubmission,
+    /// A compute launch in a pushbuffer the driver wrote to guest RAM turned into a semaphore
+    /// acquire that never succeeds (the channel parks on it for good, with the rest of its
+    /// work behind it): the host must keep the parked channel off the engines, re-check it
+    /// without letting it run or hold the GPU, and lose nothing of the innocent VM's work
+    /// (the scheduler issue's parked-acquire class).
+    ParkedAcquire,
 }
 
 impl FaultClass {
     /// Every class.
-    pub const ALL: [FaultClass; 21] = [
+    pub const ALL: [FaultClass; 22] = [
         FaultClass::BitFlip,
         FaultClass::RandomOffset,
         FaultClass::WrongWidth,
@@ -108,6 +114,7 @@ impl FaultClass {
         FaultClass::HungEngine,
         FaultClass::UnbindMidSubmission,
         FaultClass::RepointMidSubmission,
+        FaultClass::ParkedAcquire,
     ];
 
     /// The name used on the command line and in JSON.
@@ -134,6 +141,7 @@ impl FaultClass {
             FaultClass::HungEngine => "hung-engine",
             FaultClass::UnbindMidSubmission => "unbind-mid-submission",
             FaultClass::RepointMidSubmission => "repoint-mid-submission",
+            FaultClass::ParkedAcquire => "parked-acquire",
         }
     }
 
@@ -653,6 +661,9 @@ pub fn mutate(trace: &Trace, class: FaultClass, r: &mut Rng) -> (Trace, String) 
         FaultClass::HungEngine => {
             desc = hang_a_launch(&mut ev_, r);
         }
+        FaultClass::ParkedAcquire => {
+            desc = park_a_launch(&mut ev_, r);
+        }
         FaultClass::DestroyMidSubmission => {
             let i = r.pick(&doorbells).unwrap_or(ev_.len() / 2);
             let cut = (i + 1 + r.below(8) as usize).min(ev_.len());
@@ -802,6 +813,54 @@ fn hang_a_launch(ev_: &mut [Event], r: &mut Rng) -> String {
         }
     }
     format!("line {line}: compute launch at word {w} made a 2^60-iteration loop")
+}
+
+/// Turns a compute launch found in a pushbuffer the driver wrote to guest RAM into a semaphore
+/// acquire on the launch's first address that can never succeed (ACQ_AND with payload 0), its
+/// remaining words swallowed by a NOP: the channel parks there for good.
+fn park_a_launch(ev_: &mut [Event], r: &mut Rng) -> String {
+    use gf100::compute as cc;
+    use gf100::host as hm;
+    let mut found = Vec::new();
+    for (k, e) in ev_.iter().enumerate() {
+        let Op::DmaWrite { data, .. } = &e.op else {
+            continue;
+        };
+        for (w, c) in data.chunks_exact(4).enumerate() {
+            let word = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            let hit = (0..gf100::method::SUBCHANNELS).find_map(|s| {
+                (6..=1 + cc::MAX_ARGS as u32)
+                    .find(|&n| word == gf100::method::incr(s, cc::KERNEL, n))
+                    .map(|n| (s, n))
+            });
+            if let Some((s, n)) = hit.filter(|&(_, n)| (w + 1 + n as usize) * 4 <= data.len()) {
+                found.push((k, w, s, n));
+            }
+        }
+    }
+    let Some((k, w, s, n)) = r.pick(&found) else {
+        return "no kernel launch found".into();
+    };
+    let line = ev_[k].line;
+    if let Op::DmaWrite { data, .. } = &mut ev_[k].op {
+        let word =
+            |i: usize| u32::from_le_bytes(data[i * 4..i * 4 + 4].try_into().unwrap_or([0; 4]));
+        // ARG0/1 (words w+2, w+3): the launch's first address, mapped in the channel.
+        let (lo, hi) = (word(w + 2), word(w + 3));
+        let words = [
+            gf100::method::incr(s, hm::SEMAPHORE_A, 4),
+            hi & 0xff,
+            lo & !3,
+            0,
+            hm::SEM_OP_ACQ_AND | hm::SEM_ACQUIRE_SWITCH,
+            gf100::method::non_incr(s, hm::NOP, n - 5),
+        ];
+        for (i, v) in words.iter().enumerate() {
+            let o = (w + i) * 4;
+            data[o..o + 4].copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    format!("line {line}: compute launch at word {w} made an acquire that never succeeds")
 }
 
 /// Counters of one fault class.

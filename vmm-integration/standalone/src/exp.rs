@@ -121,11 +121,21 @@ pub struct IsolationArgs {
     /// missing ones keep their defaults, see docs/scheduling.md).
     #[arg(long, value_name = "FILE")]
     params: Option<PathBuf>,
-    /// Cap VM N at PCT percent of GPU time (`--cap 0=30`; repeat per VM). Applied in the
-    /// fixed-share run (`--sched fixed-share`); the report shows each capped VM's GPU time
-    /// over elapsed time next to its cap.
+    /// Cap VM N at PCT percent of GPU time (`--cap 0=30`; repeat per VM). Applied under
+    /// every policy (a cap is a ceiling whatever the policy); the report shows each capped VM's
+    /// GPU time over elapsed time next to its cap.
     #[arg(long, value_name = "VM=PCT")]
     cap: Vec<String>,
+    /// Hostile tenants in place of the long-kernel VMs: `parked` submits "acquire a semaphore,
+    /// then a long kernel" on 4 channels and releases each from its CPU once the channel shows
+    /// the acquire pending, so its kernels become runnable without a doorbell
+    /// (docs/scheduling.md, "Time slices"). The table adds each VM's worst wait, preemptions
+    /// and resumes.
+    #[arg(long)]
+    adversary: Option<gpuvm_harness::exp_isolation::Adversary>,
+    /// The host's time slice in milliseconds (`HostConfig::timeslice_ns`; 0: none).
+    #[arg(long, default_value_t = 10.0)]
+    timeslice_ms: f64,
     /// Run every VM as a real KVM guest (docs/kvm.md) on the real clock: the same mix, each VM
     /// streaming its kernels for `--duration` seconds after a start gate; shares sampled from
     /// the VMM side every 2 ms. `--json` adds `backend: "kvm"` and a `kvm` array (per policy:
@@ -225,6 +235,13 @@ fn options(a: &IsolationArgs) -> anyhow::Result<IsolationOptions> {
                 Ok((vm, (p * 10_000.0) as u32))
             })
             .collect::<anyhow::Result<Vec<_>>>()?,
+        adversary: a.adversary,
+        timeslice_ns: {
+            if !(a.timeslice_ms.is_finite() && (0.0..=10_000.0).contains(&a.timeslice_ms)) {
+                anyhow::bail!("--timeslice-ms must be 0..=10000");
+            }
+            (a.timeslice_ms * 1e6).round() as u64
+        },
         ..IsolationOptions::default()
     })
 }
@@ -232,6 +249,9 @@ fn options(a: &IsolationArgs) -> anyhow::Result<IsolationOptions> {
 fn isolation(a: &IsolationArgs) -> anyhow::Result<bool> {
     let opts = options(a)?;
     if a.kvm {
+        if opts.adversary.is_some() {
+            anyhow::bail!("--adversary runs in-process only (drop --kvm)");
+        }
         return isolation_kvm(a, &opts);
     }
     let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
@@ -372,6 +392,7 @@ fn kind(k: KernelKind, ns: u64) -> String {
     match k {
         KernelKind::Short => format!("short {}", table::ns(ns)),
         KernelKind::Long => format!("long {}", table::ns(ns)),
+        KernelKind::Parked => format!("parked {}", table::ns(ns)),
     }
 }
 
@@ -415,6 +436,43 @@ pub fn render(r: &IsolationReport) -> String {
     out += &t.render();
     out += "\n";
     out += &summary(&r.policies);
+    let slice = r.policies.first().map_or(0, |p| p.timeslice_ns);
+    out += &format!(
+        "\nworst wait of one kernel beyond its own duration, in steady state (from one utilisation window after all VMs run) and over the whole run (time slice {}):\n",
+        table::ns(slice)
+    );
+    let mut w = Table::new([
+        "policy",
+        "vm",
+        "kernels",
+        "worst wait",
+        "in slices",
+        "whole run",
+        "preempted",
+        "resumed",
+        "killed",
+    ]);
+    for p in &r.policies {
+        for v in &p.vms {
+            w.row([
+                p.policy.name().to_string(),
+                format!("vm{}", v.plan.vm),
+                kind(v.plan.kind, v.plan.kernel_ns),
+                table::ns(v.worst_wait_ns),
+                if slice > 0 {
+                    format!("{:.2}", v.worst_wait_ns as f64 / slice as f64)
+                } else {
+                    "-".into()
+                },
+                table::ns(v.worst_wait_all_ns),
+                v.preemptions.to_string(),
+                v.resumes.to_string(),
+                v.watchdog_kills.to_string(),
+            ]);
+        }
+    }
+    out += &w.render();
+    out += "\n";
     for p in &r.policies {
         for v in &p.vms {
             if let Some(cap) = v.cap {

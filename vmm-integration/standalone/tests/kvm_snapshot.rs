@@ -175,8 +175,10 @@ fn migrate_busy(sock: &Path) -> std::process::Output {
             .chain([
                 "--migrate-to",
                 sock.to_str().unwrap(),
+                // Past the driver's bring-up (about 2,000 exits here), inside the workloads,
+                // whose buffers in guest RAM are mapped for the GPU; well before the end.
                 "--migrate-after-exits",
-                "2000",
+                "3000",
             ])
             .collect::<Vec<_>>(),
     )

@@ -669,7 +669,7 @@ fn a_guest_moves_live_between_two_daemons_with_its_vmm_and_finishes_there() {
             "--migrate-to",
             msock.to_str().unwrap(),
             "--migrate-after-exits",
-            "2000",
+            "3000",
         ]),
     );
     let (sout, s) = src.finish();

@@ -132,6 +132,7 @@ pub fn run(
             window_ns: opts.window_ns,
             params: opts.params.clone(),
             policies,
+            adversary: None,
         },
         kvm,
     })
@@ -226,6 +227,12 @@ fn summarise(
                 // --cap is not applied to KVM runs (docs/serve.md).
                 cap: None,
                 busy_fraction: gpu[i] as f64 / span as f64,
+                // Waits, preemptions and resumes are measured in-process only.
+                worst_wait_ns: 0,
+                worst_wait_all_ns: 0,
+                preemptions: 0,
+                resumes: 0,
+                watchdog_kills: 0,
             }
         })
         .collect();
@@ -284,6 +291,7 @@ fn summarise(
             dispatched: r.host.dispatched,
             accounting,
             series,
+            timeslice_ns: 0,
         },
         info,
     ))
