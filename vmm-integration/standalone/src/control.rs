@@ -411,37 +411,20 @@ impl Control {
         }
     }
 
-    /// Replaces the scheduling policy while VMs run (`GpuHost::set_policy`), then gives each
-    /// VM its cap again (a cap is the VM's setting, kept across policies) and logs the change.
-    #[cfg(feature = "runtime-policy")]
+    /// Replaces the scheduling policy while VMs run (`GpuHost::set_policy`: every VM keeps its
+    /// weight and cap, queued work moves to the new policy, which decides from its next time
+    /// slice), wakes the event loop and logs the change.
     fn set_policy(&self, p: gpuvm::sched::Policy) -> Result<(), String> {
         let host = self.daemon.host();
         let before = host.sched_stats().policy;
         host.set_policy(p, &gpuvm::sched::SchedParams::default())
             .map_err(|e| e.to_string())?;
-        for dev in self.daemon.devices() {
-            if let (Some(cap), Some(v)) = (dev.cap_ppm(), dev.vgpu()) {
-                if let Err(e) = host.set_vm_cap(v.id(), Some(cap)) {
-                    dev.event(&format!("cap not kept under the {} policy: {e}", p.name()));
-                }
-            }
-        }
         self.daemon.waker().kick();
         gpuvm_vfio_user::say::say(format_args!(
             "scheduling policy changed from {before} to {}",
             p.name()
         ));
         Ok(())
-    }
-
-    /// Without the core's `GpuHost::set_policy` (feature `runtime-policy` off) the verb is
-    /// refused with what to do instead.
-    #[cfg(not(feature = "runtime-policy"))]
-    fn set_policy(&self, p: gpuvm::sched::Policy) -> Result<(), String> {
-        Err(format!(
-            "this build cannot change the policy at run time (built without the runtime-policy feature); restart the daemon with --sched {}",
-            p.name()
-        ))
     }
 
     /// The daemon.

@@ -618,17 +618,18 @@ fn a_second_client_of_a_busy_vm_is_refused_with_the_holder_named() {
     let mut again = vfio_user::Client::new(&sock).unwrap();
     again.region_read(7, 0, &mut id).unwrap();
     assert_eq!(u32::from_le_bytes(id), 0x06d8_10de);
-    let v = wait_stat(&s, "vm0", "serves its second client", |v| v["connections"] == 2);
-    assert_eq!(v["rejected"], 1, "only the one second client was refused: {v}");
+    let v = wait_stat(&s, "vm0", "serves its second client", |v| {
+        v["connections"] == 2
+    });
+    assert_eq!(
+        v["rejected"], 1,
+        "only the one second client was refused: {v}"
+    );
 }
 
-/// `ctl cap` under the default policy (band) and `ctl policy` at run time: need the core's
-/// caps under every policy and `GpuHost::set_policy` (feature `runtime-policy`).
+/// `ctl cap` under the default policy (band) and `ctl policy` at run time: the cap is kept and
+/// shown (stat, metrics) under every policy, the policy in force too, a bad policy is refused.
 #[test]
-#[cfg_attr(
-    not(feature = "runtime-policy"),
-    ignore = "needs GpuHost::set_policy and caps under every policy in the core (feature runtime-policy)"
-)]
 fn cap_under_the_default_policy_and_a_policy_change_at_run_time() {
     let s = Serve::start("policy", &["--metrics", "127.0.0.1:0"]);
     let addr = metrics_addr(&s);
@@ -668,20 +669,6 @@ fn cap_under_the_default_policy_and_a_policy_change_at_run_time() {
     );
     let r = s.ctl_json(&["cap", "vm0", "none"]);
     assert!(r["vm"]["cap_pct"].is_null(), "{r}");
-}
-
-/// Without the core's runtime policy change the verb is refused, naming what to do instead.
-#[cfg(not(feature = "runtime-policy"))]
-#[test]
-fn a_policy_change_is_refused_with_the_restart_named_without_the_core_support() {
-    let s = Serve::start("no-policy", &[]);
-    let out = s.ctl(&["policy", "credit"]);
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("restart the daemon with --sched credit"),
-        "{out:?}"
-    );
-    assert_eq!(s.stat()["policy"], "band");
 }
 
 #[test]
