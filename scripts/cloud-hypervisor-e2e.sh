@@ -11,7 +11,14 @@
 # access is a message, so larger sizes take minutes), WORKLOADS (comma-separated, default every
 # workload), CH_TIMEOUT (seconds per CH VM, 600).
 #
-# What it does, with one daemon (`gpuvm serve --vms 2 --allow-unsealed-dma`) for everything:
+# What it does:
+#   0. Without the flag: a daemon started without --allow-unsealed-dma and one CH VM on it. CH
+#      shares guest RAM that is not a sealed memfd, so its first DMA_MAP is refused and the
+#      daemon closes the connection: CH must exit non-zero within a second of its start, and
+#      the daemon's log must name --allow-unsealed-dma. (Before issue 26 the refusal was an
+#      error reply CH ignored; the guest ran ~10 s of driver init, died on an MMU fault, and CH
+#      exited 0.)
+# Then, with one daemon (`gpuvm serve --vms 2 --allow-unsealed-dma`) for everything:
 #   1. `gpuvm run --kvm --vfio-user vm0.sock`, fences polled, then by interrupt: the reference.
 #   2. One CH VM on vm0.sock, three times: fences polled, by INTx, by MSI.
 #   3. Two CH VMs at once (vm0: INTx, vm1: MSI), sharing the GPU.
@@ -44,24 +51,55 @@ done
 
 work="$(mktemp -d /tmp/gpuvm-ch-e2e.XXXXXX)"
 daemon_pid=""
+sealed_pid=""
 cleanup() {
     [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    [ -n "$sealed_pid" ] && kill "$sealed_pid" 2>/dev/null && wait "$sealed_pid" 2>/dev/null
     echo "logs kept in $work"
 }
 trap cleanup EXIT
 
 now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
 
+failures=0
+summary=()
+
+# 0. Without --allow-unsealed-dma: CH must be refused at once, with the flag named.
+"$GPUVM" serve --socket-dir "$work/sealed" --vms 1 >/dev/null 2>"$work/sealed.log" &
+sealed_pid=$!
+for _ in $(seq 1 300); do
+    [ -S "$work/sealed/vm0.sock" ] && break
+    kill -0 "$sealed_pid" 2>/dev/null || break
+    sleep 0.1
+done
+[ -S "$work/sealed/vm0.sock" ] || { echo "gpuvm serve (sealed) did not come up:"; cat "$work/sealed.log"; exit 1; }
+t0=$(now_ms)
+timeout 60 "$ch" --kernel "$GUEST" --cmdline "size=$size workloads=madd irq=poll" \
+    --memory size=256M,shared=on --user-device "socket=$work/sealed/vm0.sock" \
+    --serial "file=$work/unsealed.console" --console off --cpus boot=1 \
+    >"$work/unsealed.ch.log" 2>&1
+rc=$?
+wall=$(( $(now_ms) - t0 ))
+named=no
+grep -q -- "--allow-unsealed-dma" "$work/sealed.log" && named=yes
+verdict=FAIL
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$wall" -le 1000 ] && [ "$named" = yes ] && verdict=PASS
+[ "$verdict" = PASS ] || failures=$(( failures + 1 ))
+echo "== cloud-hypervisor without --allow-unsealed-dma: $verdict (CH exit $rc after ${wall} ms; flag named in the daemon's log: $named)"
+grep -E "device failed|not sealed" "$work/sealed.log" | sed 's/^/    daemon: /'
+tail -n 5 "$work/unsealed.ch.log" | sed 's/^/    ch: /'
+summary+=("cloud-hypervisor without --allow-unsealed-dma: $verdict, CH exit $rc after ${wall} ms, flag named: $named")
+kill "$sealed_pid" 2>/dev/null && wait "$sealed_pid" 2>/dev/null
+sealed_pid=""
+
 "$GPUVM" serve --socket-dir "$work/sock" --vms 2 --allow-unsealed-dma >"$work/serve.out" 2>"$work/serve.log" &
 daemon_pid=$!
 for _ in $(seq 1 300); do
     [ -S "$work/sock/vm0.sock" ] && [ -S "$work/sock/vm1.sock" ] && break
+    kill -0 "$daemon_pid" 2>/dev/null || break
     sleep 0.1
 done
 [ -S "$work/sock/vm1.sock" ] || { echo "gpuvm serve did not come up:"; cat "$work/serve.log"; exit 1; }
-
-failures=0
-summary=()
 
 # The daemon's phase-mark lines of VM $1 logged after line $2 of serve.log, as
 # "phase messages bar_reads bar_writes unmasks" (phase 0 = driver init, i = workload i).

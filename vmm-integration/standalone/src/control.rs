@@ -49,6 +49,11 @@ pub enum Request {
         /// The new weight.
         weight: u32,
     },
+    /// Change the scheduling policy of the shared GPU now (VMs keep their weights and caps).
+    Policy {
+        /// `fifo`, `credit`, `band`, `band-gdev`, `equal-share` or `fixed-share`.
+        policy: String,
+    },
     /// Set (percent) or clear (null) a VM's cap.
     Cap {
         /// The VM.
@@ -82,6 +87,9 @@ pub struct VmInfo {
     pub name: String,
     /// Its current vGPU's id on the host (changes with every teardown).
     pub vgpu: Option<String>,
+    /// Its current vGPU's generation: 1 for its first, one more for each fresh vGPU.
+    #[serde(default)]
+    pub vgpu_generation: u64,
     /// Its profile.
     pub profile: VgpuProfile,
     /// Its cap (percent), if one was set.
@@ -95,12 +103,42 @@ pub struct VmInfo {
     pub socket: String,
 }
 
-/// One VM in `stat`.
+/// A VM's counters over its whole life: every vGPU it had, every client session (each
+/// session's vGPU is fresh and its own counters start at 0).
+#[derive(Debug, Clone, Serialize, Deserialize, Default, PartialEq)]
+pub struct VmLifetime {
+    /// GPU time, seconds.
+    pub gpu_busy_seconds: f64,
+    /// Doorbells.
+    pub doorbells: u64,
+    /// Submissions handed to the scheduler.
+    pub submissions: u64,
+    /// Submissions completed.
+    pub completions: u64,
+    /// Trapped BAR accesses.
+    pub exits: u64,
+    /// MMU and BAR faults delivered.
+    pub faults: u64,
+    /// Isolation violations refused.
+    pub violations: u64,
+    /// Channels killed by the hang watchdog.
+    pub watchdog_kills: u64,
+    /// Bytes the clients moved through the device's regions (BARs, configuration space).
+    pub bytes_moved: u64,
+}
+
+/// One VM in `stat`. The VM is named by `name` everywhere (stat, top, metrics, logs); the
+/// unprefixed counters are its current client session's (its current vGPU's), `lifetime`
+/// holds the totals that survive sessions.
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 pub struct VmStat {
     /// Its name.
     pub name: String,
-    /// Its current vGPU (`vmN`).
+    /// Its current vGPU's generation: 1 for its first, one more for each fresh vGPU (a new
+    /// client, a device reset, a restore).
+    #[serde(default)]
+    pub vgpu_generation: u64,
+    /// Its current vGPU's id on the host (`vmN`; internal, changes with each generation).
     pub vgpu: String,
     /// A client is connected.
     pub connected: bool,
@@ -153,6 +191,15 @@ pub struct VmStat {
     pub teardowns: u64,
     /// Requests refused.
     pub rejected: u64,
+    /// Bytes the current client moved through the device's regions.
+    #[serde(default)]
+    pub bytes_moved: u64,
+    /// The VM's client now: `pid N (comm), uid U, gid G` from SO_PEERCRED, if known.
+    #[serde(default)]
+    pub client: Option<String>,
+    /// Totals over the VM's life.
+    #[serde(default)]
+    pub lifetime: VmLifetime,
 }
 
 /// What `stat` returns.
@@ -212,6 +259,7 @@ fn vm_info(d: &Daemon, dev: &VmDevice) -> VmInfo {
     VmInfo {
         name: dev.name().to_string(),
         vgpu: dev.vgpu().map(|v| v.id().to_string()),
+        vgpu_generation: dev.vgpu_generation(),
         profile: dev.profile(),
         cap_pct: dev.cap_ppm().map(|c| f64::from(c) / 10_000.0),
         connected: dev.has_client(),
@@ -249,7 +297,8 @@ impl Control {
             .iter()
             .filter_map(|dev| {
                 let v = dev.vgpu()?;
-                let vs = v.stats();
+                let (life, cur) = dev.totals();
+                let (bytes_total, bytes_session) = dev.bytes_moved();
                 let ss = sched.vms.iter().find(|s| s.vm == v.id());
                 let (cap, throttled) = host.vm_cap(v.id());
                 let running = ss.is_some_and(|s| s.dispatched > s.retired);
@@ -268,6 +317,7 @@ impl Control {
                 let busy = ss.map_or(0, |s| s.busy_ns);
                 Some(VmStat {
                     name: dev.name().to_string(),
+                    vgpu_generation: dev.vgpu_generation(),
                     vgpu: v.id().to_string(),
                     connected: dev.has_client(),
                     state: state.into(),
@@ -284,19 +334,36 @@ impl Control {
                     vram_bytes: v.profile().vram_bytes(),
                     vram_in_use_bytes: v.vram_in_use_bytes(),
                     channels: v.profile().channels,
-                    doorbells: vs.doorbells,
-                    submissions: vs.submissions,
-                    completions: vs.completions,
+                    doorbells: cur.doorbells,
+                    submissions: cur.submissions,
+                    completions: cur.completions,
                     queued,
-                    exits: vs.exits.total(),
-                    faults: vs.faults_delivered + vs.bar_faults,
-                    violations: vs.violations.total,
-                    watchdog_kills: vs.watchdog_kills,
+                    exits: cur.exits,
+                    faults: cur.faults,
+                    violations: cur.violations,
+                    watchdog_kills: cur.watchdog_kills,
                     credit_ns: ss.and_then(|s| s.credit_ns),
                     position: ss.and_then(|s| s.position),
                     connections: dev.connections(),
                     teardowns: dev.teardowns(),
                     rejected: dev.rejected(),
+                    bytes_moved: bytes_session,
+                    client: if dev.has_client() {
+                        dev.holder().and_then(|h| h.peer).map(|p| p.to_string())
+                    } else {
+                        None
+                    },
+                    lifetime: VmLifetime {
+                        gpu_busy_seconds: life.gpu_busy_ns as f64 / 1e9,
+                        doorbells: life.doorbells,
+                        submissions: life.submissions,
+                        completions: life.completions,
+                        exits: life.exits,
+                        faults: life.faults,
+                        violations: life.violations,
+                        watchdog_kills: life.watchdog_kills,
+                        bytes_moved: bytes_total,
+                    },
                 })
             })
             .collect();
@@ -344,6 +411,22 @@ impl Control {
         }
     }
 
+    /// Replaces the scheduling policy while VMs run (`GpuHost::set_policy`: every VM keeps its
+    /// weight and cap, queued work moves to the new policy, which decides from its next time
+    /// slice), wakes the event loop and logs the change.
+    fn set_policy(&self, p: gpuvm::sched::Policy) -> Result<(), String> {
+        let host = self.daemon.host();
+        let before = host.sched_stats().policy;
+        host.set_policy(p, &gpuvm::sched::SchedParams::default())
+            .map_err(|e| e.to_string())?;
+        self.daemon.waker().kick();
+        gpuvm_vfio_user::say::say(format_args!(
+            "scheduling policy changed from {before} to {}",
+            p.name()
+        ));
+        Ok(())
+    }
+
     /// The daemon.
     pub fn daemon(&self) -> &Arc<Daemon> {
         &self.daemon
@@ -352,9 +435,10 @@ impl Control {
     /// Counts and logs (the first 16, then every power of two) a refused request; the reply.
     pub fn refuse(&self, e: String) -> serde_json::Value {
         let n = self.errors.fetch_add(1, Ordering::Relaxed) + 1;
-        log::info!("control request refused ({n} so far): {e}");
         if n <= 16 || n.is_power_of_two() {
-            eprintln!("gpuvm serve: control request refused ({n} so far): {e}");
+            gpuvm_vfio_user::say::say(format_args!("control request refused ({n} so far): {e}"));
+        } else {
+            log::info!("control request refused ({n} so far): {e}");
         }
         serde_json::json!({"ok": false, "error": e})
     }
@@ -405,6 +489,11 @@ impl Control {
                 dev.set_weight(weight).map_err(|e| e.to_string())?;
                 dev.event(&format!("weight set to {weight}"));
                 Ok(serde_json::json!({ "vm": vm_info(d, &dev) }))
+            }
+            Request::Policy { policy } => {
+                let p: gpuvm::sched::Policy = policy.parse()?;
+                self.set_policy(p)?;
+                Ok(serde_json::json!({ "policy": p.name() }))
             }
             Request::Cap { name, cap_pct } => {
                 let dev = self.dev(&name)?;

@@ -37,7 +37,8 @@ pub struct DemoArgs {
     /// Print one JSON object instead of the progress and table.
     #[arg(long)]
     json: bool,
-    /// Where to write the plot (default: gpuvm-demo.svg in the temporary directory).
+    /// Where to write the plot (default: plot.svg in a fresh directory gpuvm-demo-PID-N in the
+    /// temporary directory, so runs never overwrite each other or a file planted there).
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
 }
@@ -87,10 +88,10 @@ pub struct DemoReport {
 
 /// Runs the command.
 pub fn run(a: &DemoArgs) -> anyhow::Result<bool> {
-    let svg = a
-        .svg
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join("gpuvm-demo.svg"));
+    let svg = match &a.svg {
+        Some(p) => p.clone(),
+        None => fresh_plot_path()?,
+    };
     let wall = Instant::now();
     let mut report = if a.kvm {
         run_kvm(a)?
@@ -108,13 +109,32 @@ pub fn run(a: &DemoArgs) -> anyhow::Result<bool> {
     Ok(report.all_verified)
 }
 
+/// `plot.svg` in a directory of its own under the temporary directory, created here
+/// (`create_dir` fails rather than follow anything already there).
+fn fresh_plot_path() -> anyhow::Result<PathBuf> {
+    let tmp = std::env::temp_dir();
+    for n in 0..1000u32 {
+        let dir = tmp.join(format!("gpuvm-demo-{}-{n}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir.join("plot.svg")),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e).with_context(|| format!("creating {}", dir.display())),
+        }
+    }
+    anyhow::bail!(
+        "no fresh directory for the plot in {}; give --svg FILE",
+        tmp.display()
+    )
+}
+
 fn suite(rounds: u32) -> Vec<Workload> {
     (0..rounds).flat_map(|_| Workload::ALL).collect()
 }
 
 fn run_inprocess(a: &DemoArgs) -> anyhow::Result<DemoReport> {
     let list = suite(a.rounds);
-    let total = list.len() as u64 + 1;
+    let workloads = list.len();
+    let total = workloads as u64 + 1;
     let n = a.vms as usize;
     let tty = !a.json && std::io::stdout().is_terminal();
     let multi = indicatif::MultiProgress::new();
@@ -155,12 +175,14 @@ fn run_inprocess(a: &DemoArgs) -> anyhow::Result<DemoReport> {
             pb.set_position(i as u64 + 1);
             pb.set_message(format!("{} {verdict}", p.run.name));
         } else if plain {
-            println!(
-                "vm{vm} [{:>2}/{total}] {} {verdict}, GPU {}",
-                i + 1,
-                p.run.name,
-                table::ns(p.run.gpu_ns)
-            );
+            // Phase 0 is the driver's bring-up; the workloads are counted as the summary
+            // counts them.
+            let step = if i == 0 {
+                "init] driver bring-up".to_string()
+            } else {
+                format!("{i:>2}/{workloads}] {}", p.run.name)
+            };
+            println!("vm{vm} [{step} {verdict}, GPU {}", table::ns(p.run.gpu_ns));
         }
     };
     let r = run_staged(

@@ -60,7 +60,8 @@ enum Command {
     Regs(regs::RegsArgs),
     /// Run the workloads in N VMs at once, each driving its own virtual GPU, all sharing one
     /// simulated GF100 through the device model (trapped MMIO, shadow page tables, shadow
-    /// channels, a FIFO scheduler).
+    /// channels; in-process and with --kvm the host's FIFO scheduler, with --kvm --vfio-user
+    /// SOCKET whatever policy that `gpuvm serve` runs, BAND by default).
     ///
     /// Each VM runs the unchanged guest driver in its own thread. Per VM the output shows every
     /// workload (as `gpuvm native` does) and the device model's counters: exits by BAR and by
@@ -95,13 +96,16 @@ enum Command {
     /// DIR/NAME.sock`, or another vfio-user client).
     ///
     /// VMs come from `--vms N` (vm0..vmN-1, one profile for all) or one `--vm NAME:PROFILE` per
-    /// VM (a TOML vGPU profile: name, vram_mib, channels, weight, shadow). Regions: BAR0, BAR1,
+    /// VM (a TOML vGPU profile: name, vram_mib, channels, weight, shadow, cap_pct). Regions: BAR0, BAR1,
     /// BAR3, BAR5 and configuration space, all trapped (no mmap areas); guest RAM from DMA_MAP
-    /// file descriptors (memfds sealed against shrinking unless --allow-unsealed-dma); INTx
+    /// file descriptors (memfds sealed against shrinking unless --allow-unsealed-dma, which
+    /// Cloud Hypervisor needs; a client refused for this has its connection closed at its first
+    /// DMA_MAP, with the flag named in the log); INTx
     /// through the eventfd given with SET_IRQS; DEVICE_RESET gives a fresh vGPU. A client
     /// that disconnects, crashes or sends malformed messages loses only its own vGPU (destroyed,
     /// VRAM scrubbed, a fresh one served on the same socket). Events go to standard error,
-    /// prefixed with the VM's name. SIGTERM or SIGINT: vGPUs destroyed, sockets removed, exit 0.
+    /// timestamped and prefixed with the VM's name. SIGTERM or SIGINT: vGPUs destroyed,
+    /// sockets and lock removed, exit 0.
     /// See docs/vfio-user.md.
     Serve(serve::ServeArgs),
     /// Boot unmodified Linux nouveau (User-Mode Linux from Debian's linux-source-6.12, built by
@@ -117,7 +121,8 @@ enum Command {
     /// progress bar on a terminal; `--json`, `--svg FILE`. Exit status 1 if a check failed.
     /// See docs/experiments.md "Soak".
     Soak(soak::SoakArgs),
-    /// Control a running `gpuvm serve`: list, add, remove, weight, cap, stop (docs/serve.md).
+    /// Control a running `gpuvm serve`: list, add, remove, weight, cap, policy, stop
+    /// (docs/serve.md). Prints a table or a sentence; `--json` prints the daemon's reply.
     Ctl(top::CtlArgs),
     /// Per-VM usage of a running `gpuvm serve`, once (`--json` for machines).
     Stat(top::StatArgs),

@@ -17,7 +17,8 @@ use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::sched::{Policy, SchedParams};
 use gpuvm_sim::{SimConfig, SimGpu};
-use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
+use gpuvm_vfio_user::say::say;
+use gpuvm_vfio_user::{Daemon, DaemonConfig, SocketAccess, VmSpec};
 
 /// Options of `gpuvm serve`.
 #[derive(Args, Debug)]
@@ -31,7 +32,7 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(1..=64))]
     vms: Option<u32>,
     /// Serve one VM named NAME with the vGPU profile in the TOML file PROFILE (fields name,
-    /// vram_mib, channels, weight, shadow; see src/profile.rs). Repeat for each VM.
+    /// vram_mib, channels, weight, shadow, cap_pct; see docs/serve.md §2). Repeat for each VM.
     #[arg(long, value_name = "NAME:PROFILE")]
     vm: Vec<String>,
     /// Scheduling policy of the shared GPU: fifo, credit, band, band-gdev, equal-share (every
@@ -69,6 +70,34 @@ pub struct ServeArgs {
     /// file makes this daemon die of SIGBUS on its next access, taking every VM's vGPU with it.
     #[arg(long)]
     allow_unsealed_dma: bool,
+    /// Permission bits of the VM sockets, octal (e.g. 0660 to let a group's VMMs connect;
+    /// connecting needs write permission). Default: as the umask leaves them (0755 with the
+    /// usual 022: only this user can connect).
+    #[arg(long, value_name = "MODE", value_parser = parse_mode)]
+    socket_mode: Option<u32>,
+    /// Group of the VM sockets (a name or a number), e.g. the group the VMMs run as.
+    #[arg(long, value_name = "GROUP", value_parser = parse_group)]
+    socket_group: Option<u32>,
+}
+
+fn parse_mode(s: &str) -> Result<u32, String> {
+    let m = u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .map_err(|_| format!("'{s}' is not an octal mode such as 0660"))?;
+    if m > 0o777 {
+        return Err(format!("mode {s} has bits beyond 0777"));
+    }
+    Ok(m)
+}
+
+fn parse_group(s: &str) -> Result<u32, String> {
+    if let Ok(gid) = s.parse::<u32>() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(s) {
+        Ok(Some(g)) => Ok(g.gid.as_raw()),
+        Ok(None) => Err(format!("no group named '{s}'")),
+        Err(e) => Err(format!("looking up group '{s}': {e}")),
+    }
 }
 
 fn parse_policy(s: &str) -> Result<Policy, String> {
@@ -116,27 +145,70 @@ fn specs(args: &ServeArgs) -> anyhow::Result<Vec<VmSpec>> {
 }
 
 /// A vGPU profile from TOML, with the daemon's own optional field `cap_pct` (percent of GPU
-/// time, for the fixed-share scheduler).
+/// time; a ceiling every policy honours). Errors name every field the file may have, once.
 pub fn profile_from_toml(text: &str) -> anyhow::Result<(VgpuProfile, Option<u32>)> {
-    let mut table: toml::Table = text.parse().context("invalid profile")?;
+    const FIELDS: &str = "name, vram_mib, channels, weight, shadow, cap_pct";
+    let mut table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        let line = e
+            .span()
+            .map(|r| text[..r.start.min(text.len())].matches('\n').count() + 1);
+        match line {
+            Some(l) => anyhow::anyhow!("invalid profile: line {l}: {}", e.message()),
+            None => anyhow::anyhow!("invalid profile: {}", e.message()),
+        }
+    })?;
     let cap = match table.remove("cap_pct") {
         None => None,
         Some(v) => {
             let p = v
                 .as_float()
                 .or_else(|| v.as_integer().map(|i| i as f64))
-                .ok_or_else(|| anyhow::anyhow!("cap_pct must be a number"))?;
-            anyhow::ensure!(p > 0.0 && p <= 100.0, "cap_pct {p} must be in (0, 100]");
+                .ok_or_else(|| anyhow::anyhow!("invalid profile: cap_pct must be a number"))?;
+            anyhow::ensure!(
+                p > 0.0 && p <= 100.0,
+                "invalid profile: cap_pct {p} must be in (0, 100]"
+            );
             Some((p * 10_000.0) as u32)
         }
     };
-    let profile = VgpuProfile::from_toml(&toml::to_string(&table)?)?;
+    let profile: VgpuProfile = table.try_into().map_err(|e: toml::de::Error| {
+        let msg = e.message().to_string();
+        match msg.split_once(", expected") {
+            // serde names only VgpuProfile's fields; the file may also have cap_pct.
+            Some((head, _)) => anyhow::anyhow!("invalid profile: {head} (the fields are {FIELDS})"),
+            None => anyhow::anyhow!("invalid profile: {msg}"),
+        }
+    })?;
+    profile.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok((profile, cap))
+}
+
+/// `DIR/serve.lock`, held (flock) for the daemon's life and removed when it stops.
+struct DirLock {
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl Drop for DirLock {
+    fn drop(&mut self) {
+        // Removed while still locked, so a daemon starting now either failed to lock this
+        // file or will create and lock a fresh one.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Removes a file when dropped.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// Holds `DIR/serve.lock` (flock) for the daemon's life: a second daemon on the same directory
 /// is refused with the first one's pid.
-fn lock_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+fn lock_dir(dir: &std::path::Path) -> anyhow::Result<DirLock> {
     use std::io::{Read, Seek, Write};
     use std::os::fd::AsRawFd;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -162,7 +234,7 @@ fn lock_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     f.set_len(0)?;
     f.rewind()?;
     write!(f, "{}", std::process::id())?;
-    Ok(f)
+    Ok(DirLock { _file: f, path })
 }
 
 /// Blocks SIGTERM and SIGINT in this thread and every thread it starts afterwards, so that
@@ -194,6 +266,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
     let _lock = lock_dir(&args.socket_dir)?;
     let (control_listener, control_path) =
         crate::control::bind(&args.socket_dir).context("binding the control socket")?;
+    // Removed however `run` ends (a failed start too), before the lock goes.
+    let _control_sock = RemoveOnDrop(control_path.clone());
     let signals = block_signals();
     let clock = ClockKind::Real.create();
     let sim = Arc::new(SimGpu::new(SimConfig {
@@ -215,13 +289,17 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
     host.set_scheduler(args.sched.create(&SchedParams::default()))
         .context("setting the scheduler")?;
     host.set_clock(clock.clone());
-    let daemon = Daemon::start(
+    let daemon = Daemon::start_with_access(
         host.clone(),
         clock,
         DaemonConfig {
             socket_dir: args.socket_dir.clone(),
             vms,
             require_sealed_dma: !args.allow_unsealed_dma,
+        },
+        SocketAccess {
+            mode: args.socket_mode,
+            gid: args.socket_group,
         },
     )
     .context("starting the vfio-user server")?;
@@ -238,17 +316,31 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
         if !bound.ip().is_loopback() {
             log::warn!("metrics served on {bound}, which is not a loopback address");
         }
-        eprintln!("gpuvm serve: metrics on http://{bound}/metrics");
+        say(format_args!("metrics on http://{bound}/metrics"));
     }
-    eprintln!(
-        "gpuvm serve: ready: {} VMs on the simulated GF100, {} scheduler, sockets in {}, control {}",
-        daemon.devices().len(),
+    let n = daemon.devices().len();
+    say(format_args!(
+        "ready: {n} VM{} on the simulated GF100, {} scheduler, sockets in {}{}, control {}{}",
+        if n == 1 { "" } else { "s" },
         args.sched.name(),
         args.socket_dir.display(),
-        control_path.display()
-    );
+        match (args.socket_mode, args.socket_group) {
+            (None, None) => String::new(),
+            (m, g) => format!(
+                " (mode {}, group {})",
+                m.map_or("as created".into(), |m| format!("{m:04o}")),
+                g.map_or("unchanged".into(), |g| g.to_string())
+            ),
+        },
+        control_path.display(),
+        if args.allow_unsealed_dma {
+            ", unsealed DMA maps accepted"
+        } else {
+            ""
+        }
+    ));
     let sig = wait_for_signal(&signals);
-    eprintln!("gpuvm serve: signal {sig}: draining in-flight work");
+    say(format_args!("signal {sig}: draining in-flight work"));
     // Drain: nothing new is admitted once the vGPUs go, but work already on the GPU finishes
     // first (the poller keeps serving completions), for at most 10 s.
     let t0 = std::time::Instant::now();
@@ -256,32 +348,36 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let left = host.stats().inflight;
-    eprintln!(
-        "gpuvm serve: drained in {:.1} ms ({left} submissions still in flight); shutting down",
+    say(format_args!(
+        "drained in {:.1} ms ({left} submissions still in flight); shutting down",
         t0.elapsed().as_secs_f64() * 1e3
-    );
+    ));
     let summary: Vec<String> = daemon
         .devices()
         .iter()
         .map(|d| {
+            let (life, _) = d.totals();
             format!(
-                "[{}] {} connections, {} vGPU teardowns, {} requests refused",
+                "[{}] {} connections, {} vGPU teardowns, {} requests refused; over its life {} submissions, {} of GPU time, {} exits, {} bytes moved",
                 d.name(),
                 d.connections(),
                 d.teardowns(),
-                d.rejected()
+                d.rejected(),
+                life.submissions,
+                crate::table::ns(life.gpu_busy_ns),
+                life.exits,
+                d.bytes_moved().0
             )
         })
         .collect();
     daemon.shutdown();
-    let _ = std::fs::remove_file(&control_path);
     let stats = host.stats();
     for s in summary {
-        eprintln!("gpuvm serve: {s}");
+        say(s);
     }
-    eprintln!(
-        "gpuvm serve: stopped: sockets removed, {} vGPUs left, {} submissions dispatched, {} completed, {} aborted",
+    say(format_args!(
+        "stopped: sockets and lock removed, {} vGPUs left, {} submissions dispatched, {} completed, {} aborted",
         stats.vms, stats.dispatched, stats.completed, stats.aborted
-    );
+    ));
     Ok(true)
 }

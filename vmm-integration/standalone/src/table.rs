@@ -76,7 +76,7 @@ pub fn workload_table<'a>(
         t.row([
             w.name.clone(),
             bytes(w.bytes),
-            ns(w.gpu_ns),
+            gpu_time(w.gpu_ns, w.fence_gpu_ns),
             ns(w.wall_ns),
             w.mmio_reads.to_string(),
             w.mmio_writes.to_string(),
@@ -84,6 +84,17 @@ pub fn workload_table<'a>(
         ]);
     }
     t.render()
+}
+
+/// The "gpu time" cell: the host's accounting, or where the host's is not known here (a
+/// guest whose vGPU lives in `gpuvm serve`) the GPU time the guest measured between its fence
+/// timestamps, marked `(guest)`.
+pub fn gpu_time(host_ns: u64, guest_ns: u64) -> String {
+    if host_ns == 0 && guest_ns > 0 {
+        format!("{} (guest)", ns(guest_ns))
+    } else {
+        ns(host_ns)
+    }
 }
 
 /// Formats nanoseconds with a unit suited to the magnitude.
@@ -129,5 +140,8 @@ mod tests {
         assert_eq!(ns(12_500_000), "12.5 ms");
         assert_eq!(bytes(2048), "2.0 KiB");
         assert_eq!(bytes(3 << 20), "3.0 MiB");
+        assert_eq!(gpu_time(2_000, 18_535), "2000 ns");
+        assert_eq!(gpu_time(0, 18_535), "18.5 us (guest)");
+        assert_eq!(gpu_time(0, 0), "0 ns");
     }
 }

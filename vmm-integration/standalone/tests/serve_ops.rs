@@ -1,10 +1,15 @@
-//! Operating `gpuvm serve` (issue 16) through the built binary: the control socket and the
-//! `ctl`/`stat`/`top` verbs, Prometheus metrics scraped and parsed, malformed control input,
-//! a second daemon on the same directory, and `ctl stop` draining and exiting 0. No KVM needed;
-//! every wait is bounded and the daemon is killed by a Drop guard if a test fails.
+//! Operating `gpuvm serve` (issues 16 and 26) through the built binary: the control socket and
+//! the `ctl`/`stat`/`top` verbs, Prometheus metrics scraped and parsed by a real OpenMetrics
+//! parser after two client sessions of a VM that ran GPU work, malformed control input, a
+//! second daemon on the same directory, a second client on a busy VM, an unsealed DMA map
+//! refused with the fix named, and `ctl stop` draining and exiting 0. No KVM needed (the
+//! client sessions run gpuvm's guest driver in this process over vfio-user); every wait is
+//! bounded and the daemon is killed by a Drop guard if a test fails.
 
-use std::collections::BTreeMap;
+mod support;
+
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -55,7 +60,7 @@ impl Serve {
             }
         });
         let s = Serve { child, dir, lines };
-        s.wait_line("ready", |l| l.starts_with("gpuvm serve: ready"));
+        s.wait_line("ready", |l| l.contains("gpuvm serve: ready"));
         s
     }
 
@@ -83,7 +88,9 @@ impl Serve {
     }
 
     fn ctl_json(&self, args: &[&str]) -> Value {
-        let out = self.ctl(args);
+        let mut a = vec!["--json"];
+        a.extend_from_slice(args);
+        let out = self.ctl(&a);
         assert!(out.status.success(), "ctl {args:?}: {out:?}");
         serde_json::from_slice(&out.stdout).unwrap()
     }
@@ -192,7 +199,8 @@ fn control_verbs_list_add_weight_remove_and_stop() {
     for bad in [
         vec!["weight", "vm0", "0"],
         vec!["weight", "nobody", "2"],
-        vec!["cap", "vm0", "50"], // BAND has no caps
+        vec!["cap", "vm0", "0"],
+        vec!["cap", "vm0", "101"],
         vec!["remove", "nobody"],
         vec!["add", "vm1", profile.to_str().unwrap()],
     ] {
@@ -205,6 +213,24 @@ fn control_verbs_list_add_weight_remove_and_stop() {
     }
     assert_eq!(names(&s.ctl_json(&["list"])), ["vm0", "vm1", "vm2"]);
     assert!((share(&s.stat(), "vm0") - 0.5).abs() < 1e-6);
+
+    // Without --json: a table, and a sentence per change.
+    let out = s.ctl(&["list"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text.lines()
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .collect::<Vec<_>>()[..3]
+            == ["vm", "gen", "client"]
+            && text.contains("vm2")
+            && text.trim_end().ends_with("3 VMs"),
+        "{text}"
+    );
+    let out = s.ctl(&["weight", "vm2", "2"]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "vm2: weight 2\n");
 
     // remove
     let r = s.ctl_json(&["remove", "vm1"]);
@@ -245,8 +271,22 @@ fn control_verbs_list_add_weight_remove_and_stop() {
     let status = s.wait_exit();
     assert_eq!(status.code(), Some(0));
     s.wait_line("drained", |l| l.contains("drained in"));
-    for f in ["vm0.sock", "vm2.sock", "control.sock"] {
+    for f in ["vm0.sock", "vm2.sock", "control.sock", "serve.lock"] {
         assert!(!s.dir.join(f).exists(), "{f} left behind");
+    }
+    // Every line the daemon printed begins with its time (RFC 3339, UTC, milliseconds).
+    for l in s.lines.0.lock().unwrap().iter() {
+        let (ts, rest) = l.split_once(' ').unwrap_or_default();
+        let b = ts.as_bytes();
+        assert!(
+            rest.starts_with("gpuvm serve: ")
+                && b.len() == 24
+                && b[4] == b'-'
+                && b[10] == b'T'
+                && b[19] == b'.'
+                && b[23] == b'Z',
+            "not a timestamped daemon line: {l:?}"
+        );
     }
 }
 
@@ -273,44 +313,61 @@ fn malformed_control_input_gets_an_error_and_changes_nothing() {
     });
 }
 
-/// Parses the text exposition format strictly enough to catch malformed output: every sample
-/// belongs to a declared family, has a float value and well-formed labels.
-fn parse_exposition(text: &str) -> BTreeMap<String, f64> {
-    let mut types: BTreeMap<String, String> = BTreeMap::new();
-    let mut samples = BTreeMap::new();
-    for line in text.lines() {
-        if let Some(rest) = line.strip_prefix("# TYPE ") {
-            let (name, ty) = rest.split_once(' ').expect("TYPE line");
-            types.insert(name.to_string(), ty.to_string());
-            continue;
+type Exposition = openmetrics_parser::MetricsExposition<
+    openmetrics_parser::OpenMetricsType,
+    openmetrics_parser::OpenMetricsValue,
+>;
+
+/// Parses a scrape with a real OpenMetrics parser (which checks the format: TYPE, UNIT and
+/// HELP per family, counter samples named `_total`, `# EOF`), then checks what Prometheus
+/// needs on top: every family has HELP, and every counter family has samples (the issue:
+/// a 0.0.4 parser saw 15 empty counter families).
+fn parse_metrics(body: &str) -> Exposition {
+    let m = openmetrics_parser::openmetrics::parse_openmetrics(body)
+        .unwrap_or_else(|e| panic!("not OpenMetrics ({e:?}):\n{body}"));
+    assert!(
+        m.families.len() >= 30,
+        "{} families:\n{body}",
+        m.families.len()
+    );
+    for (name, f) in &m.families {
+        assert!(!f.help.is_empty(), "{name} has no HELP");
+        if f.family_type == openmetrics_parser::OpenMetricsType::Counter {
+            assert!(
+                f.iter_samples().next().is_some(),
+                "counter family {name} is empty"
+            );
         }
-        if line.starts_with('#') || line.is_empty() {
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ').expect("sample line");
-        let v: f64 = value.parse().unwrap_or_else(|_| panic!("value in {line}"));
-        let name = series.split('{').next().unwrap();
-        if let Some(labels) = series.strip_prefix(name) {
-            if !labels.is_empty() {
-                assert!(labels.starts_with('{') && labels.ends_with('}'), "{line}");
-                for kv in labels[1..labels.len() - 1].split(',') {
-                    let (k, v) = kv.split_once('=').expect("label");
-                    assert!(k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
-                    assert!(v.starts_with('"') && v.ends_with('"'), "{line}");
-                }
-            }
-        }
-        let family = name.strip_suffix("_total").unwrap_or(name);
-        let ty = types
-            .get(family)
-            .unwrap_or_else(|| panic!("undeclared {name}"));
-        if ty == "counter" {
-            assert!(name.ends_with("_total"), "counter {name} without _total");
-            assert!(v >= 0.0);
-        }
-        samples.insert(series.to_string(), v);
     }
-    samples
+    m
+}
+
+/// The value of family `name`'s sample for `vm` (or its one sample without labels).
+fn value(m: &Exposition, name: &str, vm: Option<&str>) -> f64 {
+    use openmetrics_parser::{MetricNumber, OpenMetricsValue};
+    let f = m
+        .families
+        .get(name)
+        .unwrap_or_else(|| panic!("no family {name}"));
+    let labels: Vec<String> = vm.into_iter().map(String::from).collect();
+    let s = f
+        .get_sample_by_label_values(&labels)
+        .unwrap_or_else(|| panic!("{name} has no sample for {vm:?}"));
+    let n: MetricNumber = match &s.value {
+        OpenMetricsValue::Counter(c) => c.value,
+        OpenMetricsValue::Gauge(g) | OpenMetricsValue::Unknown(g) => *g,
+        v => panic!("{name}: unexpected {v:?}"),
+    };
+    n.as_f64()
+}
+
+fn metrics_addr(s: &Serve) -> String {
+    let line = s.wait_line("metrics address", |l| l.contains("metrics on http://"));
+    line.split("http://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches("/metrics")
+        .to_string()
 }
 
 fn scrape(addr: &str, path: &str) -> (String, String) {
@@ -329,13 +386,7 @@ fn metrics_are_scraped_and_parse() {
         "metrics",
         &["--metrics", "127.0.0.1:0", "--sched", "fixed-share"],
     );
-    let line = s.wait_line("metrics address", |l| l.contains("metrics on http://"));
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches("/metrics")
-        .to_string();
+    let addr = metrics_addr(&s);
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
     s.ctl_json(&["cap", "vm1", "25"]);
     s.ctl_json(&["weight", "vm0", "4"]);
@@ -344,31 +395,280 @@ fn metrics_are_scraped_and_parse() {
         head.starts_with("HTTP/1.") && head.contains(" 200"),
         "{head}"
     );
-    assert!(head.to_ascii_lowercase().contains("text/plain"), "{head}");
-    let m = parse_exposition(&body);
-    for vm in ["vm0", "vm1"] {
-        for name in [
-            "gpuvm_vm_gpu_busy_seconds_total",
-            "gpuvm_vm_submissions_total",
-            "gpuvm_vm_exits_total",
-            "gpuvm_vm_faults_total",
-            "gpuvm_vm_violations_total",
-            "gpuvm_vm_share_window_ratio",
-            "gpuvm_vm_vram_bytes",
-        ] {
-            assert!(
-                m.contains_key(&format!("{name}{{vm=\"{vm}\"}}")),
-                "{name} {vm}:\n{body}"
-            );
+    assert!(
+        head.contains("Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        "{head}"
+    );
+    let m = parse_metrics(&body);
+    use openmetrics_parser::OpenMetricsType::{Counter, Gauge};
+    for (name, ty) in [
+        ("gpuvm_vm_gpu_busy_seconds", Counter),
+        ("gpuvm_vm_submissions", Counter),
+        ("gpuvm_vm_exits", Counter),
+        ("gpuvm_vm_faults", Counter),
+        ("gpuvm_vm_violations", Counter),
+        ("gpuvm_vm_moved_bytes", Counter),
+        ("gpuvm_vm_share_window_ratio", Gauge),
+        ("gpuvm_vm_vram_bytes", Gauge),
+        ("gpuvm_vm_vgpu_generation", Gauge),
+    ] {
+        assert_eq!(m.families[name].family_type, ty, "{name}");
+        for vm in ["vm0", "vm1"] {
+            value(&m, name, Some(vm));
         }
     }
-    assert_eq!(m["gpuvm_vm_cap_ratio{vm=\"vm1\"}"], 0.25);
-    assert_eq!(m["gpuvm_vm_weight{vm=\"vm0\"}"], 4.0);
-    assert_eq!(m["gpuvm_vm_vram_bytes{vm=\"vm0\"}"], (128u64 << 20) as f64);
-    assert_eq!(m["gpuvm_vms"], 2.0);
-    assert!(m["gpuvm_control_requests_total"] >= 2.0);
+    assert_eq!(m.families["gpuvm_vm_gpu_busy_seconds"].unit, "seconds");
+    assert_eq!(value(&m, "gpuvm_vm_cap_ratio", Some("vm1")), 0.25);
+    assert_eq!(value(&m, "gpuvm_vm_weight", Some("vm0")), 4.0);
+    assert_eq!(
+        value(&m, "gpuvm_vm_vram_bytes", Some("vm0")),
+        (128u64 << 20) as f64
+    );
+    assert_eq!(value(&m, "gpuvm_vm_vgpu_generation", Some("vm0")), 1.0);
+    assert_eq!(value(&m, "gpuvm_vms", None), 2.0);
+    assert!(value(&m, "gpuvm_control_requests", None) >= 2.0);
+    assert!(
+        body.contains("gpuvm_scheduler_info{policy=\"fixed-share\"} 1"),
+        "{body}"
+    );
     let (head, _) = scrape(&addr, "/other");
     assert!(head.contains(" 404"), "{head}");
+}
+
+/// Polls `stat` (bounded) until `cond` holds for VM `vm`; returns that stat.
+fn wait_stat(s: &Serve, vm: &str, what: &str, cond: impl Fn(&Value) -> bool) -> Value {
+    let end = Instant::now() + Duration::from_secs(120);
+    loop {
+        let st = s.stat();
+        let v = st["vms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == vm)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {vm} in {st}"));
+        if cond(&v) {
+            return v;
+        }
+        assert!(Instant::now() < end, "{vm} never {what}: {v}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Issue 26's bar: a VM's counters survive its client sessions. Two sessions of vm0 each
+/// bring the guest driver up over vfio-user and run the same verified GPU work; after both,
+/// the metrics parse, every counter family is typed and non-empty, and vm0's submissions are
+/// at least twice one session's, while stat shows the session's own counters back at 0.
+#[test]
+fn metrics_after_two_client_sessions_keep_the_vms_lifetime_totals() {
+    let s = Serve::start(
+        "sessions",
+        &[
+            "--metrics",
+            "127.0.0.1:0",
+            "--vms",
+            "1",
+            "--vram-mib",
+            "128",
+        ],
+    );
+    let addr = metrics_addr(&s);
+    let sock = s.dir.join("vm0.sock");
+
+    assert_eq!(support::vfio_guest::session(&sock, 2), 2);
+    let v = wait_stat(&s, "vm0", "saw its first client go", |v| {
+        v["teardowns"] == 1 && v["connected"] == false
+    });
+    assert_eq!(v["vgpu_generation"], 2, "{v}");
+    assert_eq!(v["submissions"], 0, "a fresh vGPU for the next client: {v}");
+    let one = value(
+        &parse_metrics(&scrape(&addr, "/metrics").1),
+        "gpuvm_vm_submissions",
+        Some("vm0"),
+    );
+    assert!(one > 0.0, "the first session submitted work");
+    assert_eq!(v["lifetime"]["submissions"].as_f64().unwrap(), one, "{v}");
+
+    assert_eq!(support::vfio_guest::session(&sock, 2), 2);
+    let v = wait_stat(&s, "vm0", "saw its second client go", |v| {
+        v["teardowns"] == 2 && v["connected"] == false
+    });
+    let (head, body) = scrape(&addr, "/metrics");
+    assert!(head.contains("application/openmetrics-text"), "{head}");
+    let m = parse_metrics(&body);
+    let two = value(&m, "gpuvm_vm_submissions", Some("vm0"));
+    assert!(
+        two >= 2.0 * one,
+        "after two sessions {two} submissions, one session {one}"
+    );
+    assert_eq!(v["lifetime"]["submissions"].as_f64().unwrap(), two, "{v}");
+    for name in [
+        "gpuvm_vm_gpu_busy_seconds",
+        "gpuvm_vm_doorbells",
+        "gpuvm_vm_completions",
+        "gpuvm_vm_exits",
+        "gpuvm_vm_moved_bytes",
+    ] {
+        assert!(
+            value(&m, name, Some("vm0")) > 0.0,
+            "{name} after two sessions"
+        );
+    }
+    assert_eq!(value(&m, "gpuvm_vm_connections", Some("vm0")), 2.0);
+    assert_eq!(value(&m, "gpuvm_vm_vgpu_generation", Some("vm0")), 3.0);
+    // The log names the VM and its vGPU generation, not the host's vGPU ids.
+    s.wait_line("generation logged", |l| {
+        l.contains("[vm0] client connected (connection 2): freshly reset vGPU generation 2")
+    });
+}
+
+/// A VMM that maps guest RAM which is not a sealed memfd (Cloud Hypervisor without the flag)
+/// has that DMA_MAP fail at once, because the daemon closes the connection (a client ignores
+/// an error reply to DMA_MAP), and the daemon's log names the flag that fixes it. The VM is
+/// served to the next client as usual.
+#[test]
+fn an_unsealed_dma_map_fails_the_device_at_once_with_the_flag_named() {
+    let s = Serve::start("unsealed", &[]);
+    let sock = s.dir.join("vm0.sock");
+    let mut c = vfio_user::Client::new(&sock).unwrap();
+    let mut id = [0u8; 4];
+    c.region_read(7, 0, &mut id).unwrap();
+    let ram = support::vfio_guest::memfd(2 << 20, false);
+    let r = c.dma_map(0, 0, 2 << 20, ram.as_raw_fd());
+    assert!(
+        r.is_err(),
+        "the VMM's DMA_MAP must fail, not be answered and ignored"
+    );
+    let l = s.wait_line("refusal logged", |l| {
+        l.contains("[vm0] device failed for this client") && l.contains("--allow-unsealed-dma")
+    });
+    assert!(l.contains("not sealed"), "{l}");
+    // The connection is gone: the next request fails too.
+    assert!(c.region_read(7, 0, &mut id).is_err());
+    let v = wait_stat(&s, "vm0", "saw the failed client go", |v| {
+        v["teardowns"] == 1 && v["connected"] == false
+    });
+    assert!(v["rejected"].as_u64().unwrap() >= 1, "{v}");
+    // A VMM with sealed RAM is served as usual.
+    assert_eq!(support::vfio_guest::session(&sock, 1), 1);
+    drop(s);
+
+    // With the flag the same map is accepted.
+    let s = Serve::start("unsealed-allowed", &["--allow-unsealed-dma"]);
+    let mut c = vfio_user::Client::new(&s.dir.join("vm0.sock")).unwrap();
+    c.region_read(7, 0, &mut id).unwrap();
+    let ram = support::vfio_guest::memfd(2 << 20, false);
+    c.dma_map(0, 0, 2 << 20, ram.as_raw_fd()).unwrap();
+    c.region_read(7, 0, &mut id).unwrap();
+    assert_eq!(u32::from_le_bytes(id), 0x06d8_10de);
+    let st = s.stat();
+    assert_eq!(st["vms"][0]["rejected"], 0, "{st}");
+}
+
+/// A second client of a VM that is served already is turned away at once, with who holds the
+/// VM in the log; the first goes on. The sockets get the mode asked for, and the client's
+/// uid is known.
+#[test]
+fn a_second_client_of_a_busy_vm_is_refused_with_the_holder_named() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Serve::start("busy", &["--socket-mode", "0660"]);
+    let sock = s.dir.join("vm0.sock");
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o660, "VM socket mode {mode:o}");
+    let mut first = vfio_user::Client::new(&sock).unwrap();
+    let mut id = [0u8; 4];
+    first.region_read(7, 0, &mut id).unwrap();
+    let me = std::process::id();
+    // SAFETY: getuid has no preconditions.
+    let uid = unsafe { libc::getuid() };
+    s.wait_line("the client identified", |l| {
+        l.contains(&format!("[vm0] client is pid {me} ")) && l.contains(&format!("uid {uid}"))
+    });
+    assert!(
+        vfio_user::Client::new(&sock).is_err(),
+        "a second client must not be left waiting"
+    );
+    let l = s.wait_line("the second client refused", |l| {
+        l.contains("[vm0] refused a second client")
+    });
+    assert!(
+        l.contains("served since") && l.contains(&format!("pid {me} ")),
+        "{l}"
+    );
+    first.region_read(7, 0, &mut id).unwrap();
+    assert_eq!(
+        u32::from_le_bytes(id),
+        0x06d8_10de,
+        "the first client goes on"
+    );
+    let st = s.stat();
+    let vm0 = &st["vms"][0];
+    assert!(
+        vm0["client"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("uid {uid}")),
+        "{vm0}"
+    );
+    assert_eq!(vm0["connections"], 1, "{vm0}");
+    // The first client leaves and a new one connects at once, as a rebooting VMM does: it is
+    // served, not taken for a second client (the old connection has hung up, whether or not
+    // the daemon has finished tearing it down when the new one arrives).
+    drop(first);
+    let mut again = vfio_user::Client::new(&sock).unwrap();
+    again.region_read(7, 0, &mut id).unwrap();
+    assert_eq!(u32::from_le_bytes(id), 0x06d8_10de);
+    let v = wait_stat(&s, "vm0", "serves its second client", |v| {
+        v["connections"] == 2
+    });
+    assert_eq!(
+        v["rejected"], 1,
+        "only the one second client was refused: {v}"
+    );
+}
+
+/// `ctl cap` under the default policy (band) and `ctl policy` at run time: the cap is kept and
+/// shown (stat, metrics) under every policy, the policy in force too, a bad policy is refused.
+#[test]
+fn cap_under_the_default_policy_and_a_policy_change_at_run_time() {
+    let s = Serve::start("policy", &["--metrics", "127.0.0.1:0"]);
+    let addr = metrics_addr(&s);
+    assert_eq!(s.stat()["policy"], "band");
+    let r = s.ctl_json(&["cap", "vm0", "30"]);
+    assert_eq!(r["vm"]["cap_pct"], 30.0, "{r}");
+    let v = wait_stat(&s, "vm0", "shows its cap", |v| v["cap"].as_f64().is_some());
+    assert!((v["cap"].as_f64().unwrap() - 0.3).abs() < 1e-9, "{v}");
+    let out = s.ctl(&["cap", "vm0", "30"]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "vm0: capped at 30 % of GPU time\n"
+    );
+    for p in ["credit", "fifo", "fixed-share", "band"] {
+        let r = s.ctl_json(&["policy", p]);
+        assert_eq!(r["policy"], p, "{r}");
+        let st = s.stat();
+        assert_eq!(st["policy"], p, "{st}");
+        let m = parse_metrics(&scrape(&addr, "/metrics").1);
+        assert_eq!(
+            value(&m, "gpuvm_vm_cap_ratio", Some("vm0")),
+            0.3,
+            "under {p}"
+        );
+        assert!(scrape(&addr, "/metrics")
+            .1
+            .contains(&format!("gpuvm_scheduler_info{{policy=\"{p}\"}} 1")));
+    }
+    s.wait_line("policy change logged", |l| {
+        l.contains("gpuvm serve: scheduling policy changed from fixed-share to band")
+    });
+    let out = s.ctl(&["policy", "round-robin"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown scheduler"),
+        "{out:?}"
+    );
+    let r = s.ctl_json(&["cap", "vm0", "none"]);
+    assert!(r["vm"]["cap_pct"].is_null(), "{r}");
 }
 
 #[test]

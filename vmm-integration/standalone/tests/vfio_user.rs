@@ -77,9 +77,7 @@ impl Serve {
             .expect("start gpuvm serve");
         let lines = collect_stderr(&mut child, "[serve] ");
         let s = Serve { child, dir, lines };
-        wait_line(&s.lines, 0, "ready", |l| {
-            l.starts_with("gpuvm serve: ready")
-        });
+        wait_line(&s.lines, 0, "ready", |l| l.contains("gpuvm serve: ready"));
         s
     }
 
@@ -240,7 +238,7 @@ fn two_vmms_share_the_daemon_and_killing_one_hurts_only_its_vgpu() {
     assert!(status.success(), "{status}");
     assert!(!s0.exists() && !s1.exists(), "sockets removed");
     let i = wait_line(&serve.lines, 0, "the shutdown summary", |l| {
-        l.contains("stopped: sockets removed, 0 vGPUs left")
+        l.contains("stopped: sockets and lock removed, 0 vGPUs left")
     });
     let summary = serve.lines.0.lock().unwrap()[i].clone();
     // The killed VM's loop was on the GPU: its teardown aborted it.
@@ -404,7 +402,7 @@ fn malformed_messages_get_errors_and_never_take_the_daemon_down() {
         assert!(!r.is_error(), "after {what}");
         assert_eq!(data[16..], 0x06d8_10deu32.to_le_bytes(), "after {what}");
     }
-    // DMA maps: one good, then an overlapping one, an unsealed one, an unaligned one.
+    // DMA maps: one good, then an overlapping one, an unaligned one, ...
     let ram = memfd(2 << 20, true);
     assert!(!c
         .dma_map(0, 0, 2 << 20, Some(ram.as_raw_fd()))
@@ -417,13 +415,8 @@ fn malformed_messages_get_errors_and_never_take_the_daemon_down() {
             .is_error(),
         "overlap"
     );
-    let unsealed = memfd(1 << 20, false);
-    assert!(
-        c.dma_map(0, 4 << 20, 1 << 20, Some(unsealed.as_raw_fd()))
-            .unwrap()
-            .is_error(),
-        "unsealed"
-    );
+    // (An unsealed map is not answered with an error: it fails the device for the client and
+    // closes the connection; serve_ops.rs `an_unsealed_dma_map_fails_the_device_at_once_...`.)
     assert!(
         c.dma_map(0, (8 << 20) + 1, 4096, Some(other.as_raw_fd()))
             .unwrap()
@@ -508,7 +501,7 @@ fn malformed_messages_get_errors_and_never_take_the_daemon_down() {
     assert!(status.success(), "{status}");
     // Every line read (the summary is the last one), the refusals were logged for vm1 only.
     wait_line(&serve.lines, 0, "the shutdown summary", |l| {
-        l.contains("stopped: sockets removed")
+        l.contains("stopped: sockets")
     });
     let lines = serve.lines.0.lock().unwrap().clone();
     assert!(
@@ -585,7 +578,7 @@ fn serve_takes_one_toml_profile_per_vm() {
         lines,
     };
     let ready = wait_line(&serve.lines, 0, "ready", |l| {
-        l.starts_with("gpuvm serve: ready")
+        l.contains("gpuvm serve: ready")
     });
     let text = serve.lines.0.lock().unwrap()[..=ready].join("\n");
     for vm in ["alpha", "beta"] {

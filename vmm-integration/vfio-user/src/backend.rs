@@ -30,8 +30,10 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::RawFd;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use gpuvm::host::{GpuHost, HostError};
 use gpuvm::profile::VgpuProfile;
@@ -46,8 +48,83 @@ use vm_memory::GuestMemoryMmap;
 
 use crate::dma::DmaMaps;
 use crate::irq::{adopt_eventfd, VgpuIrq};
+use crate::peer::{self, Peer};
 use crate::regions::{self, Target};
 use crate::traffic::Traffic;
+
+/// What a VM's vGPUs did, summed over its life or over one vGPU: the VM's counters that
+/// survive its clients (each client gets a fresh vGPU whose own counters start at 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VmTotals {
+    /// GPU time charged to it, ns.
+    pub gpu_busy_ns: u64,
+    /// Doorbells (GP_PUT writes).
+    pub doorbells: u64,
+    /// Submissions dispatched.
+    pub submissions: u64,
+    /// Submissions completed.
+    pub completions: u64,
+    /// Trapped BAR accesses.
+    pub exits: u64,
+    /// MMU faults and BAR faults delivered to the guest.
+    pub faults: u64,
+    /// Isolation violations refused.
+    pub violations: u64,
+    /// Channels killed by the hang watchdog.
+    pub watchdog_kills: u64,
+}
+
+impl VmTotals {
+    /// The counters of one vGPU now (its GPU time as the host's scheduler charged it).
+    pub fn of(host: &GpuHost, v: &Vgpu) -> VmTotals {
+        let vs = v.stats();
+        let busy = host
+            .sched_stats()
+            .vms
+            .iter()
+            .find(|s| s.vm == v.id())
+            .map_or(0, |s| s.busy_ns);
+        VmTotals {
+            gpu_busy_ns: busy,
+            doorbells: vs.doorbells,
+            submissions: vs.submissions,
+            completions: vs.completions,
+            exits: vs.exits.total(),
+            faults: vs.faults_delivered + vs.bar_faults,
+            violations: vs.violations.total,
+            watchdog_kills: vs.watchdog_kills,
+        }
+    }
+}
+
+impl std::ops::Add for VmTotals {
+    type Output = VmTotals;
+    fn add(self, o: VmTotals) -> VmTotals {
+        VmTotals {
+            gpu_busy_ns: self.gpu_busy_ns + o.gpu_busy_ns,
+            doorbells: self.doorbells + o.doorbells,
+            submissions: self.submissions + o.submissions,
+            completions: self.completions + o.completions,
+            exits: self.exits + o.exits,
+            faults: self.faults + o.faults,
+            violations: self.violations + o.violations,
+            watchdog_kills: self.watchdog_kills + o.watchdog_kills,
+        }
+    }
+}
+
+/// The client a VM is served to now: who it is (`SO_PEERCRED`), since when, and the server
+/// end of its connection (to close it when the device fails).
+#[derive(Debug, Clone)]
+pub struct Holder {
+    /// The peer, if its descriptor was found.
+    pub peer: Option<Peer>,
+    /// When it connected (the log lines' time format).
+    pub since: String,
+    /// The server end of its connection, owned by the `vfio_user` crate; valid only while the
+    /// connection lasts (the holder is cleared before the crate closes it).
+    pub(crate) fd: Option<RawFd>,
+}
 
 /// One VM served over its socket: survives its clients.
 #[derive(Debug)]
@@ -70,6 +147,21 @@ pub struct VmDevice {
     generation: AtomicU64,
     /// A migration of the vGPU out is in progress.
     pub(crate) migrating: AtomicBool,
+    /// Counters of its vGPUs already destroyed (the current one's are added when read).
+    retired: Mutex<VmTotals>,
+    /// vGPUs created for it so far: the current one's generation (1 for the first).
+    vgpus: AtomicU64,
+    /// Bytes the clients moved through its BARs and configuration space, all connections.
+    bytes_total: AtomicU64,
+    /// The same, the current connection.
+    bytes_session: AtomicU64,
+    /// Its socket path (to find a connection's descriptor), once served.
+    socket: Mutex<Option<PathBuf>>,
+    /// The client served now, and a condition variable signalled when that changes.
+    pub(crate) holder: Mutex<Option<Holder>>,
+    pub(crate) holder_changed: Condvar,
+    /// Signalled when the holder goes (wakes the busy-socket watcher out of `poll`).
+    pub(crate) holder_gone: vmm_sys_util::eventfd::EventFd,
 }
 
 impl VmDevice {
@@ -95,6 +187,15 @@ impl VmDevice {
             ram: Mutex::new(None),
             generation: AtomicU64::new(0),
             migrating: AtomicBool::new(false),
+            retired: Mutex::new(VmTotals::default()),
+            vgpus: AtomicU64::new(0),
+            bytes_total: AtomicU64::new(0),
+            bytes_session: AtomicU64::new(0),
+            socket: Mutex::new(None),
+            holder: Mutex::new(None),
+            holder_changed: Condvar::new(),
+            holder_gone: vmm_sys_util::eventfd::EventFd::new(libc::EFD_NONBLOCK)
+                .map_err(|e| HostError::Config(format!("eventfd: {e}")))?,
         };
         let v = dev.create()?;
         *dev.slot() = Some(v);
@@ -113,7 +214,93 @@ impl VmDevice {
         let v = self.host.create_vgpu(&self.profile())?;
         self.line.reset();
         self.configure(&v);
+        self.vgpus.fetch_add(1, Ordering::SeqCst);
         Ok(v)
+    }
+
+    /// Destroys `old` (the slot's vGPU, taken out under the slot lock by the caller) after
+    /// adding its counters to the VM's lifetime totals.
+    fn retire(&self, old: &Vgpu) {
+        let t = VmTotals::of(&self.host, old);
+        {
+            let mut r = Self::lock(&self.retired);
+            *r = *r + t;
+        }
+        if let Err(e) = self.host.destroy_vgpu(old) {
+            self.event(&format!("destroying the vGPU: {e}"));
+        }
+        self.teardowns.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// The VM's counters over its whole life (every vGPU it had, the current one included),
+    /// and the current vGPU's alone (zero without one).
+    pub fn totals(&self) -> (VmTotals, VmTotals) {
+        let slot = self.slot();
+        let current = slot
+            .as_ref()
+            .map(|v| VmTotals::of(&self.host, v))
+            .unwrap_or_default();
+        let retired = *Self::lock(&self.retired);
+        (retired + current, current)
+    }
+
+    /// The current vGPU's generation: how many vGPUs the VM has had (1 for the first; each
+    /// client, device reset and restore gets a fresh one).
+    pub fn vgpu_generation(&self) -> u64 {
+        self.vgpus.load(Ordering::SeqCst)
+    }
+
+    /// Bytes the clients moved through the device's regions (BARs and configuration space):
+    /// over the VM's life, and in the current connection.
+    pub fn bytes_moved(&self) -> (u64, u64) {
+        (
+            self.bytes_total.load(Ordering::Relaxed),
+            self.bytes_session.load(Ordering::Relaxed),
+        )
+    }
+
+    fn moved(&self, n: usize) {
+        self.bytes_total.fetch_add(n as u64, Ordering::Relaxed);
+        self.bytes_session.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// The client served now, if any (who, since when).
+    pub fn holder(&self) -> Option<Holder> {
+        Self::lock(&self.holder).clone()
+    }
+
+    pub(crate) fn set_socket(&self, path: PathBuf) {
+        *Self::lock(&self.socket) = Some(path);
+    }
+
+    /// Records the client now served (called from inside the connection, where the crate's
+    /// stream is open) and logs who it is.
+    fn set_holder(&self) -> Option<RawFd> {
+        let path = Self::lock(&self.socket).clone();
+        let fd = path.as_deref().and_then(peer::connection_fd);
+        let peer = fd.and_then(|fd| {
+            // SAFETY: `fd` is the crate's open connection (we are inside its request loop).
+            peer::peer_of(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+        });
+        self.event(&match peer {
+            Some(p) => format!("client is {p}"),
+            None => "client's credentials unknown (its connection descriptor was not found)".into(),
+        });
+        *Self::lock(&self.holder) = Some(Holder {
+            peer,
+            since: crate::say::now(),
+            fd,
+        });
+        self.holder_changed.notify_all();
+        fd
+    }
+
+    /// Forgets the client (its connection ended or is about to): the busy-socket watcher stops
+    /// refusing newcomers.
+    pub(crate) fn clear_holder(&self) {
+        *Self::lock(&self.holder) = None;
+        let _ = self.holder_gone.write(1);
+        self.holder_changed.notify_all();
     }
 
     /// What the VM's settings give every vGPU of it: the cap and weight set at run time (a
@@ -146,20 +333,17 @@ impl VmDevice {
             return Err("the daemon is stopping".into());
         }
         if let Some(old) = slot.take() {
-            if let Err(e) = self.host.destroy_vgpu(&old) {
-                self.event(&format!("destroying the vGPU: {e}"));
-            }
-            self.teardowns.fetch_add(1, Ordering::SeqCst);
+            self.retire(&old);
         }
         let r = build(&self.host);
         match &r {
             Ok(v) => {
                 self.configure(v);
+                self.vgpus.fetch_add(1, Ordering::SeqCst);
                 *slot = Some(v.clone());
             }
-            Err(_) => match self.host.create_vgpu(&self.profile()) {
+            Err(_) => match self.create() {
                 Ok(v) => {
-                    self.configure(&v);
                     *slot = Some(v);
                 }
                 Err(e) => self.event(&format!("a fresh vGPU failed too: {e}")),
@@ -275,6 +459,7 @@ impl VmDevice {
 
     pub(crate) fn connected(&self) {
         self.connections.fetch_add(1, Ordering::SeqCst);
+        self.bytes_session.store(0, Ordering::Relaxed);
         self.client.store(true, Ordering::SeqCst);
     }
 
@@ -287,10 +472,9 @@ impl VmDevice {
         self.client.load(Ordering::SeqCst)
     }
 
-    /// Prints a per-VM event on standard error (and logs it).
+    /// Prints a per-VM event on standard error, timestamped (and logs it).
     pub fn event(&self, msg: &str) {
-        log::info!("[{}] {msg}", self.name);
-        eprintln!("gpuvm serve: [{}] {msg}", self.name);
+        crate::say::say(format_args!("[{}] {msg}", self.name));
     }
 
     /// Destroys the current vGPU (channels stopped, work dropped, VRAM slice scrubbed, DMA
@@ -299,10 +483,7 @@ impl VmDevice {
     pub fn recycle(&self, why: &str) -> Result<Option<Arc<Vgpu>>, HostError> {
         let mut slot = self.slot();
         if let Some(old) = slot.take() {
-            if let Err(e) = self.host.destroy_vgpu(&old) {
-                self.event(&format!("destroying the vGPU: {e}"));
-            }
-            self.teardowns.fetch_add(1, Ordering::SeqCst);
+            self.retire(&old);
         }
         self.line.reset();
         if self.stopping.load(Ordering::SeqCst) {
@@ -310,7 +491,8 @@ impl VmDevice {
         }
         let v = self.create()?;
         self.event(&format!(
-            "{why}: vGPU destroyed and scrubbed, fresh {} (profile '{}')",
+            "{why}: vGPU destroyed and scrubbed, fresh vGPU generation {} (host id {}, profile '{}')",
+            self.vgpu_generation(),
             v.id(),
             self.profile().name
         ));
@@ -322,6 +504,11 @@ impl VmDevice {
     pub fn shut_down(&self) {
         self.stopping.store(true, Ordering::SeqCst);
         let _ = self.recycle("shutdown");
+    }
+
+    /// Counts one refused request; returns the count so far.
+    pub(crate) fn count_refusal(&self) -> u64 {
+        self.rejected.fetch_add(1, Ordering::SeqCst) + 1
     }
 
     fn reject(&self, e: io::Error) -> io::Error {
@@ -357,7 +544,14 @@ pub struct VgpuBackend {
     marks: u64,
     /// The device's [`VmDevice::generation`] this connection's vGPU is from.
     generation: u64,
+    /// The client was identified (first request seen): the server end of its connection.
+    conn: Option<Option<RawFd>>,
+    /// The device failed for this client (why): every later request is refused.
+    failed: Option<String>,
 }
+
+/// What the daemon tells an operator whose VMM maps guest RAM that is not sealed.
+pub const UNSEALED_DMA_FIX: &str = "Cloud Hypervisor's guest memory is such a file: start the daemon with `gpuvm serve --allow-unsealed-dma` to accept it (docs/cloud-hypervisor.md), or have the VMM share its RAM as a memfd sealed with F_SEAL_SHRINK";
 
 fn einval(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, what.into())
@@ -382,7 +576,46 @@ impl VgpuBackend {
             last_mark: Traffic::default(),
             marks: 0,
             generation,
+            conn: None,
+            failed: None,
         })
+    }
+
+    /// At the connection's first request: who the client is (logged; the busy-socket watcher
+    /// names it to a second client).
+    fn identify(&mut self) {
+        if self.conn.is_none() {
+            self.conn = Some(self.dev.set_holder());
+        }
+    }
+
+    /// Fails the device for this client: logs `why` with the fix, refuses every later request
+    /// and shuts the connection down, so that the VMM's pending request fails at once (a
+    /// vfio-user client such as Cloud Hypervisor's ignores an error reply to DMA_MAP, but not a
+    /// closed connection) instead of its guest failing later on memory the GPU cannot reach.
+    fn fail(&mut self, why: String) -> io::Error {
+        self.dev.event(&format!(
+            "device failed for this client: {why}; closing the connection"
+        ));
+        if let Some(Some(fd)) = self.conn {
+            // SAFETY: `fd` is the crate's connection, open while this backend serves it;
+            // shutdown(2) does not close it, it only ends both directions.
+            let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
+        }
+        self.failed = Some(why.clone());
+        self.dev.rejected.fetch_add(1, Ordering::SeqCst);
+        io::Error::new(io::ErrorKind::PermissionDenied, why)
+    }
+
+    /// The refusal of a request after the device failed.
+    fn refuse_failed(&mut self) -> Option<io::Error> {
+        let why = self.failed.clone()?;
+        self.traffic.refused += 1;
+        self.dev.rejected.fetch_add(1, Ordering::SeqCst);
+        Some(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("the device failed for this client: {why}"),
+        ))
     }
 
     /// A phase marker: a 4-byte write at offset 0 of BAR5 (the I/O window the device model does
@@ -433,6 +666,10 @@ impl VgpuBackend {
     /// Checks a region access; on refusal counts and logs it (`None`: answer by content).
     fn admit(&mut self, region: u32, offset: u64, len: usize, write: bool) -> Option<Target> {
         self.sync();
+        self.identify();
+        if self.refuse_failed().is_some() {
+            return None;
+        }
         let target = match regions::check(region, offset, len) {
             Ok(t) => t,
             Err(e) => {
@@ -457,6 +694,7 @@ impl VgpuBackend {
             self.dev.rejected.fetch_add(1, Ordering::SeqCst);
             return None;
         }
+        self.dev.moved(len);
         Some(target)
     }
 
@@ -627,15 +865,25 @@ impl ServerBackend for VgpuBackend {
         fd: Option<File>,
     ) -> io::Result<()> {
         self.traffic.dma += 1;
+        self.identify();
+        if let Some(e) = self.refuse_failed() {
+            return Err(e);
+        }
         if !flags.contains(DmaMapFlags::READ_WRITE) {
             return Err(self.dev.reject(einval(format!(
                 "DMA map {address:#x}+{size:#x} with flags {:#x}: the GPU reads and writes guest RAM",
                 flags.bits()
             ))));
         }
-        self.dma
-            .map(offset, address, size, fd)
-            .map_err(|e| self.dev.reject(e))?;
+        match self.dma.map(offset, address, size, fd) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(self.fail(format!(
+                    "DMA map {address:#x}+{size:#x} refused: {e}. {UNSEALED_DMA_FIX}"
+                )));
+            }
+            Err(e) => return Err(self.dev.reject(e)),
+        }
         if let Err(e) = self.reattach() {
             let _ = self.dma.unmap(address, size, false);
             let _ = self.reattach();
@@ -646,6 +894,10 @@ impl ServerBackend for VgpuBackend {
 
     fn dma_unmap(&mut self, flags: DmaUnmapFlags, address: u64, size: u64) -> io::Result<()> {
         self.traffic.dma += 1;
+        self.identify();
+        if let Some(e) = self.refuse_failed() {
+            return Err(e);
+        }
         if flags.contains(DmaUnmapFlags::GET_DIRTY_PAGE_INFO) {
             return Err(self
                 .dev
@@ -659,6 +911,10 @@ impl ServerBackend for VgpuBackend {
 
     fn reset(&mut self) -> io::Result<()> {
         self.sync();
+        self.identify();
+        if let Some(e) = self.refuse_failed() {
+            return Err(e);
+        }
         let eventfds = self.dev.line.take_eventfds();
         let fresh = self
             .dev
@@ -680,6 +936,10 @@ impl ServerBackend for VgpuBackend {
         count: u32,
         fds: Vec<File>,
     ) -> io::Result<()> {
+        self.identify();
+        if let Some(e) = self.refuse_failed() {
+            return Err(e);
+        }
         let unmask = index == regions::INTX
             && flags & VFIO_IRQ_SET_ACTION_TYPE_MASK == VFIO_IRQ_SET_ACTION_UNMASK;
         if unmask {

@@ -60,6 +60,40 @@ pub struct DaemonConfig {
     pub require_sealed_dma: bool,
 }
 
+/// Who may connect to the VM sockets: a socket is created with the process's umask (only its
+/// owner can connect with the usual 022: connecting needs write permission), then given
+/// `mode` and `gid` if set (`gpuvm serve --socket-mode 0660 --socket-group kvm`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SocketAccess {
+    /// Permission bits of each VM socket (e.g. 0o660).
+    pub mode: Option<u32>,
+    /// Group of each VM socket.
+    pub gid: Option<u32>,
+}
+
+impl SocketAccess {
+    fn apply(&self, path: &Path) -> io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(gid) = self.gid {
+            std::os::unix::fs::chown(path, None, Some(gid)).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("giving {} to group {gid}: {e}", path.display()),
+                )
+            })?;
+        }
+        if let Some(mode) = self.mode {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("setting mode {mode:o} on {}: {e}", path.display()),
+                )
+            })?;
+        }
+        Ok(())
+    }
+}
+
 /// Wakes the poller when an access made something due earlier than it will wake by itself.
 #[derive(Debug)]
 pub struct Waker {
@@ -205,6 +239,7 @@ struct VmEntry {
     stop: Arc<AtomicBool>,
     wake: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
+    watcher: Option<JoinHandle<()>>,
 }
 
 /// A running daemon.
@@ -212,6 +247,7 @@ pub struct Daemon {
     host: Arc<GpuHost>,
     socket_dir: PathBuf,
     require_sealed_dma: bool,
+    access: SocketAccess,
     vms: Mutex<Vec<VmEntry>>,
     waker: Arc<Waker>,
     poller: Mutex<Option<JoinHandle<()>>>,
@@ -312,14 +348,14 @@ fn serve_vm(
         };
         dev.connected();
         let n = dev.connections();
-        let fresh = dev.vgpu().map(|v| v.id().to_string()).unwrap_or_default();
+        let g = dev.vgpu_generation();
         dev.event(&if n == 1 {
-            format!("client connected: vGPU {fresh}")
+            format!("client connected: vGPU generation {g}")
         } else {
             // A reconnecting client (a rebooted, reconnected or restored VMM) never sees the
             // previous client's GPU state: that vGPU was destroyed when its client went.
             format!(
-                "client connected (connection {n}): freshly reset vGPU {fresh}, nothing kept from the previous client"
+                "client connected (connection {n}): freshly reset vGPU generation {g}, nothing kept from the previous client"
             )
         });
         let why = match catch_unwind(AssertUnwindSafe(|| server.run(&mut backend))) {
@@ -330,6 +366,7 @@ fn serve_vm(
                 panic_message(&*p)
             ),
         };
+        dev.clear_holder();
         dev.disconnected();
         dev.set_ram(None);
         dev.event(&format!("connection ended: {}", backend.traffic()));
@@ -342,6 +379,140 @@ fn serve_vm(
             dev.event(&format!("{why}: vGPU destroyed; a fresh one failed: {e}"));
         }
         drop(backend);
+    }
+}
+
+/// How long a VM's holder has to show it hung up before a newcomer is refused as a second
+/// client (see [`watch_busy`]).
+const BUSY_GRACE_MS: i32 = 500;
+
+fn holder_lock(dev: &VmDevice) -> MutexGuard<'_, Option<crate::backend::Holder>> {
+    dev.holder.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Polls `fds` (each for `POLLIN`, or `POLLRDHUP` when `hup`); `None` if the call failed.
+fn poll_in(fds: &[(std::os::fd::RawFd, bool)], timeout_ms: i32) -> Option<Vec<bool>> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&(fd, hup)| libc::pollfd {
+            fd,
+            events: if hup { libc::POLLRDHUP } else { libc::POLLIN },
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `p` is a valid array of pollfd for the duration of the call.
+    let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+    (n >= 0).then(|| p.iter().map(|x| x.revents != 0).collect())
+}
+
+/// The busy-socket watcher of one VM: while a client is served, a second client that connects
+/// (a second VMM started on the same VM by mistake) would wait in the socket's backlog with no
+/// word until the first leaves. Instead it is accepted here, logged with who holds the VM and
+/// since when, counted as a refused request, and closed, so the second VMM fails at once.
+/// A newcomer whose predecessor hangs up within [`BUSY_GRACE_MS`] is left alone: it is the VM's
+/// next client (a rebooting VMM), and the VM's thread accepts it once the old connection is torn
+/// down.
+fn watch_busy(
+    dev: Arc<VmDevice>,
+    listener: UnixListener,
+    wake: Arc<EventFd>,
+    stop: Arc<AtomicBool>,
+) {
+    loop {
+        {
+            let mut h = holder_lock(&dev);
+            while h.is_none() && !stop.load(Ordering::SeqCst) {
+                h = dev
+                    .holder_changed
+                    .wait(h)
+                    .unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let fds = [
+            (listener.as_raw_fd(), false),
+            (dev.holder_gone.as_raw_fd(), false),
+            (wake.as_raw_fd(), false),
+        ];
+        let Some(ready) = poll_in(&fds, -1) else {
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if ready[1] {
+            let _ = dev.holder_gone.read();
+            continue;
+        }
+        if !ready[0] {
+            continue;
+        }
+        let Some(holder) = holder_lock(&dev).clone() else {
+            continue;
+        };
+        let gone_or_stop = [
+            (dev.holder_gone.as_raw_fd(), false),
+            (wake.as_raw_fd(), false),
+        ];
+        let Some(fd) = holder.fd else {
+            // Unknown connection: it cannot be told whether it hung up, so never refuse; wait
+            // for the VM's thread to end it.
+            let _ = poll_in(&gone_or_stop, -1);
+            continue;
+        };
+        // A client that has just closed its connection may keep it open a moment longer (a
+        // copy of the descriptor in a child between fork and exec), and its successor must not
+        // be refused for that: the holder has a grace period to show it hung up.
+        match poll_in(
+            &[(fd, true), gone_or_stop[0], gone_or_stop[1]],
+            BUSY_GRACE_MS,
+        ) {
+            // Still connected after the grace period: the newcomer is a second client.
+            Some(r) if r.iter().all(|&x| !x) => {}
+            // Hung up: the newcomer is the next client; wait for the VM's thread to end the
+            // old connection (holder_gone).
+            Some(r) if r[0] => {
+                let _ = poll_in(&gone_or_stop, -1);
+                continue;
+            }
+            // The holder went, or the daemon stops, or poll failed: look again.
+            _ => continue,
+        }
+        let h = holder_lock(&dev);
+        let same = h
+            .as_ref()
+            .is_some_and(|x| x.fd == holder.fd && x.since == holder.since);
+        if !same || !poll_in(&[(listener.as_raw_fd(), false)], 0).is_some_and(|r| r[0]) {
+            continue;
+        }
+        // The VM's thread only accepts between connections (holder None), and the backlog
+        // holds a connection until it is accepted: this accept does not block.
+        let newcomer = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                drop(h);
+                dev.event(&format!("busy-socket watcher: accept: {e}"));
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let who = crate::peer::peer_of(std::os::fd::AsFd::as_fd(&newcomer))
+            .map_or_else(|| "unknown peer".to_string(), |p| p.to_string());
+        let holder_who = holder
+            .peer
+            .map_or_else(|| "an unidentified client".to_string(), |p| p.to_string());
+        let n = dev.count_refusal();
+        if n <= 16 || n.is_power_of_two() {
+            dev.event(&format!(
+                "refused a second client ({who}): the VM's socket is busy, served since {} to {holder_who}; one client per VM, stop that VMM first ({n} refusals so far)",
+                holder.since
+            ));
+        }
+        drop(h);
+        drop(newcomer);
     }
 }
 
@@ -368,6 +539,16 @@ impl Daemon {
         clock: Arc<dyn Clock>,
         cfg: DaemonConfig,
     ) -> io::Result<Daemon> {
+        Self::start_with_access(host, clock, cfg, SocketAccess::default())
+    }
+
+    /// [`Daemon::start`], with the VM sockets' mode and group set as `access` says.
+    pub fn start_with_access(
+        host: Arc<GpuHost>,
+        clock: Arc<dyn Clock>,
+        cfg: DaemonConfig,
+        access: SocketAccess,
+    ) -> io::Result<Daemon> {
         if cfg.vms.is_empty() {
             return Err(bad("no VMs to serve".into()));
         }
@@ -383,6 +564,7 @@ impl Daemon {
             host: host.clone(),
             socket_dir: cfg.socket_dir.clone(),
             require_sealed_dma: cfg.require_sealed_dma,
+            access,
             vms: Mutex::new(Vec::new()),
             waker: waker.clone(),
             poller: Mutex::new(None),
@@ -442,16 +624,20 @@ impl Daemon {
         }
         let bound = (|| {
             let listener = UnixListener::bind(&path)?;
+            self.access.apply(&path)?;
             let watch = listener.try_clone()?;
-            Ok::<_, io::Error>((listener, watch))
+            let busy = listener.try_clone()?;
+            Ok::<_, io::Error>((listener, watch, busy))
         })();
-        let (listener, watch) = match bound {
+        let (listener, watch, busy) = match bound {
             Ok(l) => l,
             Err(e) => {
                 dev.shut_down();
+                let _ = std::fs::remove_file(&path);
                 return Err(e);
             }
         };
+        dev.set_socket(path.clone());
         let server = Server::from_owned_fd(
             OwnedFd::from(listener),
             true,
@@ -462,8 +648,8 @@ impl Daemon {
         let wake = Arc::new(EventFd::new(libc::EFD_NONBLOCK)?);
         let p = dev.profile();
         dev.event(&format!(
-            "serving {} on {} (profile '{}': {} MiB VRAM, {} channels, weight {}, shadow {})",
-            dev.vgpu().map(|v| v.id().to_string()).unwrap_or_default(),
+            "serving vGPU generation {} on {} (profile '{}': {} MiB VRAM, {} channels, weight {}, shadow {})",
+            dev.vgpu_generation(),
             path.display(),
             p.name,
             p.vram_mib,
@@ -488,12 +674,26 @@ impl Daemon {
                 return Err(e);
             }
         };
+        let (d, w, st) = (dev.clone(), wake.clone(), stop.clone());
+        let watcher = std::thread::Builder::new()
+            .name(format!("{}-busy", dev.name()))
+            .spawn(move || watch_busy(d, busy, w, st));
+        let watcher = match watcher {
+            Ok(t) => Some(t),
+            Err(e) => {
+                dev.event(&format!(
+                    "no busy-socket watcher ({e}): a second client will wait unannounced"
+                ));
+                None
+            }
+        };
         vms.push(VmEntry {
             dev: dev.clone(),
             socket: path,
             stop,
             wake,
             thread: Some(thread),
+            watcher,
         });
         Ok(dev)
     }
@@ -520,8 +720,23 @@ impl Daemon {
     fn stop_entry(e: &mut VmEntry) {
         e.stop.store(true, Ordering::SeqCst);
         let _ = e.wake.write(1);
+        {
+            // Under the holder's lock, so the watcher cannot miss the notification between
+            // its look at `stop` and its wait.
+            let _h = e.dev.holder.lock().unwrap_or_else(|x| x.into_inner());
+            e.dev.holder_changed.notify_all();
+        }
         e.dev.shut_down();
         let _ = std::fs::remove_file(&e.socket);
+        if let Some(t) = e.watcher.take() {
+            for _ in 0..50 {
+                if t.is_finished() {
+                    let _ = t.join();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
         if let Some(t) = e.thread.take() {
             if t.is_finished() {
                 let _ = t.join();

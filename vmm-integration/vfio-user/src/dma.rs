@@ -104,7 +104,7 @@ impl DmaMaps {
             .filter(|&e| e <= self.limit)
             .ok_or_else(|| {
                 einval(format!(
-                    "DMA map {address:#x}+{size:#x} does not fit in the {:#x}-byte DMA window",
+                    "DMA map {address:#x}+{size:#x} does not fit in the {:#x}-byte DMA window (the guest's RAM must end inside it: start gpuvm serve with a larger --dma-window-mib)",
                     self.limit
                 ))
             })?;

@@ -11,6 +11,8 @@
 //!   time), an event-driven poller (`event-manager`, a timerfd and an eventfd), shutdown.
 //! - [`migration`]: moving a VM's vGPU out of one daemon and into another.
 //! - [`traffic`]: per-connection message counts.
+//! - [`peer`]: who a VM socket's client is (`SO_PEERCRED`).
+//! - [`say`]: the daemon's timestamped log lines.
 //! - [`wire`]: raw protocol framing, for tests that send what the `vfio_user` client cannot.
 //!
 //! Every message a client sends is untrusted. What the `vfio_user` crate itself mishandles is
@@ -22,10 +24,12 @@ pub mod daemon;
 pub mod dma;
 pub mod irq;
 pub mod migration;
+pub mod peer;
 pub mod regions;
+pub mod say;
 pub mod traffic;
 pub mod wire;
 
-pub use backend::VmDevice;
-pub use daemon::{Daemon, DaemonConfig, VmSpec, Waker};
+pub use backend::{Holder, VmDevice, VmTotals, UNSEALED_DMA_FIX};
+pub use daemon::{Daemon, DaemonConfig, SocketAccess, VmSpec, Waker};
 pub use migration::MigrationOut;

@@ -160,8 +160,10 @@ fn weights_and_caps_change_at_run_time_or_are_refused_unchanged() {
     assert!(a.set_weight(101).is_err());
     assert_eq!(a.profile().weight, 3, "a refused weight changes nothing");
     assert!((share("a") - 0.75).abs() < 1e-9);
-    // BAND has no caps.
-    assert!(b.set_cap(Some(100_000)).is_err());
+    // A cap out of range is refused under BAND (with or without caps under every policy in
+    // the core) and changes nothing.
+    assert!(b.set_cap(Some(0)).is_err());
+    assert!(b.set_cap(Some(2_000_000)).is_err());
     assert_eq!(b.cap_ppm(), None);
     // The weight survives a teardown (a reconnect gets the same profile).
     a.recycle("test").unwrap();

@@ -2,6 +2,8 @@
 //! its JSON, and the plain "SKIPPED" line of a test that needs /dev/kvm on a host without it.
 #![allow(dead_code)] // each test file uses a different subset
 
+pub mod vfio_guest;
+
 use std::process::{Command, Output};
 
 use serde_json::Value;
