@@ -5,7 +5,8 @@
 #
 # Out of tree: the source is unpacked into $TARGET/uml/src and built into $TARGET/uml/build,
 # where $TARGET is $CARGO_TARGET_DIR or the repository's target/. Idempotent: the kernel is
-# not rebuilt unless config.fragment, virt-pci-reclaim.patch or the package version changed
+# not rebuilt unless config.fragment, a patch (virt-pci-reclaim.patch, uml-xstate-fallback.patch)
+# or the package version changed
 # (their hash is kept in $TARGET/uml/stamp). Also builds the guest test program
 # (gpuvm-nvtest.c, static) into $TARGET/uml/rootfs/, the host directory UML mounts as its root.
 # After a build only the kernel binary and the DRM UAPI headers ($TARGET/uml/uapi) are kept:
@@ -65,7 +66,7 @@ version="$(dpkg-query -W -f='${Version}' "$pkg")"
 stamp="$( {
     echo "$version"
     echo "keeps: linux uapi"
-    cat "$here/config.fragment" "$here/virt-pci-reclaim.patch"
+    cat "$here/config.fragment" "$here/virt-pci-reclaim.patch" "$here/uml-xstate-fallback.patch"
 } | sha256sum | cut -d' ' -f1)"
 
 # The guest test program: static, built against the kernel's DRM UAPI headers.
@@ -91,6 +92,8 @@ rm -rf "$out/src" "$out/build" "$out/linux" "$out/uapi" "$out/stamp"
 mkdir -p "$out/src" "$out/build"
 tar -xf "$tarball" -C "$out/src" --strip-components=1
 patch -d "$out/src" -p1 --forward < "$here/virt-pci-reclaim.patch" >&2
+# Userspace processes die at their first switch on hosts with a large XSAVE area (AMX).
+patch -d "$out/src" -p1 --forward < "$here/uml-xstate-fallback.patch" >&2
 
 jobs="$(nproc)"
 make -s -C "$out/src" O="$out/build" ARCH=um defconfig >&2
