@@ -366,33 +366,14 @@ fn an_eager_flush_of_a_full_directory_is_rebuilt_in_budgeted_steps() {
             size: PtSize::Full,
         }
         .encode();
-        let a = pd + 8 * (64 + i);
-        let hal = vm.drv.hal_mut();
-        hal.write32(
-            Bar::Bar0,
-            u64::from(pbus::PMEM),
-            pbus::pmem_encode(a, Target::Vram),
-        );
-        let win = u64::from(pbus::PRAMIN_BASE) + (a & 0xffff);
-        saved.push((hal.read32(Bar::Bar0, win), hal.read32(Bar::Bar0, win + 4)));
-        hal.write32(Bar::Bar0, win, value as u32);
-        hal.write32(Bar::Bar0, win + 4, (value >> 32) as u32);
+        saved.push(swap_vram_u64(&mut vm, pd + 8 * (64 + i), value));
     }
     let polls = flush_and_wait(&mut vm, pd);
-    // 2048 entries with tables at 16 per step: the flush took many exits, each bounded.
+    // 2048 entries with tables, two per step: the flush took many exits, each bounded.
     assert!(polls >= 100, "rebuilt in {polls} polls");
     // The entries are back to what the driver maps; its work verifies.
-    for (i, (lo, hi)) in saved.into_iter().enumerate() {
-        let a = pd + 8 * (64 + i as u64);
-        let hal = vm.drv.hal_mut();
-        hal.write32(
-            Bar::Bar0,
-            u64::from(pbus::PMEM),
-            pbus::pmem_encode(a, Target::Vram),
-        );
-        let win = u64::from(pbus::PRAMIN_BASE) + (a & 0xffff);
-        hal.write32(Bar::Bar0, win, lo);
-        hal.write32(Bar::Bar0, win + 4, hi);
+    for (i, old) in saved.into_iter().enumerate() {
+        swap_vram_u64(&mut vm, pd + 8 * (64 + i as u64), old);
     }
     vm.drv
         .hal_mut()
@@ -429,4 +410,22 @@ fn flush_and_wait(vm: &mut Vm, pd: u64) -> u32 {
         assert!(polls < 100_000, "the rebuild never finished");
     }
     polls
+}
+
+/// Writes the 64-bit word at VRAM address `a` through the PRAMIN window (moving it there) and
+/// returns what was there.
+fn swap_vram_u64(vm: &mut Vm, a: u64, value: u64) -> u64 {
+    use gpuvm::gf100::{pbus, Target};
+    let hal = vm.drv.hal_mut();
+    hal.write32(
+        Bar::Bar0,
+        u64::from(pbus::PMEM),
+        pbus::pmem_encode(a, Target::Vram),
+    );
+    let win = u64::from(pbus::PRAMIN_BASE) + (a & 0xffff);
+    let old =
+        u64::from(hal.read32(Bar::Bar0, win)) | u64::from(hal.read32(Bar::Bar0, win + 4)) << 32;
+    hal.write32(Bar::Bar0, win, value as u32);
+    hal.write32(Bar::Bar0, win + 4, (value >> 32) as u32);
+    old
 }

@@ -57,7 +57,7 @@ use crate::host::{HostConfig, HostState};
 use crate::phys::AcquireState;
 use crate::phys::{Bar, PhysicalGpu};
 use crate::sched::{dispatchable, Decision, Submission, VmId};
-use crate::shadow_pt::GuestPdb;
+use crate::shadow_pt::{GuestPdb, ShadowCtx, ShadowPt};
 use crate::vgpu::VmCx;
 
 /// A submission on the GPU.
@@ -685,7 +685,12 @@ fn acquire_would_pass(
 /// from the VM's own VRAM slice or RAM; false if it leads elsewhere or nowhere.
 fn read_va(cx: &mut VmCx, pdb: GuestPdb, va: u64, buf: &mut [u8]) -> bool {
     let (sh, scx) = cx.shadow();
-    let Some(t) = sh.translate(&scx, pdb, va) else {
+    read_shadowed(sh, &scx, pdb, va, buf)
+}
+
+/// [`read_va`] on a borrowed shadow and its context (the pushbuffer scan reads many times).
+fn read_shadowed(sh: &ShadowPt, scx: &ShadowCtx, pdb: GuestPdb, va: u64, buf: &mut [u8]) -> bool {
+    let Some(t) = sh.translate(scx, pdb, va) else {
         return false;
     };
     match t.target {
@@ -825,33 +830,7 @@ fn scan_for_invalidates(
 ) -> Vec<Option<(u64, Target)>> {
     let (sh, scx) = cx.shadow();
     let sh = &*sh;
-    let slice = scx.mem.slice;
-    let mut reader = |va: u64, buf: &mut [u8]| -> bool {
-        let Some(t) = sh.translate(&scx, pdb, va) else {
-            return false;
-        };
-        match t.target {
-            Target::Vram => {
-                let end = t.addr.saturating_add(buf.len() as u64 - 1);
-                if slice.to_guest(HostVram(t.addr)).is_none()
-                    || slice.to_guest(HostVram(end)).is_none()
-                {
-                    return false;
-                }
-                scx.mem.phys.read_vram(HostVram(t.addr), buf);
-                true
-            }
-            Target::SysCoherent | Target::SysNonCoherent => {
-                let Some(ram) = scx.mem.ram else {
-                    return false;
-                };
-                match t.addr.checked_sub(ram.iova_base.raw()) {
-                    Some(gpa) => ram.mem.read_slice(buf, GuestAddress(gpa)).is_ok(),
-                    None => false,
-                }
-            }
-        }
-    };
+    let mut reader = |va: u64, buf: &mut [u8]| read_shadowed(sh, &scx, pdb, va, buf);
     let out = cmdscan::scan(&mut reader, ring, from, to, scan, Budget::DEFAULT);
     if out.stop == cmdscan::Stop::Budget {
         log::debug!("pushbuffer scan budget exhausted ({out:?})");

@@ -773,10 +773,9 @@ pub fn mutate(trace: &Trace, class: FaultClass, r: &mut Rng) -> (Trace, String) 
     )
 }
 
-/// Rewrites one compute launch found in the guest-RAM writes (an incrementing KERNEL method
-/// with at least 6 words on any subchannel) into a `loop` kernel of 2^60 iterations writing
-/// to the launch's first address argument.
-fn hang_a_launch(ev_: &mut [Event], r: &mut Rng) -> String {
+/// The compute launches found in pushbuffers the driver wrote to guest RAM: (event, word of the
+/// KERNEL method header, subchannel, argument count), with all their arguments in the write.
+fn kernel_launches(ev_: &[Event]) -> Vec<(usize, usize, u32, u32)> {
     use gf100::compute as cc;
     let mut found = Vec::new();
     for (k, e) in ev_.iter().enumerate() {
@@ -785,15 +784,25 @@ fn hang_a_launch(ev_: &mut [Event], r: &mut Rng) -> String {
         };
         for (w, c) in data.chunks_exact(4).enumerate() {
             let word = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            let hit = (0..gf100::method::SUBCHANNELS).find(|&s| {
-                (6..=1 + cc::MAX_ARGS as u32).any(|n| word == gf100::method::incr(s, cc::KERNEL, n))
+            let hit = (0..gf100::method::SUBCHANNELS).find_map(|s| {
+                (6..=1 + cc::MAX_ARGS as u32)
+                    .find(|&n| word == gf100::method::incr(s, cc::KERNEL, n))
+                    .map(|n| (s, n))
             });
-            if hit.is_some() && (w + 7) * 4 <= data.len() {
-                found.push((k, w));
+            if let Some((s, n)) = hit.filter(|&(_, n)| (w + 1 + n as usize) * 4 <= data.len()) {
+                found.push((k, w, s, n));
             }
         }
     }
-    let Some((k, w)) = r.pick(&found) else {
+    found
+}
+
+/// Rewrites one compute launch found in the guest-RAM writes (an incrementing KERNEL method
+/// with at least 6 words on any subchannel) into a `loop` kernel of 2^60 iterations writing
+/// to the launch's first address argument.
+fn hang_a_launch(ev_: &mut [Event], r: &mut Rng) -> String {
+    use gf100::compute as cc;
+    let Some((k, w, _, _)) = r.pick(&kernel_launches(ev_)) else {
         return "no kernel launch found".into();
     };
     let line = ev_[k].line;
@@ -819,26 +828,8 @@ fn hang_a_launch(ev_: &mut [Event], r: &mut Rng) -> String {
 /// acquire on the launch's first address that can never succeed (ACQ_AND with payload 0), its
 /// remaining words swallowed by a NOP: the channel parks there for good.
 fn park_a_launch(ev_: &mut [Event], r: &mut Rng) -> String {
-    use gf100::compute as cc;
     use gf100::host as hm;
-    let mut found = Vec::new();
-    for (k, e) in ev_.iter().enumerate() {
-        let Op::DmaWrite { data, .. } = &e.op else {
-            continue;
-        };
-        for (w, c) in data.chunks_exact(4).enumerate() {
-            let word = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            let hit = (0..gf100::method::SUBCHANNELS).find_map(|s| {
-                (6..=1 + cc::MAX_ARGS as u32)
-                    .find(|&n| word == gf100::method::incr(s, cc::KERNEL, n))
-                    .map(|n| (s, n))
-            });
-            if let Some((s, n)) = hit.filter(|&(_, n)| (w + 1 + n as usize) * 4 <= data.len()) {
-                found.push((k, w, s, n));
-            }
-        }
-    }
-    let Some((k, w, s, n)) = r.pick(&found) else {
+    let Some((k, w, s, n)) = r.pick(&kernel_launches(ev_)) else {
         return "no kernel launch found".into();
     };
     let line = ev_[k].line;
