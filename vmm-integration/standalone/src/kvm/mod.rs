@@ -495,7 +495,9 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
         return run_native(&kvm, opts, sim);
     }
     let phys: Arc<dyn PhysicalGpu> = sim.clone();
-    let hcfg = HostConfig::default();
+    // Enough hypervisor VRAM for every VM's shadow reservation (64 VMs: 528 MiB), as the
+    // in-process runs have.
+    let hcfg = gpuvm_harness::virt::host_config_for(&HostConfig::default(), opts.vms);
     let hyp = hcfg.hypervisor_vram >> 20;
     let host = Arc::new(GpuHost::new(phys, hcfg).context("bringing up the GPU host")?);
     // VM 0 of a restore gets its vGPU from the snapshot or the migration stream.
