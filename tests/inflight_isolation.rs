@@ -20,7 +20,7 @@ use gpuvm_guest::hal::Mmio;
 use gpuvm_guest::{Buffer, Channel, Fence, MemLocation, PushBuf};
 
 mod support;
-use support::vgpu_rig::{run_suite, world as rig_world, Vm, World};
+use support::vgpu_rig::{loop_iterations_for, pass, run_suite, world as rig_world, Vm, World};
 
 const MODES: [ShadowMode; 4] = [
     ShadowMode::Eager,
@@ -103,14 +103,6 @@ fn until_running(w: &World, engine: u32, p: u32) {
         w.host.poll();
     }
     panic!("engine {engine} never ran channel {p}");
-}
-
-/// Lets `ns` of simulated time pass, polling the host every 100 us.
-fn pass(w: &World, ns: u64) {
-    for _ in 0..ns / 100_000 {
-        w.clock.advance(100_000);
-        w.host.poll();
-    }
 }
 
 fn bar0_write(vm: &mut Vm, off: u32, v: u32) {
@@ -455,12 +447,4 @@ fn work_outside_the_scheduler_is_charged_and_timed_as_its_own() {
         busy(&victim) < 10_000_000,
         "the victim is charged only its own work: {s:?}"
     );
-}
-
-/// Iterations of the loop kernel that take about `ns` of modeled PGRAPH time (from the cost
-/// model the rig's GPU uses, so the test follows it whatever it says).
-fn loop_iterations_for(ns: u64) -> u64 {
-    let cost = gpuvm_sim::CostModel::quadro_6000();
-    let per = cost.loop_kernel(1 << 20).max(1);
-    (u128::from(ns) * (1u128 << 20) / u128::from(per)) as u64
 }

@@ -17,24 +17,9 @@ use gpuvm_guest::{MemLocation, PushBuf};
 use gpuvm_harness::exp_isolation::{run_isolation, Adversary, IsolationOptions, KernelKind};
 
 mod support;
-use support::vgpu_rig::{world as rig_world, Vm, World};
+use support::vgpu_rig::{loop_iterations_for, pass, world as rig_world, Vm, World};
 
 const MS: u64 = 1_000_000;
-
-/// Iterations of the loop kernel that take about `ns` of modeled PGRAPH time.
-fn loop_iterations_for(ns: u64) -> u64 {
-    let cost = gpuvm_sim::CostModel::quadro_6000();
-    let per = cost.loop_kernel(1 << 20).max(1);
-    (u128::from(ns) * (1u128 << 20) / u128::from(per)) as u64
-}
-
-/// Lets `ns` of simulated time pass, polling the host every 100 us.
-fn pass(w: &World, ns: u64) {
-    for _ in 0..ns / 100_000 {
-        w.clock.advance(100_000);
-        w.host.poll();
-    }
-}
 
 fn phys_state(w: &World, vm: &Vm, g: u32) -> u32 {
     w.gpu

@@ -53,6 +53,7 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::addr::HostVram;
 use crate::channels::cmdscan::{self, Budget, Ring};
+use crate::host::runtime::Cursor;
 use crate::host::{HostConfig, HostState};
 use crate::phys::AcquireState;
 use crate::phys::{Bar, PhysicalGpu};
@@ -518,8 +519,24 @@ fn charge_running(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
     if !st.runtime.measured() {
         return;
     }
-    if let Some(ns) = st.charge_ran(phys, vm, now).filter(|&ns| ns > 0) {
-        st.sched.charge(vm, ns, now);
+    // Only channels with a submission in flight can run (their RUNNABLE is the host's), so
+    // reading just theirs is exact and keeps this per-exit step to a few counter reads; the
+    // completion charges the VM's whole range as before.
+    let (mut acct, mut sched) = (0u64, 0u64);
+    for p in st
+        .inflight
+        .iter()
+        .map(|f| f.sub.phys_chid)
+        .collect::<Vec<_>>()
+    {
+        acct += st.runtime.take(phys, p..p + 1, Cursor::Acct).unwrap_or(0);
+        sched += st.runtime.take(phys, p..p + 1, Cursor::Sched).unwrap_or(0);
+    }
+    if acct > 0 {
+        st.acct.charge_measured(vm, acct, now);
+    }
+    if sched > 0 {
+        st.sched.charge(vm, sched, now);
     }
 }
 

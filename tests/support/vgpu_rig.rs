@@ -114,3 +114,19 @@ pub fn run_suite(vm: &mut Vm) {
         assert!(r.verified, "{w}");
     }
 }
+
+/// Iterations of the loop kernel that take about `ns` of modeled PGRAPH time (from the cost
+/// model the rig's GPU uses, so the tests follow it whatever it says).
+pub fn loop_iterations_for(ns: u64) -> u64 {
+    let cost = gpuvm_sim::CostModel::quadro_6000();
+    let per = cost.loop_kernel(1 << 20).max(1);
+    (u128::from(ns) * (1u128 << 20) / u128::from(per)) as u64
+}
+
+/// Lets `ns` of simulated time pass, polling the host every 100 us.
+pub fn pass(w: &World, ns: u64) {
+    for _ in 0..ns / 100_000 {
+        w.clock.advance(100_000);
+        w.host.poll();
+    }
+}
