@@ -14,7 +14,7 @@ use gpuvm::gf100::gpfifo::GpEntry;
 use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
 use gpuvm::gf100::{copy as ce, host, inst, method, pbus, pfifo, pmc, userd, Target};
 use gpuvm::phys::{Bar, PhysicalGpu};
-use gpuvm_sim::{CostModel, SimConfig, SimGpu};
+use gpuvm_sim::{CostModel, Executor, SimConfig, SimGpu};
 
 /// Channel VA layout (every channel has its own VM).
 pub const IB_VA: u64 = 0x0010_0000;
@@ -145,11 +145,17 @@ impl Rig {
 
     /// A rig whose GPU has `vram_size` bytes of (lazily allocated) VRAM.
     pub fn with_config(cost: CostModel, vram_size: u64) -> Rig {
+        Rig::with_executor(cost, vram_size, Executor::Auto)
+    }
+
+    /// A rig whose GPU runs its engines' work by `executor`.
+    pub fn with_executor(cost: CostModel, vram_size: u64, executor: Executor) -> Rig {
         let clock = Arc::new(SimClock::new());
         let gpu = SimGpu::new(SimConfig {
             vram_size,
             clock: clock.clone(),
             cost,
+            executor,
             ..SimConfig::default()
         });
         let mut rig = Rig {

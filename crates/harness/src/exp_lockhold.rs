@@ -14,9 +14,12 @@
 //!   the whole shadow, which the host does in budgeted steps (`gpuvm::shadow_pt`, the
 //!   isolation review's finding 4: 48-85 ms in one hold before).
 //!
-//! Each scenario is a fresh host on the simulated GF100 with the simulated clock (the victim's
-//! waits jump it to the GPU's next event, so the neighbour's work falls due in large pieces:
-//! the worst case for the per-call bound). Hold times are wall-clock, from
+//! Each scenario is a fresh host on the simulated GF100. With the real clock (the default, what
+//! `serve` and the KVM VMM run) the engines' work runs on the simulator's engine worker, beside
+//! the host lock (`gpuvm_sim::Executor`); with the simulated clock it runs inline in the host's
+//! calls within their work budget (the deterministic executor; the victim's waits jump the clock
+//! to the GPU's next event, so the neighbour's work falls due in large pieces: the worst case
+//! for the per-call bound). Hold times are wall-clock, from
 //! [`gpuvm::host::LockHolds`]. Reported per scenario: holds, p50/p99 bucket bounds, the longest
 //! hold, and whether every victim workload verified.
 
@@ -32,7 +35,7 @@ use gpuvm_guest::{DriverConfig, Gpu, MemLocation, PushBuf};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::VirtHal;
-use gpuvm::clock::{Clock, SimClock};
+use gpuvm::clock::{Clock, ClockKind};
 use gpuvm::host::{GpuHost, HostConfig, LockHolds};
 use gpuvm::phys::Bar;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
@@ -48,6 +51,9 @@ pub struct LockholdOptions {
     pub size: u32,
     /// Matrix dimension of the `mmul` neighbour.
     pub mmul_n: u32,
+    /// The clock (and with it who runs the engines: the worker with `Real`, the host's calls
+    /// with `Sim`).
+    pub clock: ClockKind,
 }
 
 impl Default for LockholdOptions {
@@ -56,6 +62,7 @@ impl Default for LockholdOptions {
             rounds: 2,
             size: 64,
             mmul_n: 1024,
+            clock: ClockKind::Real,
         }
     }
 }
@@ -92,6 +99,11 @@ pub struct LockholdReport {
     pub size: u32,
     /// Matrix dimension.
     pub mmul_n: u32,
+    /// `real` or `sim`.
+    pub clock: ClockKind,
+    /// Who ran the engines' work: `worker` (beside the host lock) or `inline` (in the host's
+    /// calls).
+    pub engines: String,
     /// Per scenario.
     pub scenarios: Vec<LockholdScenario>,
 }
@@ -105,7 +117,7 @@ struct Vm {
     drv: Gpu<VirtHal>,
 }
 
-fn new_vm(host: &GpuHost, clock: &Arc<SimClock>, name: &str, shadow: ShadowMode) -> Vm {
+fn new_vm(host: &GpuHost, clock: &Arc<dyn Clock>, name: &str, shadow: ShadowMode) -> Vm {
     let vgpu = host
         .create_vgpu(&VgpuProfile {
             name: name.into(),
@@ -117,8 +129,7 @@ fn new_vm(host: &GpuHost, clock: &Arc<SimClock>, name: &str, shadow: ShadowMode)
         .expect("vGPU");
     let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
     vgpu.attach_guest_memory(ram.clone()).unwrap();
-    let c: Arc<dyn Clock> = clock.clone();
-    let hal = VirtHal::new(vgpu.clone(), c, ram.clone(), 0, RAM);
+    let hal = VirtHal::new(vgpu.clone(), clock.clone(), ram.clone(), 0, RAM);
     let drv = Gpu::init(hal, DriverConfig::default()).expect("driver init");
     Vm { vgpu, ram, drv }
 }
@@ -133,7 +144,7 @@ enum Neighbour {
 }
 
 fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
-    let clock = Arc::new(SimClock::new());
+    let clock = opts.clock.create();
     let gpu = Arc::new(SimGpu::new(SimConfig {
         vram_size: 1 << 30,
         clock: clock.clone(),
@@ -395,6 +406,12 @@ pub fn run_lockhold(opts: &LockholdOptions) -> LockholdReport {
         rounds: opts.rounds,
         size: opts.size,
         mmul_n: opts.mmul_n,
+        clock: opts.clock,
+        engines: match opts.clock {
+            ClockKind::Real => "worker",
+            ClockKind::Sim => "inline",
+        }
+        .into(),
         scenarios: [
             Neighbour::None,
             Neighbour::Mmul,

@@ -5,8 +5,9 @@
 //! Arguments are decoded and validated with `gf100::compute::Kernel::decode`; a rejected launch
 //! is a PBDMA ILLEGAL_MTHD error (the caller's job). A launched kernel runs as an
 //! [`super::engine::EngineOp`] over its modeled duration: element-wise kernels stream their
-//! operands in 64 KiB pieces; the matrix kernels compute one row per piece (the first reads all of
-//! `b`, at most 4 MiB at the 1024x1024 limit, and keeps it); `loop` writes its one word at the end.
+//! operands in 64 KiB pieces; the matrix kernels first load `b` (at most 4 MiB at the 1024x1024
+//! limit, kept) in 64 KiB pieces, then compute each result row in blocks of ~64 Ki multiply-adds;
+//! `loop` writes its one word at the end.
 //! A fault stops the kernel where it happened (MMU fault unit PGRAPH, GPC client CTXCTL), when its
 //! piece is reached; results written before it stay written. `fmmul` sums k in
 //! increasing order with separate f32 multiply and add, so results are bit-exact and
@@ -230,6 +231,49 @@ mod tests {
             assert!(run_to_end(&mut c, &mut op).is_ok());
             assert_eq!(op.scanned_traffic(), c.mem.take_traffic(), "{k:?}");
         }
+    }
+
+    #[test]
+    fn offloaded_blocks_land_only_in_the_operation_still_at_that_piece() {
+        use crate::engine::{Budget, EngineWrites, Step};
+        let (mut c, vs) = setup();
+        let n = 260u32; // 2 blocks per result row
+        let a: Vec<u32> = (0..n * n).map(|i| i % 7).collect();
+        let b: Vec<u32> = (0..n * n).map(|i| i % 5 + 1).collect();
+        put(&mut c, &vs, 0x1000, &a);
+        put(&mut c, &vs, 0x4_4000, &b);
+        let k = Kernel::Mmul {
+            a: 0x1000,
+            b: 0x4_4000,
+            c: 0x8_7000,
+            n,
+        };
+        let mut op = EngineOp::kernel(&c, &k, vs, 0, 0);
+        op.serial = 1;
+        let mut budget = Budget::default();
+        // As the engine worker does: loads run, the first block is handed out.
+        let block = loop {
+            budget.new_worker_batch(u64::MAX);
+            match op.progress(&mut c, 0, u64::MAX, EngineWrites::OverDuration, &mut budget) {
+                Step::Offload(o) => break o,
+                Step::Deferred | Step::Waiting => {}
+                other => panic!("{other:?}"),
+            }
+        };
+        let data = block.block.compute();
+        // An operation launched after this one was aborted does not take its results...
+        let mut other = EngineOp::kernel(&c, &k, vs, 0, 0);
+        other.serial = 2;
+        assert_eq!(other.commit(&mut c, &block, &data, &mut budget), Ok(()));
+        assert_eq!(get(&mut c, &vs, 0x8_7000, 4), vec![0; 4]);
+        // ...the operation it belongs to does, once.
+        assert_eq!(op.commit(&mut c, &block, &data, &mut budget), Ok(()));
+        let want: u32 = (0..n as usize).map(|k| a[k] * b[k * n as usize]).sum();
+        assert_eq!(get(&mut c, &vs, 0x8_7000, 1), vec![want]);
+        put(&mut c, &vs, 0x8_7000, &[0]);
+        assert_eq!(op.commit(&mut c, &block, &data, &mut budget), Ok(()));
+        assert_eq!(get(&mut c, &vs, 0x8_7000, 1), vec![0], "a block lands once");
+        assert!(budget.stats.worker_pieces > 0);
     }
 
     #[test]

@@ -5,8 +5,10 @@
 //! space ([`Vspace`]) and instance word of the context that launched it; every later access goes
 //! through that captured context, as the hardware keeps using the context it loaded until the
 //! engine idles or is reset. The operation is cut into pieces ([`Job`]): 64 KiB of one line of a
-//! copy, 64 KiB of a memset, 16 Ki elements of an element-wise kernel, one row of a matrix
-//! kernel, the single result word of `loop`.
+//! copy, 64 KiB of a memset, 16 Ki elements of an element-wise kernel, 64 KiB of a matrix
+//! kernel's `b` operand loaded, then a block of about 64 Ki multiply-adds of one result row (a
+//! row of a 1024x1024 product is 16 pieces), the single result word of `loop`. Small pieces
+//! bound how long one piece holds the simulator's lock (`crate::worker`).
 //!
 //! **Duration.** The cost model charges memory traffic by target (VRAM or PCIe), so before the
 //! first piece runs the operation is *scanned*: every piece's address ranges are translated
@@ -26,6 +28,8 @@
 //! work (scanning included); what is due beyond that is done by later calls, and
 //! `next_event_ns()` says "now" meanwhile. The budget changes no modeled time: due times,
 //! durations and busy accounting are fixed at launch.
+
+use std::sync::Arc;
 
 use gf100::compute::{self as cc, Kernel};
 use gf100::{fault, host, Target};
@@ -51,8 +55,8 @@ pub enum EngineWrites {
 /// One unit is 4 bytes moved by a copy or memset, or one element operation of a kernel (one
 /// multiply-add of a matrix kernel); 4 Mi units is 16 MiB of copy or 4 rows of a 1024x1024
 /// matrix product (a few milliseconds of host CPU: `gpuvm exp lockhold` measures the holds).
-/// A piece larger than the whole budget (the first row of a 2048x2048 product, which also
-/// reads all of `b`) runs alone in a call of its own, so that work always progresses.
+/// A piece larger than the whole budget runs alone in a call of its own, so that work always
+/// progresses (no piece is: the largest are 64 KiB moved or ~64 Ki multiply-adds).
 pub const WORK_BUDGET: u64 = 4 << 20;
 /// Fixed units charged per piece (bounds the number of tiny pieces per call).
 const PIECE_UNITS: u64 = 64;
@@ -73,28 +77,60 @@ pub struct EngineWorkStats {
     pub max_call_units: u64,
     /// Calls that stopped because the budget was used up while more work was due.
     pub deferred_calls: u64,
+    /// Of `pieces`, those the engine worker performed (`Executor::Worker`).
+    pub worker_pieces: u64,
 }
 
 /// The per-call allowance of engine work.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Budget {
     used: u64,
+    limit: u64,
     deferred: bool,
+    worker: bool,
     pub stats: EngineWorkStats,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            used: 0,
+            limit: WORK_BUDGET,
+            deferred: false,
+            worker: false,
+            stats: EngineWorkStats::default(),
+        }
+    }
 }
 
 impl Budget {
     /// A new simulator call starts.
     pub(crate) fn new_call(&mut self) {
         self.used = 0;
+        self.limit = WORK_BUDGET;
         self.deferred = false;
+        self.worker = false;
+    }
+
+    /// Counts a piece done.
+    fn count_piece(&mut self) {
+        self.stats.pieces += 1;
+        self.stats.worker_pieces += self.worker as u64;
+    }
+
+    /// A batch of the engine worker's, of at most `limit` units, starts.
+    pub(crate) fn new_worker_batch(&mut self, limit: u64) {
+        self.used = 0;
+        self.limit = limit;
+        self.deferred = false;
+        self.worker = true;
     }
 
     /// Takes `units` if they fit in what is left of this call's budget.
     fn take(&mut self, units: u64) -> bool {
         // A piece larger than the whole budget still runs, alone, so that work always
         // progresses.
-        if self.used > 0 && self.used + units > WORK_BUDGET {
+        if self.used > 0 && self.used + units > self.limit {
             if !self.deferred {
                 self.deferred = true;
                 self.stats.deferred_calls += 1;
@@ -123,12 +159,15 @@ pub(crate) enum Job {
     Memset { dst: u64, bytes: u64, value: u32 },
     /// `c[i] = op(a[i], b[i])` for `n` words; `float` selects f32 add over wrapping u32 add.
     Elementwise { abc: [u64; 3], n: u64, float: bool },
-    /// `c = a x b` for `n`x`n` matrices; `b` is read with the first row and kept (transposed).
+    /// `c = a x b` for `n`x`n` matrices: first `b` is loaded (kept transposed) in pieces of
+    /// 64 KiB, then each result row is computed in blocks of columns; a row of `a` is read by
+    /// its row's first block and kept for the others.
     Matmul {
         abc: [u64; 3],
         n: u64,
         float: bool,
-        b: Vec<u32>,
+        b: Arc<Vec<u32>>,
+        row_a: Arc<Vec<u32>>,
     },
     /// The closed-form result of `loop` written at `dst`.
     Loop { dst: u64, value: u32 },
@@ -152,7 +191,8 @@ impl Job {
                 abc: [a, b, c],
                 n: n as u64,
                 float: matches!(k, Kernel::Fmmul { .. }),
-                b: Vec::new(),
+                b: Arc::default(),
+                row_a: Arc::default(),
             },
             Kernel::Loop {
                 dst,
@@ -171,7 +211,10 @@ impl Job {
             Job::Copy { len, lines, .. } => lines * len.div_ceil(STAGE),
             Job::Memset { bytes, .. } => bytes.div_ceil(STAGE),
             Job::Elementwise { n, .. } => n.div_ceil(ELEMS),
-            Job::Matmul { n, .. } => n,
+            Job::Matmul { n, .. } => {
+                let m = MatmulPieces::new(n);
+                m.loads + n * m.blocks
+            }
             Job::Loop { .. } => 1,
         }
     }
@@ -208,11 +251,21 @@ impl Job {
                 abc: [a, b, c], n, ..
             } => {
                 let row = n * 4;
-                out.push((a.wrapping_add(i * row), row));
-                if i == 0 {
-                    out.push((b, n * row));
+                match MatmulPieces::new(n).piece(i) {
+                    MatmulPiece::Load { rows } => out.push((
+                        b.wrapping_add(rows.start * row),
+                        (rows.end - rows.start) * row,
+                    )),
+                    MatmulPiece::Block { row: r, cols } => {
+                        if cols.start == 0 {
+                            out.push((a.wrapping_add(r * row), row));
+                        }
+                        out.push((
+                            c.wrapping_add(r * row + cols.start * 4),
+                            (cols.end - cols.start) * 4,
+                        ));
+                    }
                 }
-                out.push((c.wrapping_add(i * row), row));
             }
             Job::Loop { dst, .. } => out.push((dst, 4)),
         }
@@ -225,8 +278,14 @@ impl Job {
                 Job::Copy { len, .. } => (len - i % len.div_ceil(STAGE) * STAGE).min(STAGE) / 4,
                 Job::Memset { bytes, .. } => (bytes - i * STAGE).min(STAGE) / 4,
                 Job::Elementwise { n, .. } => (n - i * ELEMS).min(ELEMS),
-                // A row: n*n multiply-adds; the first row also reads both operands.
-                Job::Matmul { n, .. } => n * n + if i == 0 { n * n } else { 0 },
+                // A load: its words; a block: n multiply-adds per column (the row's first block
+                // also reads the row of `a`).
+                Job::Matmul { n, .. } => match MatmulPieces::new(n).piece(i) {
+                    MatmulPiece::Load { rows } => (rows.end - rows.start) * n,
+                    MatmulPiece::Block { cols, .. } => {
+                        (cols.end - cols.start) * n + if cols.start == 0 { n } else { 0 }
+                    }
+                },
                 Job::Loop { .. } => 1,
             }
     }
@@ -270,44 +329,62 @@ impl Job {
                     .collect();
                 core.write_va(vs, r[2].0, &out)
             }
-            Job::Matmul { n, float, b, .. } => {
-                let n = *n as usize;
-                let row_a = read_words(core, vs, r[0].0, n)?;
-                if i == 0 {
-                    // The first piece also reads all of `b`, kept (transposed, so that a
-                    // column is contiguous: simulator speed only) for the other rows.
-                    let rows = read_words(core, vs, r[1].0, n * n)?;
-                    *b = vec![0; n * n];
-                    for (k, row) in rows.chunks_exact(n).enumerate() {
-                        for (j, &v) in row.iter().enumerate() {
-                            b[j * n + k] = v;
-                        }
+            Job::Matmul { .. } => match self.gather(i, core, vs)? {
+                Some(block) => core.write_va(vs, block.dst, &block.compute()),
+                None => Ok(()),
+            },
+            Job::Loop { dst, value } => core.write_va(vs, *dst, &value.to_le_bytes()),
+        }
+    }
+
+    /// The memory reads of piece `i` of a matrix kernel: a load of `b` is done entirely; a
+    /// block of a result row reads its row of `a` (if first in its row) and returns what is left
+    /// to do, a computation on data already read (`None` for a load or another job).
+    fn gather(
+        &mut self,
+        i: u64,
+        core: &mut Core,
+        vs: &Vspace,
+    ) -> Result<Option<MatmulBlock>, VaFault> {
+        let mut r = Vec::with_capacity(3);
+        self.ranges(i, &mut r);
+        let Job::Matmul {
+            n, float, b, row_a, ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let n64 = *n;
+        let n = n64 as usize;
+        match MatmulPieces::new(n64).piece(i) {
+            MatmulPiece::Load { rows } => {
+                // `b` kept transposed (a column contiguous: simulator speed only).
+                if rows.start == 0 {
+                    *b = Arc::new(vec![0; n * n]);
+                }
+                let words = read_words(core, vs, r[0].0, r[0].1 as usize / 4)?;
+                let b = Arc::make_mut(b);
+                for (k, row) in words.chunks_exact(n).enumerate() {
+                    let k = rows.start as usize + k;
+                    for (j, &v) in row.iter().enumerate() {
+                        b[j * n + k] = v;
                     }
                 }
-                let dst = r[r.len() - 1].0;
-                let row: Vec<u8> = (0..n)
-                    .flat_map(|j| {
-                        let col = b[j * n..(j + 1) * n].iter().copied();
-                        if *float {
-                            row_a
-                                .iter()
-                                .zip(col)
-                                .fold(0f32, |acc, (&x, y)| {
-                                    acc + f32::from_bits(x) * f32::from_bits(y)
-                                })
-                                .to_bits()
-                        } else {
-                            row_a
-                                .iter()
-                                .zip(col)
-                                .fold(0u32, |acc, (&x, y)| acc.wrapping_add(x.wrapping_mul(y)))
-                        }
-                        .to_le_bytes()
-                    })
-                    .collect();
-                core.write_va(vs, dst, &row)
+                Ok(None)
             }
-            Job::Loop { dst, value } => core.write_va(vs, *dst, &value.to_le_bytes()),
+            MatmulPiece::Block { cols, .. } => {
+                if cols.start == 0 {
+                    *row_a = Arc::new(read_words(core, vs, r[0].0, n)?);
+                }
+                Ok(Some(MatmulBlock {
+                    n,
+                    float: *float,
+                    b: b.clone(),
+                    row_a: row_a.clone(),
+                    cols: cols.start as usize..cols.end as usize,
+                    dst: r[r.len() - 1].0,
+                }))
+            }
         }
     }
 
@@ -338,6 +415,117 @@ impl Job {
     }
 }
 
+/// Multiply-adds in one block of a matrix kernel's result row (MODEL choice: ~50 us of host
+/// CPU, so that one piece never holds the simulator's lock long).
+const MATMUL_BLOCK_MACS: u64 = 64 * 1024;
+
+/// A block of a matrix kernel's result row, its operands read: pure computation, which the
+/// engine worker does outside the simulator's lock (`crate::worker`).
+#[derive(Debug)]
+pub(crate) struct MatmulBlock {
+    n: usize,
+    float: bool,
+    b: Arc<Vec<u32>>,
+    row_a: Arc<Vec<u32>>,
+    cols: std::ops::Range<usize>,
+    /// Where the block's results go (GPU VA).
+    dst: u64,
+}
+
+impl MatmulBlock {
+    /// The block's results, little-endian words.
+    pub(crate) fn compute(&self) -> Vec<u8> {
+        let n = self.n;
+        self.cols
+            .clone()
+            .flat_map(|j| {
+                let col = self.b[j * n..(j + 1) * n].iter().copied();
+                if self.float {
+                    self.row_a
+                        .iter()
+                        .zip(col)
+                        .fold(0f32, |acc, (&x, y)| {
+                            acc + f32::from_bits(x) * f32::from_bits(y)
+                        })
+                        .to_bits()
+                } else {
+                    self.row_a
+                        .iter()
+                        .zip(col)
+                        .fold(0u32, |acc, (&x, y)| acc.wrapping_add(x.wrapping_mul(y)))
+                }
+                .to_le_bytes()
+            })
+            .collect()
+    }
+}
+
+/// A piece's computation taken out of the simulator's lock by the engine worker: the block,
+/// and which operation and piece it belongs to (its results are written only if that
+/// operation is still in flight at that piece).
+#[derive(Debug)]
+pub(crate) struct Offload {
+    pub serial: u64,
+    piece: u64,
+    /// When the piece was due.
+    pub due: u64,
+    pub block: MatmulBlock,
+}
+
+/// How a matrix kernel of order `n` is cut: `loads` pieces loading `b`, then `blocks` pieces
+/// per result row.
+#[derive(Debug, Clone, Copy)]
+struct MatmulPieces {
+    n: u64,
+    rows_per_load: u64,
+    loads: u64,
+    cols_per_block: u64,
+    blocks: u64,
+}
+
+/// One piece of a matrix kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MatmulPiece {
+    /// Load rows `rows` of `b`.
+    Load { rows: std::ops::Range<u64> },
+    /// Compute columns `cols` of result row `row`.
+    Block {
+        row: u64,
+        cols: std::ops::Range<u64>,
+    },
+}
+
+impl MatmulPieces {
+    fn new(n: u64) -> MatmulPieces {
+        let n1 = n.max(1);
+        let rows_per_load = (STAGE / (n1 * 4)).max(1);
+        let cols_per_block = (MATMUL_BLOCK_MACS / n1).clamp(1, n1);
+        MatmulPieces {
+            n,
+            rows_per_load,
+            loads: n.div_ceil(rows_per_load),
+            cols_per_block,
+            blocks: n.div_ceil(cols_per_block),
+        }
+    }
+
+    fn piece(&self, i: u64) -> MatmulPiece {
+        if i < self.loads {
+            let start = i * self.rows_per_load;
+            return MatmulPiece::Load {
+                rows: start..(start + self.rows_per_load).min(self.n),
+            };
+        }
+        let k = i - self.loads;
+        let (row, blk) = (k / self.blocks, k % self.blocks);
+        let start = blk * self.cols_per_block;
+        MatmulPiece::Block {
+            row,
+            cols: start..(start + self.cols_per_block).min(self.n),
+        }
+    }
+}
+
 fn read_words(core: &mut Core, vs: &Vspace, va: u64, count: usize) -> Result<Vec<u32>, VaFault> {
     let mut bytes = vec![0u8; count * 4];
     core.read_va(vs, va, &mut bytes)?;
@@ -348,7 +536,7 @@ fn read_words(core: &mut Core, vs: &Vspace, va: u64, count: usize) -> Result<Vec
 }
 
 /// Where an operation stands after a call to [`EngineOp::progress`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Step {
     /// Every piece is done.
     Complete,
@@ -358,6 +546,9 @@ pub(crate) enum Step {
     Deferred,
     /// The piece due at `at` faulted; the operation ends there.
     Fault { at: u64, fault: VaFault },
+    /// The next piece's computation is for the caller to do outside the lock, then
+    /// [`EngineOp::commit`] (the engine worker's matrix blocks).
+    Offload(Offload),
 }
 
 /// An engine operation in flight.
@@ -371,6 +562,8 @@ pub(crate) struct EngineOp {
     pub inst_word: u32,
     /// The channel's binding generation at launch.
     pub epoch: u64,
+    /// Which launch this is (set by PFIFO when it starts the operation).
+    pub serial: u64,
     /// A copy's completion actions.
     pub done: Option<CopyDone>,
     /// Extra fixed duration (the `loop` kernel's closed-form time).
@@ -400,6 +593,7 @@ impl EngineOp {
             vspace,
             inst_word,
             epoch,
+            serial: 0,
             done,
             fixed: None,
             pieces: job.pieces(),
@@ -520,13 +714,63 @@ impl EngineOp {
                 return Step::Deferred;
             }
             let i = self.next;
+            if budget.worker && matches!(self.job, Job::Matmul { .. }) {
+                match self.job.gather(i, core, &self.vspace) {
+                    Err(fault) => {
+                        self.next += 1;
+                        return Step::Fault { at, fault };
+                    }
+                    Ok(Some(block)) => {
+                        return Step::Offload(Offload {
+                            serial: self.serial,
+                            piece: i,
+                            due: at,
+                            block,
+                        })
+                    }
+                    Ok(None) => {
+                        self.next += 1;
+                        budget.count_piece();
+                        continue;
+                    }
+                }
+            }
             self.next += 1;
-            budget.stats.pieces += 1;
+            budget.count_piece();
             if let Err(fault) = self.job.run(i, core, &self.vspace) {
                 return Step::Fault { at, fault };
             }
         }
         Step::Complete
+    }
+
+    /// Writes the results of an offloaded piece (computed outside the lock), if this operation
+    /// is still at that piece.
+    pub(crate) fn commit(
+        &mut self,
+        core: &mut Core,
+        o: &Offload,
+        data: &[u8],
+        budget: &mut Budget,
+    ) -> Result<(), VaFault> {
+        if o.serial != self.serial || o.piece != self.next {
+            return Ok(());
+        }
+        self.next += 1;
+        budget.count_piece();
+        core.write_va(&self.vspace, o.block.dst, data)
+    }
+
+    /// When the next piece is due (the end once every piece is done; `start` while scanning).
+    pub(crate) fn next_due(&self, start: u64, mode: EngineWrites) -> u64 {
+        if self.duration.is_none() {
+            return start;
+        }
+        if self.next < self.pieces {
+            self.due(self.next, start, mode)
+        } else {
+            start.saturating_add(self.duration.unwrap_or(0))
+        }
     }
 
     /// The time by which one budget's worth of the remaining work is due (a poller that comes
@@ -564,6 +808,7 @@ pub(crate) fn run_to_end(core: &mut Core, op: &mut EngineOp) -> Result<u64, VaFa
         match op.progress(core, 0, u64::MAX, EngineWrites::OverDuration, &mut b) {
             Step::Complete => return Ok(op.duration.unwrap_or(0)),
             Step::Fault { fault, .. } => return Err(fault),
+            Step::Offload(o) => op.commit(core, &o, &o.block.compute(), &mut b)?,
             Step::Waiting | Step::Deferred => {}
         }
     }

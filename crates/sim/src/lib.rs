@@ -16,6 +16,13 @@
 //! Locking: one mutex around the whole state. Every [`PhysicalGpu`] method takes it, first lets
 //! the GPU catch up with the clock (a comparison when nothing is due), does its work, lets newly
 //! submitted work start, and finally updates the interrupt line outside the lock.
+//!
+//! **Who runs the engines** ([`Executor`], `worker`): with a real clock the copy and compute
+//! engines' pieces run on a worker thread of the GPU's own, as a real GPU computes beside its
+//! driver: a [`PhysicalGpu`] call never performs engine work, it waits at most for the one piece
+//! (≤ 64 KiB moved or ~64 Ki multiply-adds) the worker is doing. With a simulated clock the
+//! caller runs them inline, within its call's budget ([`WORK_BUDGET`]), so that runs stay
+//! deterministic.
 
 mod bar;
 mod channel;
@@ -31,8 +38,12 @@ mod pbdma;
 mod pfifo;
 mod regs;
 mod vram;
+mod worker;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use vm_memory::GuestMemoryMmap;
 
@@ -64,6 +75,21 @@ pub struct SimConfig {
     /// When engine operations read and write memory (default: progressively over their
     /// modeled duration, [`EngineWrites::OverDuration`]).
     pub engine_writes: EngineWrites,
+    /// Who performs the engines' work (default [`Executor::Auto`]).
+    pub executor: Executor,
+}
+
+/// Who performs the copy and compute engines' pieces of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Executor {
+    /// A worker thread with a real clock, the caller with a simulated one.
+    #[default]
+    Auto,
+    /// The thread of the [`PhysicalGpu`] call that finds work due, within the call's budget:
+    /// deterministic, and the only choice that is with a simulated clock (nothing else moves it).
+    Inline,
+    /// A worker thread of the GPU's own: calls never perform engine work.
+    Worker,
 }
 
 impl Default for SimConfig {
@@ -73,6 +99,7 @@ impl Default for SimConfig {
             clock: Arc::new(SimClock::new()),
             cost: CostModel::default(),
             engine_writes: EngineWrites::default(),
+            executor: Executor::default(),
         }
     }
 }
@@ -125,6 +152,10 @@ struct State {
     line_seq: u64,
     /// The engine-work budget is per batch (`PhysicalGpu::begin_batch`) instead of per call.
     batched: bool,
+    /// Calls perform due engine work themselves ([`Executor::Inline`]).
+    engines_inline: bool,
+    /// The worker waits for engine work to be launched.
+    worker_idle: bool,
 }
 
 impl State {
@@ -202,12 +233,40 @@ struct LineOut {
     applied: u64,
 }
 
-/// A simulated GF100.
-pub struct SimGpu {
+/// What the GPU's callers and its engine worker share.
+struct Shared {
     clock: Arc<dyn Clock>,
-    vram_size: u64,
     state: Mutex<State>,
     line: Mutex<LineOut>,
+    /// Wakes the engine worker (`worker`).
+    wake: Condvar,
+    /// Ends the engine worker.
+    stop: AtomicBool,
+    /// The engine worker waits for the lock: a call that ends hands it over (`unlock_fair`)
+    /// instead of letting a polling caller take it straight back, so that pollers cannot starve
+    /// the engines (`worker`).
+    worker_wants: AtomicBool,
+    /// The clock is simulated.
+    simulated: bool,
+}
+
+impl Shared {
+    fn apply_line(&self, seq: u64, level: bool) {
+        let mut out = self.line.lock();
+        if seq > out.applied {
+            out.applied = seq;
+            if let Some(line) = &out.line {
+                line.set_level(level);
+            }
+        }
+    }
+}
+
+/// A simulated GF100.
+pub struct SimGpu {
+    vram_size: u64,
+    shared: Arc<Shared>,
+    worker: Option<std::thread::JoinHandle<()>>,
 }
 
 impl SimGpu {
@@ -216,6 +275,11 @@ impl SimGpu {
         let vram_size = (config.vram_size & !((1 << 20) - 1)).max(1 << 20);
         let mut fifo = Fifo::default();
         fifo.mode = config.engine_writes;
+        let worker = match config.executor {
+            Executor::Auto => !config.clock.is_simulated(),
+            Executor::Inline => false,
+            Executor::Worker => true,
+        };
         let state = State {
             core: Core::new(vram_size, config.cost),
             regs: Regs::new(vram_size),
@@ -224,18 +288,34 @@ impl SimGpu {
             line: false,
             line_seq: 0,
             batched: false,
+            engines_inline: !worker,
+            worker_idle: false,
         };
-        SimGpu {
+        let shared = Arc::new(Shared {
+            simulated: config.clock.is_simulated(),
             clock: config.clock,
-            vram_size,
             state: Mutex::new(state),
             line: Mutex::new(LineOut::default()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            worker_wants: AtomicBool::new(false),
+        });
+        let worker = worker.then(|| worker::spawn(shared.clone()));
+        SimGpu {
+            vram_size,
+            shared,
+            worker,
         }
+    }
+
+    /// True when the engines' work runs on the GPU's worker thread.
+    pub fn has_engine_worker(&self) -> bool {
+        self.worker.is_some()
     }
 
     /// The clock the GPU runs against.
     pub fn clock(&self) -> Arc<dyn Clock> {
-        self.clock.clone()
+        self.shared.clock.clone()
     }
 
     /// Modeled GPU time channel `chid` has occupied so far (command fetch and engine work), in
@@ -257,42 +337,79 @@ impl SimGpu {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.shared.state.lock()
     }
 
     /// Runs `f` on the state after letting the GPU catch up with the clock, then lets new work
     /// start and updates the interrupt line.
     fn with_state<R>(&self, f: impl FnOnce(&mut State, u64) -> R) -> R {
-        let now = self.clock.now_ns();
-        let (r, change) = {
+        let now = self.shared.clock.now_ns();
+        let (r, change, wake) = {
             let mut guard = self.lock();
             let s = &mut *guard;
             if !s.batched {
                 s.fifo.budget.new_call();
             }
-            s.fifo.advance(&mut s.core, now);
+            let inline = s.engines_inline;
+            s.fifo.advance(&mut s.core, now, inline);
             let r = f(s, now);
-            s.fifo.advance(&mut s.core, now);
-            (r, s.line_change())
+            s.fifo.advance(&mut s.core, now, inline);
+            // A simulated clock moves only with calls: the worker is woken by each.
+            let wake = (s.worker_idle || self.shared.simulated) && s.fifo.engine_in_flight();
+            if wake {
+                s.worker_idle = false;
+                self.shared.worker_wants.store(true, Ordering::SeqCst);
+            }
+            let change = s.line_change();
+            if self.shared.worker_wants.load(Ordering::SeqCst) {
+                MutexGuard::unlock_fair(guard);
+            } else {
+                drop(guard);
+            }
+            (r, change, wake)
         };
+        if wake {
+            self.shared.wake.notify_one();
+        }
         if let Some((seq, level)) = change {
-            self.apply_line(seq, level);
+            self.shared.apply_line(seq, level);
         }
         r
     }
+}
 
-    fn apply_line(&self, seq: u64, level: bool) {
-        let mut out = self
-            .line
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if seq > out.applied {
-            out.applied = seq;
-            if let Some(line) = &out.line {
-                line.set_level(level);
+impl SimGpu {
+    /// With a simulated clock and the engine worker: waits (in host time) until the worker has
+    /// done the engine work due at the clock's time, since a simulated clock only moves when a
+    /// caller moves it and the next event is only known once that work is done.
+    fn wait_for_worker(&self) {
+        loop {
+            let now = self.shared.clock.now_ns();
+            let mut guard = self.lock();
+            let behind = guard.fifo.engine_due(now).is_some_and(|t| t <= now);
+            if !behind {
+                return;
             }
+            guard.worker_idle = false;
+            self.shared.worker_wants.store(true, Ordering::SeqCst);
+            self.shared.wake.notify_one();
+            MutexGuard::unlock_fair(guard);
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for SimGpu {
+    fn drop(&mut self) {
+        if let Some(w) = self.worker.take() {
+            self.shared.stop.store(true, Ordering::SeqCst);
+            {
+                // Under the lock, so that the worker is either waiting (and woken) or will see
+                // the flag before it waits.
+                let _s = self.lock();
+                self.shared.wake.notify_all();
+            }
+            let _ = w.join();
         }
     }
 }
@@ -307,7 +424,8 @@ impl std::fmt::Debug for SimGpu {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SimGpu")
             .field("vram_size", &self.vram_size)
-            .field("clock", &self.clock)
+            .field("clock", &self.shared.clock)
+            .field("engine_worker", &self.worker.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -411,17 +529,14 @@ impl PhysicalGpu for SimGpu {
     }
 
     fn set_irq_line(&self, line: Arc<dyn IrqLine>) {
-        self.line
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .line = Some(line);
+        self.shared.line.lock().line = Some(line);
         // Re-send the current level under a new sequence number; a concurrent change gets a
         // later number and wins.
         let (seq, level) = self.with_state(|s, _| {
             s.line_seq += 1;
             (s.line_seq, s.line)
         });
-        self.apply_line(seq, level);
+        self.shared.apply_line(seq, level);
     }
 
     fn poll(&self) {
@@ -429,7 +544,10 @@ impl PhysicalGpu for SimGpu {
     }
 
     fn next_event_ns(&self) -> Option<u64> {
-        self.with_state(|s, now| s.fifo.next_event(now))
+        if self.worker.is_some() && self.shared.simulated {
+            self.wait_for_worker();
+        }
+        self.with_state(|s, now| s.fifo.next_event(now, s.engines_inline))
     }
 
     fn channel_busy_ns(&self, chid: u32) -> Option<u64> {

@@ -29,7 +29,7 @@ use gpuvm_phys::ChannelStateError;
 
 use super::bar::Written;
 use super::channel::{self, Channel};
-use super::engine::{Budget, EngineWrites, Step};
+use super::engine::{Budget, EngineWrites, Offload, Step};
 use super::mem::Memory;
 use super::pbdma::{self, Exec, Outcome, Work};
 use super::Core;
@@ -40,6 +40,9 @@ const ENGINES: usize = pfifo::ENGINES as usize;
 /// Most channel turns one `advance` runs before returning (bounds the work done inside one
 /// register access when the cost model makes work free); the rest continues on the next poll.
 const MAX_TURNS: usize = 1 << 16;
+
+/// How soon a caller is told to look again while the engine worker is behind the clock.
+const WORKER_LAG_POLL_NS: u64 = 100_000;
 
 /// Timed work occupying the GPU.
 #[derive(Debug)]
@@ -76,6 +79,10 @@ pub(crate) struct Fifo {
     pub(crate) mode: EngineWrites,
     /// This call's allowance of engine work.
     pub(crate) budget: Budget,
+    /// A piece the engine worker is to compute outside the lock (`crate::worker`).
+    offload: Option<Offload>,
+    /// Launches so far (each engine operation's serial).
+    launches: u64,
 }
 
 impl Default for Fifo {
@@ -103,6 +110,8 @@ impl Default for Fifo {
             more_work: false,
             mode: EngineWrites::default(),
             budget: Budget::default(),
+            offload: None,
+            launches: 0,
         }
     }
 }
@@ -415,7 +424,9 @@ impl Fifo {
 
     /// Runs everything due at `now`: completes timed work whose end has come, re-checks blocked
     /// acquires, and lets channels run until the GPU is busy past `now` or has nothing to do.
-    pub(crate) fn advance(&mut self, core: &mut Core, now: u64) {
+    /// With `engines` false an engine operation in flight is left to the engine worker
+    /// (`crate::worker`): the GPU is busy with it until the worker has completed it.
+    pub(crate) fn advance(&mut self, core: &mut Core, now: u64, engines: bool) {
         if self.inflight.is_none() && !self.dirty && self.n_blocked == 0 {
             self.gpu_time = self.gpu_time.max(now);
             return;
@@ -424,6 +435,9 @@ impl Fifo {
         for _ in 0..MAX_TURNS {
             if let Some(f) = self.inflight.as_mut() {
                 if let Work::Engine(op) = &mut f.work {
+                    if !engines {
+                        return;
+                    }
                     match op.progress(core, f.start, now, self.mode, &mut self.budget) {
                         Step::Deferred => {
                             self.more_work = true;
@@ -436,6 +450,10 @@ impl Fifo {
                         Step::Fault { at, fault } => {
                             self.engine_fault(core, at, fault);
                             continue;
+                        }
+                        Step::Offload(o) => {
+                            self.offload = Some(o);
+                            return;
                         }
                         Step::Complete => {
                             f.end = f.start.saturating_add(op.duration().unwrap_or(0));
@@ -465,14 +483,68 @@ impl Fifo {
     /// When the GPU next changes state on its own, seen at clock time `now`: `now` itself while
     /// work is due that a call's budget deferred; for an engine operation in flight, the time by
     /// which one budget's worth of its pieces is due (its end if the rest fits).
-    pub(crate) fn next_event(&mut self, now: u64) -> Option<u64> {
+    ///
+    /// With the engines on the worker (`engines_inline` false) an engine operation's event is
+    /// its end, or — while the worker is behind the clock — [`WORKER_LAG_POLL_NS`] from `now`:
+    /// a caller need not poll for work it does not do.
+    pub(crate) fn next_event(&mut self, now: u64, engines_inline: bool) -> Option<u64> {
+        let mode = self.mode;
+        if !engines_inline {
+            if let Some(f) = &self.inflight {
+                if let Work::Engine(_) = f.work {
+                    return Some(if f.end != u64::MAX && f.end > now {
+                        f.end
+                    } else {
+                        now.saturating_add(WORKER_LAG_POLL_NS)
+                    });
+                }
+            }
+        }
         if self.more_work {
             return Some(now.max(self.gpu_time));
         }
-        let mode = self.mode;
         let f = self.inflight.as_mut()?;
         Some(match &mut f.work {
             Work::Engine(op) => op.horizon(f.start, mode).min(f.end),
+            Work::Fetch | Work::Restore => f.end,
+        })
+    }
+
+    /// The piece the last `advance` left for the engine worker to compute outside the lock.
+    pub(crate) fn take_offload(&mut self) -> Option<Offload> {
+        self.offload.take()
+    }
+
+    /// Writes an offloaded piece's results, computed outside the lock, if its operation is
+    /// still in flight at that piece (an engine reset or fault meanwhile drops them); a fault
+    /// writing them ends the operation as a fault in the piece would.
+    pub(crate) fn commit_offload(&mut self, core: &mut Core, o: Offload, data: &[u8]) {
+        let Some(f) = self.inflight.as_mut() else {
+            return;
+        };
+        let Work::Engine(op) = &mut f.work else {
+            return;
+        };
+        if let Err(fault) = op.commit(core, &o, data, &mut self.budget) {
+            self.engine_fault(core, o.due, fault);
+        }
+    }
+
+    /// True while an engine operation is in flight.
+    pub(crate) fn engine_in_flight(&self) -> bool {
+        matches!(&self.inflight, Some(f) if matches!(f.work, Work::Engine(_)))
+    }
+
+    /// For the engine worker: when work in flight is next due, seen at `now` (`now` while work
+    /// is due that a batch deferred; `None` with nothing in flight).
+    pub(crate) fn engine_due(&self, now: u64) -> Option<u64> {
+        let f = self.inflight.as_ref()?;
+        if self.more_work {
+            return Some(now);
+        }
+        // Command fetch too: the worker carries the GPU on to the next launch by itself.
+        Some(match &f.work {
+            Work::Engine(op) => op.next_due(f.start, self.mode),
             Work::Fetch | Work::Restore => f.end,
         })
     }
@@ -613,7 +685,9 @@ impl Fifo {
                     work: Work::Restore,
                 });
             }
-            Outcome::Launch(op) => {
+            Outcome::Launch(mut op) => {
+                self.launches += 1;
+                op.serial = self.launches;
                 self.inflight = Some(InFlight {
                     chid,
                     start: now,

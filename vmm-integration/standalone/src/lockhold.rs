@@ -21,6 +21,11 @@ pub struct LockholdArgs {
     /// Matrix dimension of the `mmul` neighbour's kernels.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(16..=2048))]
     mmul_n: u32,
+    /// The clock: `real` (the engines run on the simulator's worker, beside the host lock, as
+    /// under `serve` and the KVM VMM) or `sim` (deterministic: the engines run inline in the
+    /// host's calls, within their work budget).
+    #[arg(long, default_value = "real")]
+    clock: gpuvm::clock::ClockKind,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -35,6 +40,7 @@ pub fn run(a: &LockholdArgs) -> anyhow::Result<bool> {
         rounds: a.rounds,
         size: a.size,
         mmul_n: a.mmul_n,
+        clock: a.clock,
     });
     if a.json {
         println!("{}", serde_json::to_string_pretty(&r)?);
@@ -76,12 +82,21 @@ fn render(r: &LockholdReport) -> String {
     format!(
         "{}\nvictim: every workload at size {} x {} rounds; mmul neighbour: {}x{} kernels back to \
          back; pv-switch neighbour: 2048-op PDE-switch batches. Hold times are wall-clock; p50/p99 \
-         are log2 bucket bounds.",
+         are log2 bucket bounds. Clock {}: the engines ran {}.",
         t.render(),
         r.size,
         r.rounds,
         r.mmul_n,
-        r.mmul_n
+        r.mmul_n,
+        match r.clock {
+            gpuvm::clock::ClockKind::Real => "real",
+            gpuvm::clock::ClockKind::Sim => "sim",
+        },
+        if r.engines == "worker" {
+            "on the simulator's engine worker, beside the host lock"
+        } else {
+            "inline, in the host's calls (within their work budget)"
+        }
     )
 }
 

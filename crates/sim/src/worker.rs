@@ -1,0 +1,118 @@
+//! The engine worker ([`super::Executor::Worker`]): a thread of the GPU's own that performs the
+//! copy and compute engines' pieces of work as the clock reaches them, so that no
+//! [`gpuvm_phys::PhysicalGpu`] call computes — as on hardware, where the engines run beside the
+//! driver and only register access meets the GPU.
+//!
+//! The worker takes the simulator's lock for one batch of due work ([`BATCH_UNITS`]: a few
+//! pieces, tens of microseconds) and hands it back fairly (`unlock_fair`: a waiting caller gets
+//! it before the worker takes it again), so a caller waits at most about one batch. The other
+//! way round, a call that ends while the worker waits for the lock hands it to the worker
+//! (`Shared::worker_wants`), so callers that poll in a loop cannot starve the engines. Between
+//! batches it waits for the next piece's due time: by yielding when that is close
+//! ([`SPIN_NS`]; a timed wait would oversleep by the kernel's timer slack), on the condition
+//! variable otherwise; with no engine operation in flight it sleeps until a call launches one
+//! (`SimGpu::with_state` wakes it).
+//!
+//! What takes host CPU time beyond moving memory — a block of a matrix product — is computed
+//! with the lock released: under it the worker only reads the block's operands and, after,
+//! writes its results (if the operation is still in flight at that piece: an engine reset or a
+//! fault meanwhile drops them, as the hardware's aborted operation writes nothing more).
+//!
+//! Modeled time is unchanged by who runs the pieces: due times, durations and busy accounting
+//! are fixed at launch (`crate::engine`). A worker that falls behind the clock completes work
+//! late in host time but stamps it with its modeled end, as an inline caller does.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::MutexGuard;
+
+use super::{Shared, State};
+
+/// Units of engine work the worker does per hold of the lock (64 Ki units: 256 KiB copied or
+/// 64 Ki multiply-adds, tens of microseconds; MODEL choice).
+pub(crate) const BATCH_UNITS: u64 = 64 * 1024;
+
+/// Below this wait the worker yields instead of sleeping.
+const SPIN_NS: u64 = 200_000;
+
+/// Longest sleep with nothing to do, a safety net (a launch wakes the worker).
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
+/// Longest timed wait for a due time (a simulated clock can jump past it meanwhile; its calls
+/// wake the worker too).
+const MAX_WAIT_NS: u64 = 1_000_000;
+
+/// Starts the worker of `shared`.
+pub(crate) fn spawn(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("gpuvm-sim-engines".into())
+        .spawn(move || run(&shared))
+        .expect("spawning the simulated GPU's engine worker")
+}
+
+fn run(shared: &Shared) {
+    let wants = |on: bool| shared.worker_wants.store(on, Ordering::SeqCst);
+    let mut guard = shared.state.lock();
+    loop {
+        wants(false);
+        if shared.stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let now = shared.clock.now_ns();
+        let (change, next) = batch(&mut guard, now);
+        if let Some(o) = guard.fifo.take_offload() {
+            // A matrix block: computed without the lock, written under it.
+            let data = MutexGuard::unlocked_fair(&mut guard, || {
+                let data = o.block.compute();
+                wants(true);
+                data
+            });
+            let s = &mut *guard;
+            s.fifo.commit_offload(&mut s.core, o, &data);
+            if let Some((seq, level)) = change {
+                MutexGuard::unlocked_fair(&mut guard, || {
+                    shared.apply_line(seq, level);
+                    wants(true);
+                });
+            }
+            continue;
+        }
+        if let Some((seq, level)) = change {
+            MutexGuard::unlocked_fair(&mut guard, || {
+                shared.apply_line(seq, level);
+                wants(true);
+            });
+            continue;
+        }
+        match next {
+            Some(t) if t <= now => {
+                wants(true);
+                MutexGuard::bump(&mut guard);
+            }
+            Some(t) if t - now < SPIN_NS => MutexGuard::unlocked_fair(&mut guard, || {
+                std::thread::yield_now();
+                wants(true);
+            }),
+            Some(t) => {
+                let wait = Duration::from_nanos((t - now).min(MAX_WAIT_NS));
+                let _ = shared.wake.wait_for(&mut guard, wait);
+            }
+            None => {
+                guard.worker_idle = true;
+                let _ = shared.wake.wait_for(&mut guard, IDLE_WAIT);
+                guard.worker_idle = false;
+            }
+        }
+    }
+}
+
+/// One batch of due work at `now`: the interrupt line's change, if any, and when engine work is
+/// next due (`None`: no engine operation in flight).
+fn batch(s: &mut State, now: u64) -> (Option<(u64, bool)>, Option<u64>) {
+    s.fifo.budget.new_worker_batch(BATCH_UNITS);
+    s.fifo.advance(&mut s.core, now, true);
+    let next = s.fifo.engine_due(now);
+    (s.line_change(), next)
+}
