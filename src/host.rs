@@ -33,16 +33,18 @@ pub(crate) mod dispatch;
 mod hold;
 mod init;
 pub(crate) mod irq_route;
+mod local;
 pub mod migrate;
 mod policy;
 mod reclaim;
 pub(crate) mod runlist;
 pub(crate) mod runtime;
+mod vm_map;
 
 pub use hold::{LockHolds, HOLD_BUCKETS};
 
-use parking_lot::{Mutex, MutexGuard};
-use std::collections::{BTreeMap, BTreeSet};
+use parking_lot::{RwLock, RwLockWriteGuard};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use gf100::pci::{BAR1_SIZE, BAR3_SIZE};
@@ -106,6 +108,11 @@ pub struct HostConfig {
     /// kernel, so a slice much shorter than the kernels buys nothing. 0: no slices (caps still
     /// preempt).
     pub timeslice_ns: u64,
+    /// Guest register reads that involve only their VM run under that VM's lock, beside other
+    /// VMs' accesses, while the host has nothing to service (`host/local.rs`). Default on; off,
+    /// every access takes the host lock for writing (for comparison: `gpuvm exp traps
+    /// --no-fast-path`).
+    pub local_fast_path: bool,
 }
 
 /// The default time slice: 10 ms of GPU time.
@@ -129,6 +136,7 @@ impl Default for HostConfig {
             shadow_vram_per_vm: 8 << 20,
             watchdog_ns: DEFAULT_WATCHDOG_NS,
             timeslice_ns: DEFAULT_TIMESLICE_NS,
+            local_fast_path: true,
         }
     }
 }
@@ -258,6 +266,9 @@ pub struct HostStats {
     /// How long the host lock has been held (every guest access, poll and management call): the
     /// longest is the longest one VM can make another's exit wait.
     pub lock_holds: LockHolds,
+    /// Guest register reads done on the fast path, under only their VM's lock (`host/local.rs`):
+    /// these took the host lock for reading and are not in `lock_holds`.
+    pub fast_path_accesses: u64,
     /// Destroyed VMs whose VRAM slice, channels and DMA window were withheld from reuse because
     /// a channel could not be taken off the GPU (should be 0; a GPU that ignores preemption
     /// and engine reset).
@@ -305,7 +316,7 @@ pub(crate) struct HostState {
     pub hyp: HypVram,
     pub layout: HostLayout,
     pub part: Partition,
-    pub vms: BTreeMap<VmId, VmState>,
+    pub vms: vm_map::VmMap,
     pub sched: Box<dyn Scheduler>,
     pub inflight: Vec<InFlight>,
     /// GPU time per VM (`crate::sched::account`).
@@ -347,16 +358,23 @@ pub(crate) struct HostShared {
     /// it straight back, so busy VMs cannot starve another VM's exits indefinitely (std's Mutex
     /// has no such bound). Not a hand-off at every contended unlock: `FairMutex` did that and
     /// cut the soak's in-process throughput 13x. docs/experiments.md, "Host lock fairness".
-    pub state: Mutex<HostState>,
+    pub state: RwLock<HostState>,
     /// How long `state` is held (`host/hold.rs`).
     pub holds: hold::HoldTimes,
+    /// Until when an access that involves only its VM need not service the GPU
+    /// (`host/local.rs`); kept by every write-locked access and poll.
+    pub quiet_until: std::sync::atomic::AtomicU64,
+    /// Accesses done on the fast path (`host/local.rs`).
+    pub fast_accesses: std::sync::atomic::AtomicU64,
 }
 
 /// The host lock, held: records how long when dropped.
 pub(crate) struct Held<'a> {
-    guard: MutexGuard<'a, HostState>,
+    guard: RwLockWriteGuard<'a, HostState>,
     since: std::time::Instant,
     holds: &'a hold::HoldTimes,
+    /// `HostShared::quiet_until` when the hold began.
+    quiet_before: u64,
 }
 
 impl std::ops::Deref for Held<'_> {
@@ -383,13 +401,19 @@ type LineChange = (Arc<LineSlot>, u64, bool);
 
 impl HostShared {
     fn lock(&self) -> Held<'_> {
-        let guard = self.state.lock();
+        let guard = self.state.write();
+        // Whatever this hold changes, fast-path accesses wait for the service until a holder
+        // that ends with one says otherwise (`keep_quiet_until`).
+        let quiet_before = self
+            .quiet_until
+            .swap(0, std::sync::atomic::Ordering::AcqRel);
         // One hold, one bounded batch of the GPU backend's own work (the simulator's engines).
         self.phys.begin_batch();
         Held {
             guard,
             since: std::time::Instant::now(),
             holds: &self.holds,
+            quiet_before,
         }
     }
 
@@ -398,9 +422,14 @@ impl HostShared {
     pub(crate) fn peek<R>(&self, id: VmId, f: impl FnOnce(&mut VmCx) -> R) -> Option<R> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        let vm = st.vms.get_mut(&id)?;
-        let mut cx = VmCx::new(&*self.phys, &mut st.hyp, &st.layout, vm);
-        Some(f(&mut cx))
+        let r = st.vms.get_mut(&id).map(|vm| {
+            let mut cx = VmCx::new(&*self.phys, &mut st.hyp, &st.layout, vm);
+            f(&mut cx)
+        });
+        // A query changes nothing the host services.
+        self.quiet_until
+            .store(guard.quiet_before, std::sync::atomic::Ordering::Release);
+        r
     }
 
     /// Runs `f` on VM `id` (if it exists) under the lock, applies the access's host-level
@@ -422,22 +451,27 @@ impl HostShared {
                 st.shadow_step(&*self.phys, Some(id));
             }
             st.service(&*self.phys, &self.irq, &self.cfg);
+            if st.clock.is_some() {
+                self.keep_quiet_until(st);
+            }
             (r, st.line_changes())
         };
         apply_lines(lines);
         r
     }
 
+    /// Records until when fast-path accesses may skip the service (`host/local.rs`).
+    fn keep_quiet_until(&self, st: &HostState) -> Option<u64> {
+        let next = st.next_event(&*self.phys, &self.cfg);
+        self.quiet_until
+            .store(st.quiet_until(next), std::sync::atomic::Ordering::Release);
+        next
+    }
+
     /// See [`GpuHost::next_event_ns`].
     pub(crate) fn next_event_ns(&self) -> Option<u64> {
         let st = self.lock();
-        let watchdog =
-            crate::host::dispatch::watchdog_deadline(&st, &*self.phys, self.cfg.watchdog_ns);
-        let slice = crate::host::dispatch::slice_deadline(&st, &*self.phys, self.cfg.timeslice_ns);
-        [self.phys.next_event_ns(), st.sched_timer, watchdog, slice]
-            .into_iter()
-            .flatten()
-            .min()
+        self.keep_quiet_until(&st)
     }
 
     /// Services the physical GPU.
@@ -446,6 +480,9 @@ impl HostShared {
             let mut st = self.lock();
             self.phys.poll();
             st.service(&*self.phys, &self.irq, &self.cfg);
+            if st.clock.is_some() {
+                self.keep_quiet_until(&st);
+            }
             st.line_changes()
         };
         apply_lines(lines);
@@ -793,7 +830,7 @@ impl GpuHost {
                 bar3: RangeAllocator::new(0, BAR3_SIZE),
                 owner: vec![None; pfifo::CHANNELS as usize],
             },
-            vms: BTreeMap::new(),
+            vms: vm_map::VmMap::default(),
             sched: Policy::Fifo.create(&SchedParams::default()),
             inflight: Vec::new(),
             acct: {
@@ -824,8 +861,10 @@ impl GpuHost {
                 phys,
                 cfg,
                 irq,
-                state: Mutex::new(state),
+                state: RwLock::new(state),
                 holds: hold::HoldTimes::default(),
+                quiet_until: std::sync::atomic::AtomicU64::new(0),
+                fast_accesses: std::sync::atomic::AtomicU64::new(0),
             }),
         })
     }
@@ -1111,6 +1150,10 @@ impl GpuHost {
             hypervisor_vram_released: c.hyp_released,
             withheld_partitions: c.withheld_partitions,
             lock_holds: self.shared.holds.snapshot(),
+            fast_path_accesses: self
+                .shared
+                .fast_accesses
+                .load(std::sync::atomic::Ordering::Relaxed),
             gpu: self.shared.phys.stats(),
             sched: st.sched_stats(&*self.shared.phys),
         }
@@ -1128,6 +1171,14 @@ impl GpuPort for HostShared {
 
     fn peek_dyn(&self, id: VmId, f: &mut dyn FnMut(&mut VmCx)) -> bool {
         self.peek(id, f).is_some()
+    }
+
+    fn access_local_dyn(
+        &self,
+        id: VmId,
+        f: &mut dyn FnMut(&dyn PhysicalGpu, &mut VmState) -> bool,
+    ) -> bool {
+        self.access_local(id, f)
     }
 
     fn poll(&self) {

@@ -83,11 +83,11 @@ impl GpuHost {
                 .inflight
                 .iter()
                 .any(|f| f.sub.vm == id && f.sub.guest_chid == g);
-            let newer = st
-                .vms
-                .get(&id)
-                .and_then(|vm| vm.chans.get(g as usize))
-                .is_some_and(|c| c.gp_put != c.phys_put);
+            let newer = st.vms.get(&id).is_some_and(|vm| {
+                vm.chans
+                    .get(g as usize)
+                    .is_some_and(|c| c.gp_put != c.phys_put)
+            });
             if !in_flight || newer {
                 crate::host::dispatch::doorbell(st, phys, id, g);
             }

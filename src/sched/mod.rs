@@ -121,7 +121,7 @@ pub struct PolicySnapshot {
 /// A scheduling policy. Implementations keep their own queues; the device model calls these on
 /// the events named (always with non-decreasing times) and never dispatches anything the policy
 /// did not pick.
-pub trait Scheduler: Send {
+pub trait Scheduler: Send + Sync {
     /// Short name for reports (`fifo`, `credit`, `band`).
     fn name(&self) -> &'static str;
 

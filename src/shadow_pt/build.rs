@@ -89,8 +89,8 @@ pub(crate) struct Space {
     pub pd: u64,
     /// Lazy mode: a flush arrived since the last rebuild.
     pub dirty: bool,
-    /// A rebuild in progress, done in budgeted steps ([`rebuild_step`]): the next 64-byte
-    /// block (eight PDEs) of the directory to re-shadow.
+    /// A rebuild in progress, done in budgeted steps ([`rebuild_step`]): the next PDE of the
+    /// directory to re-shadow.
     pub rebuild_at: Option<usize>,
     /// Shadows of the PDEs that have at least one shadow table.
     pub pdes: BTreeMap<u16, PdeShadow>,
@@ -434,10 +434,11 @@ pub(crate) fn rebuild(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, spac
     while !rebuild_step(cx, books, pdb, space, usize::MAX) {}
 }
 
-/// Continues the rebuild of `pdb`'s shadow (started by setting `rebuild_at`) for at most
-/// `budget` page-directory entries with tables, writing each re-shadowed block of eight PDEs
-/// as it goes; true when the directory is done. Each step re-reads the guest's blocks, so a
-/// guest write between steps is seen by the blocks still to come (and a flush restarts it).
+/// Continues the rebuild of `pdb`'s shadow (started by setting `rebuild_at`, a PDE index) for
+/// at most `budget` page-directory entries with tables, writing each re-shadowed entry as it
+/// goes; true when the directory is done. The cursor is a PDE, so a step stops where its
+/// budget ends, inside a block of eight if need be. Each step re-reads the guest's blocks, so a
+/// guest write between steps is seen by the entries still to come (and a flush restarts it).
 pub(crate) fn rebuild_step(
     cx: &mut ShadowCtx,
     books: &mut Books,
@@ -445,36 +446,39 @@ pub(crate) fn rebuild_step(
     space: &mut Space,
     budget: usize,
 ) -> bool {
-    let Some(mut b) = space.rebuild_at else {
+    let Some(mut i) = space.rebuild_at else {
         return true;
     };
     let per_block = ZERO_BLOCK.len() / 8;
-    let blocks = mmu::PD_SIZE as usize / ZERO_BLOCK.len();
+    let entries = mmu::PD_SIZE as usize / 8;
     let mut spent = 0usize;
     let mut gb = [0u8; 64];
-    while b < blocks && spent < budget {
-        let at = pdb.addr + (b * ZERO_BLOCK.len()) as u64;
+    while i < entries && spent < budget {
+        let block = i / per_block;
+        let at = pdb.addr + (block * ZERO_BLOCK.len()) as u64;
         if let Err(why) = cx.mem.read(pdb.target, at, &mut gb) {
-            if b == 0 {
+            if block == 0 {
                 books.violation(pdb, format_args!("page directory unreadable: {why}"));
             }
             gb.fill(0);
         }
-        let base = (b * per_block) as u16;
+        let base = (block * per_block) as u16;
         let ids = base..base + per_block as u16;
-        b += 1;
         // Eight zero PDEs that had no tables and hold no hypervisor PDE: nothing to do for any
         // of them (the per-entry test below would skip each one), found with one comparison.
-        if gb[..] == *ZERO_BLOCK
+        if i % per_block == 0
+            && gb[..] == *ZERO_BLOCK
             && space.pdes.range(ids.clone()).next().is_none()
             && !ids.contains(&super::hyp::HYP_PDE)
         {
+            i += per_block;
             continue;
         }
-        let mut sb = [0u8; 64];
-        for (j, (g, s)) in gb.chunks_exact(8).zip(sb.chunks_exact_mut(8)).enumerate() {
-            let idx = base + j as u16;
-            let raw = walk::le64(g);
+        while i < (block + 1) * per_block && spent < budget {
+            let idx = i as u16;
+            let j = i % per_block;
+            i += 1;
+            let raw = walk::le64(&gb[j * 8..j * 8 + 8]);
             if raw & PDE_TABLE_BITS == 0
                 && !space.pdes.contains_key(&idx)
                 && idx != super::hyp::HYP_PDE
@@ -483,18 +487,17 @@ pub(crate) fn rebuild_step(
             }
             spent += 1;
             let v = set_pde(cx, books, pdb, space, idx, raw, true);
-            s.copy_from_slice(&v.to_le_bytes());
+            cx.mem
+                .phys
+                .write_vram(HostVram(space.pd + j as u64 * 8 + (at - pdb.addr)), &v.to_le_bytes());
         }
-        cx.mem
-            .phys
-            .write_vram(HostVram(space.pd + (at - pdb.addr)), &sb);
     }
-    if b >= blocks {
+    if i >= entries {
         space.rebuild_at = None;
         books.stats.rebuilds += 1;
         return true;
     }
-    space.rebuild_at = Some(b);
+    space.rebuild_at = Some(i);
     false
 }
 

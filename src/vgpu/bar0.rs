@@ -17,8 +17,9 @@
 use gf100::{pbus, pfb, pffb, pfifo, pmc, ptimer};
 
 use crate::mmio::regions::{lookup, Handler, Policy};
+use crate::phys::PhysicalGpu;
 use crate::shadow_pt::GuestPdb;
-use crate::vgpu::{aperture, pv, ViolationKind, VmCx};
+use crate::vgpu::{aperture, pv, ViolationKind, VmCx, VmState};
 
 /// Frame-buffer partitions the virtual GPU reports: one, holding the whole slice.
 const VIRTUAL_FBPS: u32 = 1;
@@ -31,7 +32,11 @@ enum Class {
 }
 
 fn count(cx: &mut VmCx, class: Class, write: bool) {
-    let c = &mut cx.vm.stats.by_class;
+    count_vm(cx.vm, class, write);
+}
+
+fn count_vm(vm: &mut VmState, class: Class, write: bool) {
+    let c = &mut vm.stats.by_class;
     match class {
         Class::Policy(p) => c.policy_mut(p).count(write),
         Class::Unknown => c.unknown.count(write),
@@ -75,6 +80,65 @@ pub(crate) fn read(cx: &mut VmCx, offset: u64, data: &mut [u8]) {
                 format!("BAR0 read of {len} bytes at {offset:#x}")
             });
         }
+    }
+}
+
+/// A guest BAR0 read that involves only the VM's own state (and the GPU's clock), done
+/// without the host's context: the fast path of `host::local`, taken with only this VM's lock.
+/// Returns false, having changed nothing, where the read needs more (the PRAMIN window, the
+/// channel table, the para-virtual interface, a malformed access to be logged): the caller
+/// then takes the host lock and does it the usual way ([`read`]), with the same result.
+pub(crate) fn read_fast(
+    phys: &dyn PhysicalGpu,
+    vm: &mut VmState,
+    offset: u64,
+    data: &mut [u8],
+) -> bool {
+    let len = data.len();
+    if pramin_offset(offset, len).is_some() {
+        return false;
+    }
+    let Ok(off) = u32::try_from(offset) else {
+        return false;
+    };
+    let (reg, shift) = match len {
+        4 | 8 if off % 4 == 0 => (off, 0),
+        1 | 2 if (off % 4) as usize + len <= 4 => (off & !3, (off % 4) as usize),
+        _ => return false,
+    };
+    let Some((lo, class)) = read32_local(phys, vm, reg) else {
+        return false;
+    };
+    let hi = if len == 8 {
+        match read32_local(phys, vm, reg.wrapping_add(4)) {
+            Some((v, _)) => v,
+            None => return false,
+        }
+    } else {
+        0
+    };
+    count_vm(vm, class, false);
+    if len == 8 {
+        data[..4].copy_from_slice(&lo.to_le_bytes());
+        data[4..].copy_from_slice(&hi.to_le_bytes());
+    } else {
+        data.copy_from_slice(&lo.to_le_bytes()[shift..shift + len]);
+    }
+    true
+}
+
+/// One register read on the fast path; `None` where it needs the host's context.
+fn read32_local(phys: &dyn PhysicalGpu, vm: &mut VmState, off: u32) -> Option<(u32, Class)> {
+    let Some(region) = lookup(off) else {
+        return Some((gf100::BAD_REGISTER, Class::Unknown));
+    };
+    let Some(handler) = region.handler else {
+        return Some((gf100::BAD_REGISTER, Class::Policy(Policy::Denied)));
+    };
+    match read_local(phys, vm, handler, off) {
+        Local::Value(Some(v)) => Some((v, Class::Policy(region.policy))),
+        Local::Value(None) => Some((gf100::BAD_REGISTER, Class::Unknown)),
+        Local::NeedsHost => None,
     }
 }
 
@@ -169,8 +233,36 @@ fn index(off: u32, base: u32) -> usize {
 }
 
 fn read_handler(cx: &mut VmCx, h: Handler, off: u32) -> Option<u32> {
-    let r = &cx.vm.regs;
-    Some(match h {
+    match h {
+        Handler::Pramin => {
+            let mut b = [0u8; 4];
+            aperture::pramin_read(cx, u64::from(off - pbus::PRAMIN_BASE), &mut b);
+            Some(u32::from_le_bytes(b))
+        }
+        Handler::ChannelTable => {
+            let (g, state) = crate::channels::table_index(off)?;
+            Some(crate::channels::table_read(&mut cx.chan(), g, state))
+        }
+        Handler::Paravirt => pv::read(cx, off),
+        _ => match read_local(cx.phys, cx.vm, h, off) {
+            Local::Value(v) => v,
+            Local::NeedsHost => None,
+        },
+    }
+}
+
+/// What a register read of the VM's own state gave.
+enum Local {
+    /// The value (`None`: not implemented).
+    Value(Option<u32>),
+    /// The handler needs the host's context (`read_handler`).
+    NeedsHost,
+}
+
+/// The registers whose reads involve only the VM's state and the GPU's clock.
+fn read_local(phys: &dyn PhysicalGpu, vm: &mut VmState, h: Handler, off: u32) -> Local {
+    let r = &mut vm.regs;
+    Local::Value(Some(match h {
         Handler::Boot0 => pmc::BOOT_0_QUADRO_6000,
         Handler::Endian => 0,
         Handler::PmcIntr => match off {
@@ -192,24 +284,18 @@ fn read_handler(cx: &mut VmCx, h: Handler, off: u32) -> Option<u32> {
             pbus::BAR1_INST => r.bar1_inst,
             _ => r.bar3_inst,
         },
-        Handler::Pramin => {
-            let mut b = [0u8; 4];
-            aperture::pramin_read(cx, u64::from(off - pbus::PRAMIN_BASE), &mut b);
-            u32::from_le_bytes(b)
-        }
+        Handler::Pramin | Handler::ChannelTable | Handler::Paravirt => return Local::NeedsHost,
         Handler::FbSize => match off {
             pfb::FBP_COUNT => VIRTUAL_FBPS,
             pfb::FBP_DISABLE_MASK => 0,
-            o if o == pfb::fbpa_amount(0) => {
-                u32::try_from(cx.vm.profile.vram_mib).unwrap_or(u32::MAX)
-            }
+            o if o == pfb::fbpa_amount(0) => u32::try_from(vm.profile.vram_mib).unwrap_or(u32::MAX),
             _ => 0,
         },
         Handler::SysmemFlushPage => r.sysmem_flush_page,
         Handler::VmCfg => {
             // No free flush slot while a shadow rebuild is in progress: a guest that flushes
             // again waits for it (each of its polls is an exit that does a step of it).
-            let slots = if cx.vm.shadow.rebuilding() {
+            let slots = if vm.shadow.rebuilding() {
                 0
             } else {
                 pffb::VM_CFG_FLUSH_SLOTS_MASK
@@ -226,7 +312,7 @@ fn read_handler(cx: &mut VmCx, h: Handler, off: u32) -> Option<u32> {
             pffb::TLB_FLUSH_PAGE => r.tlb_flush_page,
             _ => r.tlb_flush_vspace,
         },
-        Handler::Time => cx.phys.read_reg(off),
+        Handler::Time => phys.read_reg(off),
         Handler::TimerMisc => match off {
             ptimer::INTR => 0,
             ptimer::INTR_EN => r.timer_intr_en,
@@ -270,10 +356,6 @@ fn read_handler(cx: &mut VmCx, h: Handler, off: u32) -> Option<u32> {
         },
         Handler::Kick => r.kick,
         Handler::RunlistIntr => r.runlist_intr,
-        Handler::ChannelTable => {
-            let (g, state) = crate::channels::table_index(off)?;
-            crate::channels::table_read(&mut cx.chan(), g, state)
-        }
         Handler::Pbdma => {
             let i = ((off - pfifo::PBDMA_BASE) / pfifo::PBDMA_STRIDE) as usize;
             let p = r.pbdma[i];
@@ -284,15 +366,14 @@ fn read_handler(cx: &mut VmCx, h: Handler, off: u32) -> Option<u32> {
                 pfifo::PBDMA_INTR_EN => p.intr_en,
                 pfifo::PBDMA_CHID => p.chid,
                 pfifo::PBDMA_INTR_HALT_MASK => p.halt_mask,
-                _ => return None,
+                _ => return Local::Value(None),
             }
         }
-        Handler::Paravirt => return pv::read(cx, off),
         Handler::Prom => r.board.prom(off - gf100::vbios::PROM_BASE),
         Handler::Board | Handler::VgaPorts | Handler::Pmu | Handler::Pgraph => {
-            return cx.vm.regs.board.read(off)
+            return Local::Value(r.board.read(off))
         }
-    })
+    }))
 }
 
 /// Applies a register write; false if the register is not implemented (unknown).

@@ -436,6 +436,19 @@ impl Vgpu {
     }
 
     fn bar_read_direct(&self, bar: Bar, offset: u64, data: &mut [u8]) {
+        if bar == Bar::Bar0
+            && self.port.access_local_dyn(self.id, &mut |phys, vm| {
+                vm.pci.memory_enabled() && {
+                    let done = bar0::read_fast(phys, vm, offset, data);
+                    if done {
+                        vm.stats.exits.bar0.count(false);
+                    }
+                    done
+                }
+            })
+        {
+            return;
+        }
         let done = self.port.access(self.id, |cx| match bar {
             _ if !cx.vm.pci.memory_enabled() => {
                 cx.vm.stats.pci.decode_off.count(false);

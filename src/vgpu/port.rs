@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::phys::PhysicalGpu;
 use crate::sched::VmId;
 
-use super::VmCx;
+use super::{VmCx, VmState};
 
 /// What a vGPU needs from the GPU it shares.
 pub(crate) trait GpuPort: Send + Sync {
@@ -22,6 +22,14 @@ pub(crate) trait GpuPort: Send + Sync {
 
     /// Runs `f` on VM `id` under the GPU lock and nothing else (cheap queries).
     fn peek_dyn(&self, id: VmId, f: &mut dyn FnMut(&mut VmCx)) -> bool;
+
+    /// The fast path (`host::local`): runs `f` with only VM `id`'s state if the host is quiet;
+    /// true if `f` ran and did the access, false if it must go through [`GpuPort::access_dyn`].
+    fn access_local_dyn(
+        &self,
+        id: VmId,
+        f: &mut dyn FnMut(&dyn PhysicalGpu, &mut VmState) -> bool,
+    ) -> bool;
 
     /// Lets the physical GPU make progress and delivers what it finished.
     fn poll(&self);

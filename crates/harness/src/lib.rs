@@ -8,6 +8,7 @@
 pub mod exp_isolation;
 pub mod exp_lockhold;
 pub mod exp_overhead;
+pub mod exp_traps;
 pub mod gpu_spec;
 pub mod hal;
 pub mod mem;
@@ -19,6 +20,7 @@ pub mod virt;
 
 pub use exp_isolation::{run_isolation, IsolationOptions, IsolationReport};
 pub use exp_lockhold::{run_lockhold, LockholdOptions, LockholdReport, LockholdScenario};
+pub use exp_traps::{run_traps, TrapsOptions, TrapsReport};
 pub use gpu_spec::{open, GpuSpec};
 pub use hal::{BareGpu, InProcessDevice, InProcessHal, MmioCounts};
 pub use movable::MovableVgpu;

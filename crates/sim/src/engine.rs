@@ -159,8 +159,7 @@ pub(crate) enum Job {
     Memset { dst: u64, bytes: u64, value: u32 },
     /// `c[i] = op(a[i], b[i])` for `n` words; `float` selects f32 add over wrapping u32 add.
     Elementwise { abc: [u64; 3], n: u64, float: bool },
-    /// `c = a x b` for `n`x`n` matrices: first `b` is loaded (kept transposed) in pieces of
-    /// 64 KiB, then each result row is computed in blocks of columns; a row of `a` is read by
+    /// `c = a x b` for `n`x`n` matrices: first `b` is loaded (kept) in pieces of 64 KiB, then each result row is computed in blocks of columns; a row of `a` is read by
     /// its row's first block and kept for the others.
     Matmul {
         abc: [u64; 3],
@@ -358,18 +357,13 @@ impl Job {
         let n = n64 as usize;
         match MatmulPieces::new(n64).piece(i) {
             MatmulPiece::Load { rows } => {
-                // `b` kept transposed (a column contiguous: simulator speed only).
+                // `b` kept as it is in memory, row by row: a block then walks rows of it
+                // contiguously (no transposition: each load touches only its own rows).
                 if rows.start == 0 {
-                    *b = Arc::new(vec![0; n * n]);
+                    *b = Arc::new(Vec::with_capacity(n * n));
                 }
                 let words = read_words(core, vs, r[0].0, r[0].1 as usize / 4)?;
-                let b = Arc::make_mut(b);
-                for (k, row) in words.chunks_exact(n).enumerate() {
-                    let k = rows.start as usize + k;
-                    for (j, &v) in row.iter().enumerate() {
-                        b[j * n + k] = v;
-                    }
-                }
+                Arc::make_mut(b).extend_from_slice(&words);
                 Ok(None)
             }
             MatmulPiece::Block { cols, .. } => {
@@ -433,30 +427,31 @@ pub(crate) struct MatmulBlock {
 }
 
 impl MatmulBlock {
-    /// The block's results, little-endian words.
+    /// The block's results, little-endian words. Each result sums `k` in increasing order
+    /// with a separate multiply and add (`fmmul` results are bit-exact and reproducible).
     pub(crate) fn compute(&self) -> Vec<u8> {
         let n = self.n;
-        self.cols
-            .clone()
-            .flat_map(|j| {
-                let col = self.b[j * n..(j + 1) * n].iter().copied();
-                if self.float {
-                    self.row_a
-                        .iter()
-                        .zip(col)
-                        .fold(0f32, |acc, (&x, y)| {
-                            acc + f32::from_bits(x) * f32::from_bits(y)
-                        })
-                        .to_bits()
-                } else {
-                    self.row_a
-                        .iter()
-                        .zip(col)
-                        .fold(0u32, |acc, (&x, y)| acc.wrapping_add(x.wrapping_mul(y)))
+        let (c0, c1) = (self.cols.start, self.cols.end);
+        let rows = self.b.chunks_exact(n).map(|row| &row[c0..c1]);
+        let out: Vec<u32> = if self.float {
+            let mut acc = vec![0f32; c1 - c0];
+            for (&a, row) in self.row_a.iter().zip(rows) {
+                let a = f32::from_bits(a);
+                for (o, &b) in acc.iter_mut().zip(row) {
+                    *o += a * f32::from_bits(b);
                 }
-                .to_le_bytes()
-            })
-            .collect()
+            }
+            acc.into_iter().map(f32::to_bits).collect()
+        } else {
+            let mut acc = vec![0u32; c1 - c0];
+            for (&a, row) in self.row_a.iter().zip(rows) {
+                for (o, &b) in acc.iter_mut().zip(row) {
+                    *o = o.wrapping_add(a.wrapping_mul(b));
+                }
+            }
+            acc
+        };
+        out.into_iter().flat_map(u32::to_le_bytes).collect()
     }
 }
 

@@ -309,6 +309,13 @@ impl<H: Hal> Gpu<H> {
         self.wr32(pfifo::chan_table(chid), 0);
     }
 
+    /// Where channel `ch`'s doorbell is and what it holds now: the BAR1 offset of its USERD
+    /// GP_PUT word and the GP_PUT value last written (writing it again announces no new work:
+    /// a trapped write the host must still handle, which `gpuvm exp traps` hammers).
+    pub fn doorbell(&mut self, ch: &Channel) -> Result<(u64, u32), DriverError> {
+        Ok((self.userd_bar1(ch.chid)? + userd::GP_PUT, ch.ib_put))
+    }
+
     /// Submits a pushbuffer segment followed by a release of the channel fence (and, in
     /// interrupt mode, a non-stall interrupt); returns the fence.
     pub fn submit(&mut self, ch: &mut Channel, pb: &PushBuf) -> Result<Fence, DriverError> {

@@ -60,6 +60,13 @@ enum ExpCommand {
     /// scenario the number of lock holds, p50/p99 bucket bounds and the longest hold
     /// (wall-clock). `--json` prints a `scenarios` array; `--svg FILE` draws the bars.
     Lockhold(crate::lockhold::LockholdArgs),
+    /// Trapped-access throughput against VMs (the engines-and-locks issue): per VM count,
+    /// threads hammer their VM's registers (reads, and one doorbell in 8) for a while, first
+    /// with the GPU idle, then with every VM's driver running work; accesses per second, the
+    /// speedup over one VM and the linear ideal, p50/p99/max latency, the share done on the
+    /// host's fast path. `--json` prints a `points` array; `--svg FILE` plots throughput
+    /// against VMs.
+    Traps(crate::traps::TrapsArgs),
     /// Live migration of a vGPU (docs/migration.md): N VMs run their workloads on one
     /// simulated GPU, M on another; mid-stream one VM is moved live to the second GPU (VRAM
     /// pre-copy rounds while it runs, a short stop-and-copy) over a Unix socket, the
@@ -151,6 +158,7 @@ pub fn run(args: &ExpArgs) -> anyhow::Result<bool> {
         ExpCommand::Overhead(a) => crate::overhead::run(a),
         ExpCommand::Scale(a) => crate::scale::run(a),
         ExpCommand::Lockhold(a) => crate::lockhold::run(a),
+        ExpCommand::Traps(a) => crate::traps::run(a),
         ExpCommand::Migrate(a) => crate::migexp::run(a),
     }
 }

@@ -25,6 +25,7 @@ mod soak;
 mod table;
 mod top;
 mod trace;
+mod traps;
 
 use clap::{Parser, Subcommand};
 

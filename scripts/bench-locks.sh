@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The engines-and-locks measurements (docs/benchmarks.md, "Locks and engines"), side by side:
+# every figure is taken with each given binary in one run, on one machine.
+#
+#   scripts/bench-locks.sh OUT_DIR NEW_BIN [OLD_BIN]
+#
+# NEW_BIN runs everything: `exp traps` (fast path on and off), `exp lockhold` (real and sim
+# clock), `exp scale` in-process (mmul 128 and madd 16) and under KVM (1, 16, 64 VMs, if
+# /dev/kvm is there). OLD_BIN, a build from before the change, runs the lockhold and
+# in-process scale figures again for the comparison. JSON files land in OUT_DIR; the SVGs too,
+# and all of them in OUT_DIR/bench-locks.tar (for the device tool, which returns 8 files).
+set -uo pipefail
+out=${1:?OUT_DIR}
+new=${2:?NEW_BIN}
+old=${3:-}
+mkdir -p "$out"
+log() { echo "[$(date +%T)] $*" >&2; }
+run() { # name bin args...
+    local name=$1 bin=$2
+    shift 2
+    log "$name"
+    "$bin" "$@" --json >"$out/$name.json" 2>"$out/$name.err" || log "$name: exit $?"
+}
+echo "cpus: $(nproc)" >"$out/machine.txt"
+uname -a >>"$out/machine.txt"
+run traps "$new" exp traps --vms 1,2,4,8,16,32,64 --duration-ms 300 --svg "$out/traps.svg"
+run traps-nofast "$new" exp traps --vms 1,2,4,8,16,32,64 --duration-ms 300 --no-fast-path
+run lockhold "$new" exp lockhold --rounds 2
+run lockhold-sim "$new" exp lockhold --rounds 2 --clock sim
+run scale-mmul "$new" exp scale --clock real --vms 1,2,4,8,16,32,64
+run scale-madd "$new" exp scale --clock real --workload madd --size 16 --vms 1,2,4,8,16,32,64
+if [ -n "$old" ]; then
+    run old-lockhold "$old" exp lockhold --rounds 2
+    run old-scale-mmul "$old" exp scale --clock real --vms 1,2,4,8,16,32,64
+    run old-scale-madd "$old" exp scale --clock real --workload madd --size 16 --vms 1,2,4,8,16,32,64
+fi
+if [ -e /dev/kvm ]; then
+    run scale-kvm "$new" exp scale --kvm --vms 1,16,64
+fi
+tar -C "$out" -cf "$out/bench-locks.tar" --exclude bench-locks.tar .
+log done

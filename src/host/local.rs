@@ -1,0 +1,81 @@
+//! The fast path: a guest access that involves only its own VM runs under the host lock held
+//! for *reading* and that VM's lock (`host::vm_map`), beside other VMs' accesses, instead of
+//! under the host lock held for writing like everything else.
+//!
+//! Which accesses: BAR0 register reads of the VM's virtual registers (`vgpu::bar0::read_fast`:
+//! PMC, PTIMER, PFIFO's virtual interrupt and configuration registers, the board, PMU and PGRAPH
+//! facades, ...) — what a driver polls. Everything else (writes, doorbells, the PRAMIN window,
+//! BAR1/BAR3, the channel table, the para-virtual interface) takes the usual path.
+//!
+//! When: the usual path does, after every access, what the access asked of the host (none, for
+//! a register read) and a service of the physical GPU: completions, interrupts, dispatch, the
+//! scheduler's timers, re-checking parked acquires. A fast read skips that service, so it is
+//! taken only while the service would find nothing to do: the physical interrupt line is low,
+//! the host's next timed event (the GPU's next event, the scheduler's timer, the watchdog, the
+//! time slice: `HostState::next_event`, recorded as [`HostShared`]'s `quiet_until` by the last
+//! write-locked access or poll) has not come, no work is parked (an acquire released from the
+//! CPU is no event: parked work is re-checked by polling), the VM's shadows are not mid-rebuild,
+//! and the host was given its clock (`GpuHost::set_clock`; without it "now" is a GPU register
+//! read). Otherwise the access takes the usual path, whose result is the same.
+//!
+//! Not measured by `LockHolds` (which times write holds: what makes other VMs wait); counted
+//! as `HostStats::fast_path_accesses`.
+
+use std::sync::atomic::Ordering;
+
+use super::{HostShared, HostState};
+use crate::host::HostConfig;
+use crate::phys::PhysicalGpu;
+use crate::sched::VmId;
+use crate::vgpu::VmState;
+
+impl HostShared {
+    /// Runs `f` (true: it did the access) on VM `id` on the fast path if the host is quiet;
+    /// false if the access must take the usual path (`f` not run, or it declined).
+    pub(crate) fn access_local(
+        &self,
+        id: VmId,
+        f: &mut dyn FnMut(&dyn PhysicalGpu, &mut VmState) -> bool,
+    ) -> bool {
+        if !self.cfg.local_fast_path || self.irq.is_asserted() {
+            return false;
+        }
+        let st = self.state.read();
+        let Some(clock) = &st.clock else {
+            return false;
+        };
+        if clock.now_ns() >= self.quiet_until.load(Ordering::Acquire) {
+            return false;
+        }
+        let Some(mut vm) = st.vms.lock(&id) else {
+            return false;
+        };
+        if vm.shadow.rebuilding() || !f(&*self.phys, &mut vm) {
+            return false;
+        }
+        self.fast_accesses.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+}
+
+impl HostState {
+    /// When the host next has something to do on its own: the GPU's next event, the scheduler's
+    /// timer, the watchdog's and the time slice's deadlines.
+    pub(crate) fn next_event(&self, phys: &dyn PhysicalGpu, cfg: &HostConfig) -> Option<u64> {
+        let watchdog = crate::host::dispatch::watchdog_deadline(self, phys, cfg.watchdog_ns);
+        let slice = crate::host::dispatch::slice_deadline(self, phys, cfg.timeslice_ns);
+        [phys.next_event_ns(), self.sched_timer, watchdog, slice]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Until when a fast-path access may skip the service (0: not now), given the host's
+    /// [`HostState::next_event`].
+    pub(crate) fn quiet_until(&self, next_event: Option<u64>) -> u64 {
+        if self.clock.is_none() || !self.parked.is_empty() {
+            return 0;
+        }
+        next_event.unwrap_or(u64::MAX)
+    }
+}
