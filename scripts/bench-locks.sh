@@ -14,12 +14,13 @@ out=${1:?OUT_DIR}
 new=${2:?NEW_BIN}
 old=${3:-}
 mkdir -p "$out"
-log() { echo "[$(date +%T)] $*" >&2; }
-run() { # name bin args...
+log() { echo "[$(date +%T)] $*" | tee -a "$out/progress.log" >&2; }
+run() { # name bin args... (each step at most ${STEP_TIMEOUT:-240} s)
     local name=$1 bin=$2
     shift 2
     log "$name"
-    "$bin" "$@" --json >"$out/$name.json" 2>"$out/$name.err" || log "$name: exit $?"
+    timeout "${STEP_TIMEOUT:-240}" "$bin" "$@" --json >"$out/$name.json" 2>"$out/$name.err" ||
+        log "$name: exit $?"
 }
 echo "cpus: $(nproc)" >"$out/machine.txt"
 uname -a >>"$out/machine.txt"

@@ -364,8 +364,11 @@ pub(crate) struct HostShared {
     /// Until when an access that involves only its VM need not service the GPU
     /// (`host/local.rs`); kept by every write-locked access and poll.
     pub quiet_until: std::sync::atomic::AtomicU64,
-    /// Accesses done on the fast path (`host/local.rs`).
-    pub fast_accesses: std::sync::atomic::AtomicU64,
+    /// Fast-path accesses of destroyed VMs (`host/local.rs`; the live VMs' are in their cells).
+    pub fast_gone: std::sync::atomic::AtomicU64,
+    /// The host's structures in VRAM (fixed at bring-up; a copy of `HostState::layout` for
+    /// the fast path).
+    pub layout: HostLayout,
 }
 
 /// The host lock, held: records how long when dropped.
@@ -401,6 +404,7 @@ type LineChange = (Arc<LineSlot>, u64, bool);
 
 impl HostShared {
     fn lock(&self) -> Held<'_> {
+        crate::vgpu::cell::order::acquiring_host();
         let guard = self.state.write();
         // Whatever this hold changes, fast-path accesses wait for the service until a holder
         // that ends with one says otherwise (`keep_quiet_until`).
@@ -422,8 +426,8 @@ impl HostShared {
     pub(crate) fn peek<R>(&self, id: VmId, f: impl FnOnce(&mut VmCx) -> R) -> Option<R> {
         let mut guard = self.lock();
         let st = &mut *guard;
-        let r = st.vms.get_mut(&id).map(|vm| {
-            let mut cx = VmCx::new(&*self.phys, &mut st.hyp, &st.layout, vm);
+        let r = st.vms.get_mut(&id).map(|mut vm| {
+            let mut cx = VmCx::new(&*self.phys, &mut st.hyp, &st.layout, &mut vm);
             f(&mut cx)
         });
         // A query changes nothing the host services.
@@ -439,8 +443,8 @@ impl HostShared {
             let mut guard = self.lock();
             let st = &mut *guard;
             let r = match st.vms.get_mut(&id) {
-                Some(vm) => {
-                    let mut cx = VmCx::new(&*self.phys, &mut st.hyp, &st.layout, vm);
+                Some(mut vm) => {
+                    let mut cx = VmCx::new(&*self.phys, &mut st.hyp, &st.layout, &mut vm);
                     Some(f(&mut cx))
                 }
                 None => None,
@@ -505,8 +509,8 @@ impl HostShared {
                 crate::host::irq_route::service(st, phys);
             }
             let all_off = match st.vms.get_mut(&id) {
-                Some(vm) => {
-                    let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, vm);
+                Some(mut vm) => {
+                    let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, &mut vm);
                     let off = crate::channels::unbind_all(&mut cx.chan());
                     let (sh, mut scx) = cx.shadow();
                     sh.destroy(&mut scx);
@@ -522,9 +526,17 @@ impl HostShared {
             // zero.
             let now = st.now(phys);
             st.charge_ran(phys, id, now);
-            let Some(mut vm) = st.vms.remove(&id) else {
+            let Some(cell) = st.vms.remove(&id) else {
                 return Err(HostError::NoSuchVm(id));
             };
+            self.fast_gone.fetch_add(
+                cell.fast_accesses
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            let mut vm = cell.lock();
+            // Its vGPU's fast path may still reach the cell: it finds the VM gone.
+            vm.gone = true;
             let dropped = st.sched.remove_vm(id);
             let before = st.inflight.len();
             st.inflight.retain(|f| f.sub.vm != id);
@@ -589,7 +601,7 @@ impl HostState {
     /// Applies the host-level effects VM `id`'s last access queued.
     fn apply_effects(&mut self, phys: &dyn PhysicalGpu, id: VmId) {
         let effects = match self.vms.get_mut(&id) {
-            Some(vm) if !vm.effects.is_empty() => std::mem::take(&mut vm.effects),
+            Some(mut vm) if !vm.effects.is_empty() => std::mem::take(&mut vm.effects),
             _ => return,
         };
         let mut runlist = false;
@@ -638,7 +650,7 @@ impl HostState {
         }
         let gone = dropped + before - self.inflight.len();
         self.counters.aborted += gone as u64;
-        if let Some(vm) = self.vms.get_mut(&id) {
+        if let Some(mut vm) = self.vms.get_mut(&id) {
             vm.stats.aborted += gone as u64;
         }
         gone
@@ -682,10 +694,10 @@ impl HostState {
             Some(id) => self.vms.get_mut(&id),
             None => self.vms.values_mut().find(|vm| vm.shadow.rebuilding()),
         };
-        let Some(vm) = vm.filter(|vm| vm.shadow.rebuilding()) else {
+        let Some(mut vm) = vm.filter(|vm| vm.shadow.rebuilding()) else {
             return false;
         };
-        let mut cx = VmCx::new(phys, &mut self.hyp, &self.layout, vm);
+        let mut cx = VmCx::new(phys, &mut self.hyp, &self.layout, &mut vm);
         let pds = {
             let (sh, mut scx) = cx.shadow();
             sh.step(&mut scx)
@@ -732,7 +744,7 @@ impl HostState {
     /// Recomputes every VM's interrupt line; returns the changes.
     fn line_changes(&mut self) -> Vec<LineChange> {
         let mut out = Vec::new();
-        for vm in self.vms.values_mut() {
+        for mut vm in self.vms.values_mut() {
             let level = vm.regs.line_level();
             if level != vm.line_level {
                 vm.line_level = level;
@@ -821,7 +833,7 @@ impl GpuHost {
         let state = HostState {
             hyp_baseline: hyp.used(),
             hyp,
-            layout,
+            layout: layout.clone(),
             part: Partition {
                 vram: RangeAllocator::new(hyp_size, vram - hyp_size),
                 chans: RangeAllocator::new(0, u64::from(pfifo::CHANNELS)),
@@ -864,7 +876,8 @@ impl GpuHost {
                 state: RwLock::new(state),
                 holds: hold::HoldTimes::default(),
                 quiet_until: std::sync::atomic::AtomicU64::new(0),
-                fast_accesses: std::sync::atomic::AtomicU64::new(0),
+                fast_gone: std::sync::atomic::AtomicU64::new(0),
+                layout: layout.clone(),
             }),
         })
     }
@@ -887,7 +900,11 @@ impl GpuHost {
     /// it they read the GPU's PTIMER, whose low 5 bits are zero on GF100, so accounted times are
     /// only exact to 32 ns.
     pub fn set_clock(&self, clock: Arc<dyn Clock>) {
-        self.shared.lock().clock = Some(clock);
+        let mut st = self.shared.lock();
+        for mut vm in st.vms.values_mut() {
+            vm.clock = Some(clock.clone());
+        }
+        st.clock = Some(clock);
     }
 
     /// When something next happens without anyone touching the GPU: the earliest of the physical
@@ -1046,6 +1063,8 @@ impl GpuHost {
             log: RateLimit::default(),
             effects: Vec::new(),
             retired_insts: Vec::new(),
+            gone: false,
+            clock: st.clock.clone(),
         };
         let now = st.now(&*self.shared.phys);
         // The VM is charged only what its channels run from now on.
@@ -1058,7 +1077,7 @@ impl GpuHost {
         }
         st.sched.add_vm(id, profile.weight, now);
         st.acct.add_vm(id, profile.weight, now);
-        st.vms.insert(id, vm);
+        let cell = st.vms.insert(id, vm);
         log::info!(
             "{id} ('{}'): VRAM {:#x}+{:#x}, channels {}..{}, DMA window {:#x}+{:#x}, shadow {}",
             profile.name,
@@ -1073,6 +1092,7 @@ impl GpuHost {
         drop(guard);
         Ok(Arc::new(Vgpu {
             id,
+            cell,
             profile: profile.clone(),
             port: self.shared.clone(),
             line,
@@ -1150,10 +1170,7 @@ impl GpuHost {
             hypervisor_vram_released: c.hyp_released,
             withheld_partitions: c.withheld_partitions,
             lock_holds: self.shared.holds.snapshot(),
-            fast_path_accesses: self
-                .shared
-                .fast_accesses
-                .load(std::sync::atomic::Ordering::Relaxed),
+            fast_path_accesses: self.shared.fast_path_accesses(&st),
             gpu: self.shared.phys.stats(),
             sched: st.sched_stats(&*self.shared.phys),
         }
@@ -1175,10 +1192,10 @@ impl GpuPort for HostShared {
 
     fn access_local_dyn(
         &self,
-        id: VmId,
-        f: &mut dyn FnMut(&dyn PhysicalGpu, &mut VmState) -> bool,
+        cell: &crate::vgpu::cell::VmCell,
+        f: &mut dyn FnMut(&dyn PhysicalGpu, &HostLayout, &mut VmState) -> bool,
     ) -> bool {
-        self.access_local(id, f)
+        self.access_local(cell, f)
     }
 
     fn poll(&self) {

@@ -115,6 +115,11 @@ pub(crate) struct VChan {
     /// With a backend that cannot tell what a parked channel waits on: the GPU time before
     /// which it is not retried.
     pub retry_at: u64,
+    /// The physical GP_PUT of the channel's last submission the host saw complete (every entry
+    /// up to it fetched and run); `None` after a bind or a restore. While it equals `phys_put`
+    /// and the guest rings GP_PUT with that same value, the doorbell announces nothing (the
+    /// fast path's `vgpu::aperture::userd_doorbell_fast`).
+    pub done_put: Option<u32>,
 }
 
 /// Guest channel id of a CHAN_TABLE / STATE offset.
@@ -284,6 +289,7 @@ fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
     });
     cx.vm.chans[gi].gp_put = 0;
     cx.vm.chans[gi].phys_put = 0;
+    cx.vm.chans[gi].done_put = None;
     write_shadow(cx, g, &block);
     cx.phys.write_reg(
         pfifo::chan_table(p),
@@ -291,6 +297,16 @@ fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
     );
     if keep_state != 0 {
         cx.phys.write_reg(pfifo::chan_state(p), keep_state);
+    }
+    // Nothing given to the GPU yet: if its GP_GET is where GP_PUT starts, nothing is left
+    // either (what the host's doorbell handler checks), so a doorbell of 0 announces nothing.
+    let mut get = [0u8; 4];
+    cx.phys.read_vram(
+        cx.layout.userd_page(p).offset(gf100::userd::GP_GET),
+        &mut get,
+    );
+    if u32::from_le_bytes(get) == 0 {
+        cx.vm.chans[gi].done_put = Some(0);
     }
     cx.vm.chans[gi].enabled = keep_enabled;
     cx.vm

@@ -14,10 +14,28 @@ use crate::stats::ViolationKind;
 
 /// The guest channel and page offset of BAR1 offset `offset`, if it lies in the poll area.
 fn locate(cx: &ChanCx, offset: u64) -> Option<(u32, u64)> {
-    let base = cx.vm.regs.poll_area()?;
-    let rel = offset.checked_sub(base)?;
+    locate_in(cx.vm.regs.poll_area(), offset)
+}
+
+/// [`locate`] given the poll area's BAR1 offset.
+pub(crate) fn locate_in(poll_area: Option<u64>, offset: u64) -> Option<(u32, u64)> {
+    let rel = offset.checked_sub(poll_area?)?;
     let g = rel / userd::SIZE;
     (g < u64::from(pfifo::CHANNELS)).then_some((g as u32, rel % userd::SIZE))
+}
+
+/// Puts the virtual GP_PUT `put` over the bytes of `data` (read at `reg`) that cover it.
+pub(crate) fn overlay_gp_put(reg: u64, data: &mut [u8], put: u32) {
+    let (_, overlap) = gp_put_overlap(reg, data.len() as u64);
+    if overlap {
+        let put = put.to_le_bytes();
+        for (i, b) in data.iter_mut().enumerate() {
+            let a = reg + i as u64;
+            if (userd::GP_PUT..userd::GP_PUT + 4).contains(&a) {
+                *b = put[(a - userd::GP_PUT) as usize];
+            }
+        }
+    }
 }
 
 /// Bytes `[reg, reg + len)` overlap the GP_PUT word: (fully covered, any overlap).
@@ -51,16 +69,7 @@ pub(crate) fn read(cx: &mut ChanCx, offset: u64, data: &mut [u8]) -> bool {
     }
     let p = cx.vm.phys_chid(g);
     cx.phys.read_vram(cx.layout.userd_page(p).offset(reg), data);
-    let (_, overlap) = gp_put_overlap(reg, len);
-    if overlap {
-        let put = cx.vm.chans[g as usize].gp_put.to_le_bytes();
-        for (i, b) in data.iter_mut().enumerate() {
-            let a = reg + i as u64;
-            if (userd::GP_PUT..userd::GP_PUT + 4).contains(&a) {
-                *b = put[(a - userd::GP_PUT) as usize];
-            }
-        }
-    }
+    overlay_gp_put(reg, data, cx.vm.chans[g as usize].gp_put);
     true
 }
 

@@ -368,7 +368,7 @@ fn kill(st: &mut HostState, phys: &dyn PhysicalGpu, id: VmId, g: u32, start: u64
     let reset = crate::channels::preempt::reset_engines_of(phys, p);
     // 3. The guest sees what nouveau would: a CTXSW timeout and its channel no longer runnable.
     let elapsed = now.saturating_sub(start);
-    if let Some(vm) = st.vms.get_mut(&id) {
+    if let Some(mut vm) = st.vms.get_mut(&id) {
         if let Some(ch) = vm.chans.get_mut(g as usize) {
             ch.killed = true;
             ch.enabled = false;
@@ -432,12 +432,10 @@ fn switch_out(st: &mut HostState, phys: &dyn PhysicalGpu, i: usize) {
     let p = f.sub.phys_chid;
     let state = phys.read_reg(pfifo::chan_state(p));
     if !f.preempting && state & pfifo::STATE_RUNNABLE == 0 {
-        if let Some(ch) = st
-            .vms
-            .get_mut(&f.sub.vm)
-            .and_then(|vm| vm.chans.get_mut(f.sub.guest_chid as usize))
-        {
-            ch.enabled = false;
+        if let Some(mut vm) = st.vms.get_mut(&f.sub.vm) {
+            if let Some(ch) = vm.chans.get_mut(f.sub.guest_chid as usize) {
+                ch.enabled = false;
+            }
         }
     }
     phys.write_reg(pfifo::chan_state(p), state & pfifo::STATE_ENGINE_MASK);
@@ -486,13 +484,16 @@ fn check_completions(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
             st.slice = None;
         }
         let left = !done && gp_get(st, phys, f.sub.phys_chid) != f.sub.put;
-        let Some(vm) = st.vms.get_mut(&f.sub.vm) else {
+        let Some(mut vm) = st.vms.get_mut(&f.sub.vm) else {
             st.counters.aborted += u64::from(!done);
             continue;
         };
         if done {
             st.counters.completed += 1;
             vm.stats.completions += 1;
+            if let Some(ch) = vm.chans.get_mut(f.sub.guest_chid as usize) {
+                ch.done_put = Some(f.sub.put);
+            }
             continue;
         }
         st.counters.aborted += 1;
@@ -573,7 +574,7 @@ fn end_slice(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, timeslice_ns:
         switch_out(st, phys, i);
     }
     st.counters.preemptions += n as u64;
-    if let Some(v) = st.vms.get_mut(&vm) {
+    if let Some(mut v) = st.vms.get_mut(&vm) {
         v.stats.preemptions += n as u64;
     }
     st.slice = None;
@@ -620,7 +621,7 @@ fn wake_parked(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, timeslice_n
     let parked: Vec<(VmId, u32)> = st.parked.iter().copied().collect();
     for (id, g) in parked {
         let frozen = st.frozen.contains(&id);
-        let Some(vm) = st.vms.get_mut(&id) else {
+        let Some(mut vm) = st.vms.get_mut(&id) else {
             st.parked.remove(&(id, g));
             continue;
         };
@@ -643,6 +644,7 @@ fn wake_parked(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, timeslice_n
             .as_ref()
             .and_then(|b| b.pdb)
             .is_some_and(|pdb| vm.shadow.pending(pdb));
+        drop(vm);
         if rebuilding {
             continue;
         }
@@ -661,7 +663,7 @@ fn wake_parked(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, timeslice_n
         if !ready {
             continue;
         }
-        if let Some(vm) = st.vms.get_mut(&id) {
+        if let Some(mut vm) = st.vms.get_mut(&id) {
             vm.chans[g as usize].parked = false;
             vm.stats.resumes += 1;
         }
@@ -681,13 +683,13 @@ fn acquire_would_pass(
     g: u32,
     a: crate::phys::SemAcquire,
 ) -> bool {
-    let Some(vm) = st.vms.get_mut(&id) else {
+    let Some(mut vm) = st.vms.get_mut(&id) else {
         return false;
     };
     let Some(pdb) = vm.chans[g as usize].bound.as_ref().and_then(|b| b.pdb) else {
         return true;
     };
-    let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, vm);
+    let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, &mut vm);
     if cx.shadow().0.is_stale(pdb) {
         return true;
     }
@@ -735,7 +737,7 @@ fn read_shadowed(sh: &ShadowPt, scx: &ShadowCtx, pdb: GuestPdb, va: u64, buf: &m
 
 /// Dispatches `s`: shadows current, pushbuffer scan, physical TLB flushes, physical doorbell.
 fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64) {
-    let Some(vm) = st.vms.get_mut(&s.vm) else {
+    let Some(mut vm) = st.vms.get_mut(&s.vm) else {
         st.counters.aborted += 1;
         return;
     };
@@ -767,7 +769,7 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
         vm.stats.held_submissions += 1;
         return;
     }
-    let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, vm);
+    let mut cx = VmCx::new(phys, &mut st.hyp, &st.layout, &mut vm);
     let mut pds = Vec::new();
     if let Some(pdb) = pdb {
         pds = {
@@ -829,9 +831,7 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
         st.nonstall.insert(s.vm);
     } else {
         st.counters.aborted += 1;
-        if let Some(vm) = st.vms.get_mut(&s.vm) {
-            vm.stats.aborted += 1;
-        }
+        cx.vm.stats.aborted += 1;
     }
 }
 

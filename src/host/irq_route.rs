@@ -115,7 +115,7 @@ fn faults(st: &mut HostState, phys: &dyn PhysicalGpu) {
         let va = u64::from(hi) << 32 | u64::from(lo);
         match owner_of_instance(st, inst) {
             Some((id, g, word)) => {
-                let Some(vm) = st.vms.get_mut(&id) else {
+                let Some(mut vm) = st.vms.get_mut(&id) else {
                     continue;
                 };
                 let guest_inst = word & !(pfifo::CHAN_VALID | pfifo::CHAN_POLL_ENABLE);
@@ -167,7 +167,7 @@ fn pbdma(st: &mut HostState, phys: &dyn PhysicalGpu) {
         st.counters.phys_pbdma_errors += 1;
         let owner = st.part.owner.get(chid as usize).copied().flatten();
         match owner.and_then(|id| st.vms.get_mut(&id)) {
-            Some(vm) => {
+            Some(mut vm) => {
                 let g = chid - vm.chan_base;
                 let p = &mut vm.regs.pbdma[i as usize];
                 p.intr |= intr;
@@ -207,7 +207,7 @@ fn nonstall(st: &mut HostState, phys: &dyn PhysicalGpu) {
     st.counters.phys_nonstall += 1;
     let targets: Vec<VmId> = st.nonstall.iter().copied().collect();
     for id in targets {
-        if let Some(vm) = st.vms.get_mut(&id) {
+        if let Some(mut vm) = st.vms.get_mut(&id) {
             for (e, v) in notify.iter().enumerate() {
                 vm.regs.engine_intr[e] |= v;
             }

@@ -25,36 +25,48 @@ use std::sync::atomic::Ordering;
 
 use super::{HostShared, HostState};
 use crate::host::HostConfig;
+use crate::layout::HostLayout;
 use crate::phys::PhysicalGpu;
-use crate::sched::VmId;
+use crate::vgpu::cell::VmCell;
 use crate::vgpu::VmState;
 
 impl HostShared {
-    /// Runs `f` (true: it did the access) on VM `id` on the fast path if the host is quiet;
-    /// false if the access must take the usual path (`f` not run, or it declined).
+    /// Runs `f` (true: it did the access) on the VM of `cell` on the fast path if the host is
+    /// quiet, holding that VM's lock and nothing else; false if the access must take the usual
+    /// path (`f` not run, or it declined).
     pub(crate) fn access_local(
         &self,
-        id: VmId,
-        f: &mut dyn FnMut(&dyn PhysicalGpu, &mut VmState) -> bool,
+        cell: &VmCell,
+        f: &mut dyn FnMut(&dyn PhysicalGpu, &HostLayout, &mut VmState) -> bool,
     ) -> bool {
         if !self.cfg.local_fast_path || self.irq.is_asserted() {
             return false;
         }
-        let st = self.state.read();
-        let Some(clock) = &st.clock else {
+        let mut vm = cell.lock();
+        // Read with the VM's lock held: a write-locked hold in progress has set it to 0.
+        let quiet_until = self.quiet_until.load(Ordering::Acquire);
+        // Not cloned: one `Arc` of the clock is shared by every VM, and its count would be a
+        // cache line all of them write.
+        let Some(now) = vm.clock.as_ref().map(|c| c.now_ns()) else {
             return false;
         };
-        if clock.now_ns() >= self.quiet_until.load(Ordering::Acquire) {
+        if vm.gone || vm.shadow.rebuilding() || now >= quiet_until {
             return false;
         }
-        let Some(mut vm) = st.vms.lock(&id) else {
-            return false;
-        };
-        if vm.shadow.rebuilding() || !f(&*self.phys, &mut vm) {
+        if !f(&*self.phys, &self.layout, &mut vm) {
             return false;
         }
-        self.fast_accesses.fetch_add(1, Ordering::Relaxed);
+        cell.fast_accesses.fetch_add(1, Ordering::Relaxed);
         true
+    }
+
+    /// Fast-path accesses so far, destroyed VMs' included.
+    pub(crate) fn fast_path_accesses(&self, st: &HostState) -> u64 {
+        st.vms
+            .cells()
+            .map(|c| c.fast_accesses.load(Ordering::Relaxed))
+            .sum::<u64>()
+            + self.fast_gone.load(Ordering::Relaxed)
     }
 }
 

@@ -165,8 +165,8 @@ impl GpuHost {
         if !st.frozen.contains(&id) || st.inflight.iter().any(|f| f.sub.vm == id) {
             return Err(MigrateError::NotQuiesced);
         }
-        let vm = st.vms.get_mut(&id).ok_or(MigrateError::NoSuchVm)?;
-        let mut cx = VmCx::new(&*self.shared.phys, &mut st.hyp, &st.layout, vm);
+        let mut vm = st.vms.get_mut(&id).ok_or(MigrateError::NoSuchVm)?;
+        let mut cx = VmCx::new(&*self.shared.phys, &mut st.hyp, &st.layout, &mut vm);
         state::capture(&mut cx).map_err(MigrateError::State)
     }
 

@@ -26,7 +26,7 @@ impl GpuHost {
             )));
         }
         st.acct.set_weight(vm, weight);
-        if let Some(v) = st.vms.get_mut(&vm) {
+        if let Some(mut v) = st.vms.get_mut(&vm) {
             v.profile.weight = weight;
         }
         Ok(())
@@ -44,7 +44,7 @@ impl GpuHost {
         st.sched
             .set_cap(vm, cap_ppm, now)
             .map_err(HostError::Config)?;
-        if let Some(v) = st.vms.get_mut(&vm) {
+        if let Some(mut v) = st.vms.get_mut(&vm) {
             v.cap_ppm = cap_ppm;
         }
         Ok(())

@@ -52,7 +52,7 @@ pub(crate) fn reclaim(st: &mut HostState, phys: &dyn PhysicalGpu, irq: &IrqFlag)
     let mut bytes = 0;
     for (addr, size) in released {
         phys.fill_vram(HostVram(addr), size, 0);
-        for vm in st.vms.values_mut() {
+        for mut vm in st.vms.values_mut() {
             vm.retired_insts.retain(|r| r.shadow.raw() != addr);
         }
         bytes += size;

@@ -487,9 +487,10 @@ pub(crate) fn rebuild_step(
             }
             spent += 1;
             let v = set_pde(cx, books, pdb, space, idx, raw, true);
-            cx.mem
-                .phys
-                .write_vram(HostVram(space.pd + j as u64 * 8 + (at - pdb.addr)), &v.to_le_bytes());
+            cx.mem.phys.write_vram(
+                HostVram(space.pd + j as u64 * 8 + (at - pdb.addr)),
+                &v.to_le_bytes(),
+            );
         }
     }
     if i >= entries {

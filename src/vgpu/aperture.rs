@@ -25,8 +25,11 @@ use gf100::mmu::{self, Pde, Pte};
 use gf100::pci::Bar;
 use gf100::{inst, pbus, Target};
 
+use crate::channels::userd;
+use crate::layout::HostLayout;
 use crate::mmio::vregs::VFault;
-use crate::vgpu::{ViolationKind, VmCx};
+use crate::phys::PhysicalGpu;
+use crate::vgpu::{ViolationKind, VmCx, VmState};
 
 /// How a guest BAR reaches memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -380,4 +383,59 @@ pub(crate) fn pramin_write(cx: &mut VmCx, off: u64, data: &[u8]) {
     if let Err(v) = cx.guest_write(target, addr, data) {
         cx.violation(v.into(), || format!("PRAMIN write at {addr:#x}: {v}"));
     }
+}
+
+/// `channels::userd::read` with only the VM's state (the fast path, `host::local`): a read of one of the VM's
+/// own channels' USERD inside its page. False, nothing done, for anything else (the usual path
+/// then does it, with the same result, or the violation it is).
+pub(crate) fn userd_read_fast(
+    phys: &dyn PhysicalGpu,
+    layout: &HostLayout,
+    vm: &mut VmState,
+    offset: u64,
+    data: &mut [u8],
+) -> bool {
+    let Some((g, reg)) = userd::locate_in(vm.regs.poll_area(), offset) else {
+        return false;
+    };
+    if reg + data.len() as u64 > gf100::userd::SIZE || g >= vm.nchan() {
+        return false;
+    }
+    vm.stats.by_class.userd.count(false);
+    phys.read_vram(layout.userd_page(vm.phys_chid(g)).offset(reg), data);
+    userd::overlay_gp_put(reg, data, vm.chans[g as usize].gp_put);
+    true
+}
+
+/// A doorbell that announces nothing, with only the VM's state (the fast path): GP_PUT written
+/// with the value it holds, on a bound channel whose every entry the GPU has already been given
+/// (`phys_put`) and run (the host saw that submission complete: `done_put`), not parked, held
+/// or killed. The host's doorbell handler would find nothing to run (`host::dispatch::doorbell`);
+/// it is counted as a doorbell and done.
+/// False, nothing done, for any other write (the usual path does it).
+pub(crate) fn userd_doorbell_fast(vm: &mut VmState, offset: u64, data: &[u8]) -> bool {
+    let Ok(word) = <[u8; 4]>::try_from(data) else {
+        return false;
+    };
+    let Some((g, reg)) = userd::locate_in(vm.regs.poll_area(), offset) else {
+        return false;
+    };
+    if reg != gf100::userd::GP_PUT || g >= vm.nchan() {
+        return false;
+    }
+    let ch = &vm.chans[g as usize];
+    let put = u32::from_le_bytes(word);
+    if ch.bound.is_none()
+        || ch.killed
+        || ch.parked
+        || ch.held
+        || put != ch.gp_put
+        || ch.gp_put != ch.phys_put
+        || ch.done_put != Some(ch.phys_put)
+    {
+        return false;
+    }
+    vm.stats.by_class.userd.count(true);
+    vm.stats.doorbells += 1;
+    true
 }

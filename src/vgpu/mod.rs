@@ -21,6 +21,7 @@
 
 pub(crate) mod aperture;
 mod bar0;
+pub(crate) mod cell;
 pub mod direct_map;
 pub(crate) mod port;
 mod pv;
@@ -185,6 +186,10 @@ pub(crate) struct VmState {
     /// Shadow instance blocks freed but still in the hypervisor VRAM quarantine: faults the GPU
     /// reports for them are this VM's (`crate::host::irq_route`).
     pub retired_insts: Vec<crate::channels::RetiredInst>,
+    /// Destroyed: the host no longer has the VM (its vGPU's fast path finds this).
+    pub gone: bool,
+    /// The host's clock (`GpuHost::set_clock`), for the fast path's "now".
+    pub clock: Option<Arc<dyn crate::clock::Clock>>,
 }
 
 impl VmState {
@@ -317,6 +322,8 @@ pub struct Vgpu {
     pub(crate) slice: VramSlice,
     /// A hook around every BAR access (trace recording), set at most once.
     pub(crate) tap: OnceLock<Arc<dyn AccessTap>>,
+    /// The VM's state and lock (the fast path locks only this: `host::local`).
+    pub(crate) cell: Arc<cell::VmCell>,
 }
 
 impl fmt::Debug for Vgpu {
@@ -436,15 +443,28 @@ impl Vgpu {
     }
 
     fn bar_read_direct(&self, bar: Bar, offset: u64, data: &mut [u8]) {
-        if bar == Bar::Bar0
-            && self.port.access_local_dyn(self.id, &mut |phys, vm| {
-                vm.pci.memory_enabled() && {
-                    let done = bar0::read_fast(phys, vm, offset, data);
-                    if done {
-                        vm.stats.exits.bar0.count(false);
+        if self
+            .port
+            .access_local_dyn(&self.cell, &mut |phys, layout, vm| {
+                vm.pci.memory_enabled()
+                    && match bar {
+                        Bar::Bar0 => {
+                            let done = bar0::read_fast(phys, vm, offset, data);
+                            if done {
+                                vm.stats.exits.bar0.count(false);
+                            }
+                            done
+                        }
+                        Bar::Bar1 if aperture::valid_width(data.len()) => {
+                            let done = aperture::userd_read_fast(phys, layout, vm, offset, data);
+                            if done {
+                                vm.stats.exits.bar1.count(false);
+                            }
+                            done
+                        }
+                        Bar::Bar1 => false,
+                        Bar::Bar3 => false,
                     }
-                    done
-                }
             })
         {
             return;
@@ -476,6 +496,16 @@ impl Vgpu {
     }
 
     fn bar_write_direct(&self, bar: Bar, offset: u64, data: &[u8]) {
+        if bar == Bar::Bar1
+            && self.port.access_local_dyn(&self.cell, &mut |_, _, vm| {
+                vm.pci.memory_enabled() && aperture::userd_doorbell_fast(vm, offset, data) && {
+                    vm.stats.exits.bar1.count(true);
+                    true
+                }
+            })
+        {
+            return;
+        }
         self.port
             .access(self.id, |cx| write_locked(cx, bar, offset, data));
     }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use crate::phys::PhysicalGpu;
 use crate::sched::VmId;
 
+use super::cell::VmCell;
 use super::{VmCx, VmState};
+use crate::layout::HostLayout;
 
 /// What a vGPU needs from the GPU it shares.
 pub(crate) trait GpuPort: Send + Sync {
@@ -23,12 +25,13 @@ pub(crate) trait GpuPort: Send + Sync {
     /// Runs `f` on VM `id` under the GPU lock and nothing else (cheap queries).
     fn peek_dyn(&self, id: VmId, f: &mut dyn FnMut(&mut VmCx)) -> bool;
 
-    /// The fast path (`host::local`): runs `f` with only VM `id`'s state if the host is quiet;
-    /// true if `f` ran and did the access, false if it must go through [`GpuPort::access_dyn`].
+    /// The fast path (`host::local`): runs `f` with only the VM's own state (its cell locked,
+    /// not the host) if the host is quiet; true if `f` ran and did the access, false if it must
+    /// go through [`GpuPort::access_dyn`].
     fn access_local_dyn(
         &self,
-        id: VmId,
-        f: &mut dyn FnMut(&dyn PhysicalGpu, &mut VmState) -> bool,
+        cell: &VmCell,
+        f: &mut dyn FnMut(&dyn PhysicalGpu, &HostLayout, &mut VmState) -> bool,
     ) -> bool;
 
     /// Lets the physical GPU make progress and delivers what it finished.

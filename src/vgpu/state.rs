@@ -240,6 +240,7 @@ pub(crate) fn apply(cx: &mut VmCx, st: &DeviceState) -> Result<(), StateError> {
         let ch = &mut cx.vm.chans[g as usize];
         ch.gp_put = c.gp_put;
         ch.phys_put = c.phys_put;
+        ch.done_put = None;
         ch.killed = c.killed;
         if let Some(b) = ch.bound.as_mut() {
             b.scan = ScanState::from_parts(c.scan).unwrap_or_default();

@@ -147,11 +147,11 @@ pub enum TrapsError {
     },
 }
 
-/// A VM of a point: its vGPU, the driver (moved into the `gpu` phase's thread and back) and
-/// the idle channel's doorbell.
+/// A VM of a point: its vGPU, the driver (moved into the `gpu` phase's thread and back; its
+/// workloads create their channel, the VM's second) and the idle channel's doorbell.
 struct Vm {
     vgpu: Arc<Vgpu>,
-    drv: Option<(Gpu<VirtHal>, gpuvm_guest::Channel)>,
+    drv: Option<Gpu<VirtHal>>,
     _idle: gpuvm_guest::Channel,
     doorbell: (u64, u32),
 }
@@ -231,12 +231,11 @@ fn setup(n: usize, fast_path: bool) -> Result<(Arc<GpuHost>, Vec<Vm>), TrapsErro
             .map_err(|e| err(i, e.to_string()))?;
         let hal = VirtHal::new(vgpu.clone(), clock.clone(), ram, 0, RAM);
         let mut drv = Gpu::init(hal, DriverConfig::default()).map_err(|e| err(i, e.to_string()))?;
-        let work = drv.channel_new().map_err(|e| err(i, e.to_string()))?;
         let idle = drv.channel_new().map_err(|e| err(i, e.to_string()))?;
         let doorbell = drv.doorbell(&idle).map_err(|e| err(i, e.to_string()))?;
         vms.push(Vm {
             vgpu,
-            drv: Some((drv, work)),
+            drv: Some(drv),
             _idle: idle,
             doorbell,
         });
@@ -245,18 +244,25 @@ fn setup(n: usize, fast_path: bool) -> Result<(Arc<GpuHost>, Vec<Vm>), TrapsErro
 }
 
 /// What one hammering thread measured.
-#[derive(Default)]
 struct Sample {
     accesses: u64,
     doorbells: u64,
     max_ns: u64,
     timed: Vec<u32>,
+    /// When it started and stopped hammering (the phase's wall time is the span of all of
+    /// them: with more threads than CPUs the main thread's own clock would start late).
+    start: Instant,
+    end: Instant,
 }
 
 fn hammer_thread(vgpu: &Vgpu, doorbell: (u64, u32), stop: &AtomicBool, seed: u64) -> Sample {
     let mut s = Sample {
+        accesses: 0,
+        doorbells: 0,
+        max_ns: 0,
         timed: Vec::with_capacity(1 << 16),
-        ..Sample::default()
+        start: Instant::now(),
+        end: Instant::now(),
     };
     let mut i = seed;
     let mut buf = [0u8; 4];
@@ -279,6 +285,7 @@ fn hammer_thread(vgpu: &Vgpu, doorbell: (u64, u32), stop: &AtomicBool, seed: u64
             s.accesses += 1;
         }
     }
+    s.end = Instant::now();
     s
 }
 
@@ -292,17 +299,16 @@ fn hammer(host: &Arc<GpuHost>, vms: &mut [Vm], phase: &str, opts: &TrapsOptions)
     let drivers: Vec<_> = if phase == "gpu" {
         vms.iter_mut()
             .filter_map(|vm| vm.drv.take())
-            .map(|(mut drv, mut ch)| {
+            .map(|mut drv| {
                 let (stop, runs, fails) = (stop.clone(), gpu_runs.clone(), gpu_failures.clone());
                 std::thread::spawn(move || {
-                    let _ = &mut ch;
                     while !stop.load(Ordering::Relaxed) {
                         match workloads::run(&mut drv, Workload::Madd, 64) {
                             Ok(r) if r.verified => runs.fetch_add(1, Ordering::Relaxed),
                             _ => fails.fetch_add(1, Ordering::Relaxed),
                         };
                     }
-                    (drv, ch)
+                    drv
                 })
             })
             .collect()
@@ -324,11 +330,16 @@ fn hammer(host: &Arc<GpuHost>, vms: &mut [Vm], phase: &str, opts: &TrapsOptions)
         }
     }
     barrier.wait();
-    let t0 = Instant::now();
     std::thread::sleep(Duration::from_millis(opts.duration_ms));
     stop.store(true, Ordering::Relaxed);
     let samples: Vec<Sample> = handles.into_iter().filter_map(|h| h.join().ok()).collect();
-    let wall = t0.elapsed();
+    let wall = match (
+        samples.iter().map(|s| s.start).min(),
+        samples.iter().map(|s| s.end).max(),
+    ) {
+        (Some(a), Some(b)) => b.duration_since(a),
+        _ => Duration::from_millis(opts.duration_ms),
+    };
     for (vm, d) in vms.iter_mut().filter(|vm| vm.drv.is_none()).zip(drivers) {
         vm.drv = d.join().ok();
     }
@@ -399,7 +410,10 @@ mod tests {
             ..TrapsOptions::default()
         })
         .expect("runs");
-        assert!(off.points.iter().all(|p| p.fast_path_share == 0.0 && p.accesses > 0));
+        assert!(off
+            .points
+            .iter()
+            .all(|p| p.fast_path_share == 0.0 && p.accesses > 0));
         assert!(run_traps(&TrapsOptions {
             vms: vec![0],
             ..TrapsOptions::default()

@@ -40,7 +40,7 @@ mod regs;
 mod vram;
 mod worker;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
@@ -242,10 +242,12 @@ struct Shared {
     wake: Condvar,
     /// Ends the engine worker.
     stop: AtomicBool,
-    /// The engine worker waits for the lock: a call that ends hands it over (`unlock_fair`)
-    /// instead of letting a polling caller take it straight back, so that pollers cannot starve
-    /// the engines (`worker`).
-    worker_wants: AtomicBool,
+    /// Since when (clock ns + 1; 0: not) the engine worker waits for the lock: a call that ends
+    /// after it has waited [`worker::HANDOFF_AFTER_NS`] hands it over (`unlock_fair`) instead
+    /// of letting a polling caller take it straight back, so that pollers cannot starve the
+    /// engines; sooner, the lock is released as usual (a hand-off at every call would queue
+    /// every caller behind a thread wake-up).
+    worker_wants: AtomicU64,
     /// The clock is simulated.
     simulated: bool,
 }
@@ -298,7 +300,7 @@ impl SimGpu {
             line: Mutex::new(LineOut::default()),
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
-            worker_wants: AtomicBool::new(false),
+            worker_wants: AtomicU64::new(0),
         });
         let worker = worker.then(|| worker::spawn(shared.clone()));
         SimGpu {
@@ -358,10 +360,10 @@ impl SimGpu {
             let wake = (s.worker_idle || self.shared.simulated) && s.fifo.engine_in_flight();
             if wake {
                 s.worker_idle = false;
-                self.shared.worker_wants.store(true, Ordering::SeqCst);
             }
             let change = s.line_change();
-            if self.shared.worker_wants.load(Ordering::SeqCst) {
+            let since = self.shared.worker_wants.load(Ordering::Relaxed);
+            if since != 0 && now.saturating_sub(since - 1) >= worker::HANDOFF_AFTER_NS {
                 MutexGuard::unlock_fair(guard);
             } else {
                 drop(guard);
@@ -391,7 +393,6 @@ impl SimGpu {
                 return;
             }
             guard.worker_idle = false;
-            self.shared.worker_wants.store(true, Ordering::SeqCst);
             self.shared.wake.notify_one();
             MutexGuard::unlock_fair(guard);
             std::thread::yield_now();
@@ -432,6 +433,13 @@ impl std::fmt::Debug for SimGpu {
 
 impl PhysicalGpu for SimGpu {
     fn read_reg(&self, offset: u32) -> u32 {
+        if self.worker.is_some() && regs::is_ptimer_time(offset) {
+            // The clock, without the lock: the worker keeps the GPU up to date by itself, so a
+            // driver polling the timer does not queue behind everyone else's GPU calls. Not
+            // counted in `GpuStats::mmio_reads` (a counter all callers write would be the
+            // shared cache line the lock was).
+            return regs::ptimer_time(offset, self.shared.clock.now_ns());
+        }
         self.with_state(|s, now| {
             s.core.stats.mmio_reads += 1;
             s.read_reg(offset, now)

@@ -86,6 +86,9 @@ impl Regs {
 
     /// Reads a register; `None` if `offset` is not one of these. `now_ns` is the clock.
     pub(crate) fn read(&self, offset: u32, now_ns: u64) -> Option<u32> {
+        if is_ptimer_time(offset) {
+            return Some(ptimer_time(offset, now_ns));
+        }
         let time = now_ns & !(ptimer::TIME_LOW_ZERO_BITS as u64);
         Some(match offset {
             pmc::BOOT_0 => pmc::BOOT_0_QUADRO_6000,
@@ -188,6 +191,24 @@ fn fbpa_index(offset: u32) -> Option<usize> {
     let rel = offset.checked_sub(pfb::FBPA_AMOUNT)?;
     (rel % pfb::FBPA_STRIDE == 0 && rel / pfb::FBPA_STRIDE < pfb::MAX_FBP)
         .then_some((rel / pfb::FBPA_STRIDE) as usize)
+}
+
+/// True for the PTIMER time registers (and their PFIFO mirrors): read from the clock alone.
+pub(crate) fn is_ptimer_time(offset: u32) -> bool {
+    matches!(
+        offset,
+        ptimer::TIME_LOW | ptimer::TIME_HIGH | gf100::pfifo::TIME_LOW | gf100::pfifo::TIME_HIGH
+    )
+}
+
+/// The value of PTIMER time register `offset` at clock time `now_ns` (the low bits GF100 keeps
+/// zero are zero).
+pub(crate) fn ptimer_time(offset: u32, now_ns: u64) -> u32 {
+    let time = now_ns & !(ptimer::TIME_LOW_ZERO_BITS as u64);
+    match offset {
+        ptimer::TIME_HIGH | gf100::pfifo::TIME_HIGH => (time >> 32) as u32,
+        _ => time as u32,
+    }
 }
 
 #[cfg(test)]

@@ -6,8 +6,9 @@
 //! The worker takes the simulator's lock for one batch of due work ([`BATCH_UNITS`]: a few
 //! pieces, tens of microseconds) and hands it back fairly (`unlock_fair`: a waiting caller gets
 //! it before the worker takes it again), so a caller waits at most about one batch. The other
-//! way round, a call that ends while the worker waits for the lock hands it to the worker
-//! (`Shared::worker_wants`), so callers that poll in a loop cannot starve the engines. Between
+//! way round, a call that ends when the worker has waited for the lock [`HANDOFF_AFTER_NS`]
+//! hands it to the worker (`Shared::worker_wants`), so callers that poll in a loop cannot
+//! starve the engines. Between
 //! batches it waits for the next piece's due time: by yielding when that is close
 //! ([`SPIN_NS`]; a timed wait would oversleep by the kernel's timer slack), on the condition
 //! variable otherwise; with no engine operation in flight it sleeps until a call launches one
@@ -34,6 +35,9 @@ use super::{Shared, State};
 /// 64 Ki multiply-adds, tens of microseconds; MODEL choice).
 pub(crate) const BATCH_UNITS: u64 = 64 * 1024;
 
+/// How long the worker waits for the lock before a call that ends hands it over.
+pub(crate) const HANDOFF_AFTER_NS: u64 = 50_000;
+
 /// Below this wait the worker yields instead of sleeping.
 const SPIN_NS: u64 = 200_000;
 
@@ -53,7 +57,10 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
 }
 
 fn run(shared: &Shared) {
-    let wants = |on: bool| shared.worker_wants.store(on, Ordering::SeqCst);
+    let wants = |on: bool| {
+        let since = if on { shared.clock.now_ns() + 1 } else { 0 };
+        shared.worker_wants.store(since, Ordering::Relaxed);
+    };
     let mut guard = shared.state.lock();
     loop {
         wants(false);
