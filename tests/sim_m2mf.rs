@@ -80,7 +80,11 @@ fn nouveau_buffer_move_copies_pages_and_releases_its_fence() {
     r.gpu.read_vram(HostVram(dst), &mut out);
     assert!(out == data, "the moved pages differ");
     assert_eq!(r.r32(sem), 0x1234);
-    assert_eq!(r.gpu.stats().engine_ops, 1);
+    let st = r.gpu.stats();
+    assert_eq!(
+        (st.engine_ops, st.m2mf_transfers, st.m2mf_bytes),
+        (1, 1, 0x5000)
+    );
     assert!(r.runnable(&c));
 }
 
@@ -173,6 +177,8 @@ fn inline_data_lands_line_by_line_then_the_semaphore() {
     assert_eq!(&out[0x100..0x108], &[9, 10, 11, 12, 13, 14, 0xee, 0xee]);
     assert_eq!(r.r32(sem), 0x55);
     assert!(r.runnable(&c));
+    let st = r.gpu.stats();
+    assert_eq!((st.m2mf_transfers, st.m2mf_bytes), (1, 12));
 }
 
 #[test]

@@ -42,6 +42,11 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
+    /// Bytes the transfer moves.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.len * self.lines
+    }
+
     /// The engine job that performs it.
     pub(crate) fn job(self) -> Job {
         Job::Copy {

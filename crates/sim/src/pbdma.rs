@@ -410,6 +410,8 @@ impl Exec<'_> {
         let (done, write) = match action {
             Action::None => return None,
             Action::Launch(plan, done) => {
+                self.core.stats.m2mf_transfers += 1;
+                self.core.stats.m2mf_bytes += plan.bytes();
                 return Some(Outcome::Launch(Box::new(EngineOp::new(
                     host::ENGINE_PGRAPH,
                     plan.job(),
@@ -417,7 +419,7 @@ impl Exec<'_> {
                     self.inst_word(),
                     self.ch.epoch,
                     Some(done),
-                ))))
+                ))));
             }
             Action::Complete(done) => (Some(done), None),
             Action::Write { va, bytes, done } => (done, Some((va, bytes))),
@@ -434,11 +436,13 @@ impl Exec<'_> {
             }
         };
         if let Some((va, bytes)) = write {
+            self.core.stats.m2mf_bytes += bytes.len() as u64;
             if let Err(f) = self.core.write_va(&vs, va, &bytes) {
                 return Some(self.gr_fault(f));
             }
         }
         let done = done?;
+        self.core.stats.m2mf_transfers += 1;
         if let Some(s) = done.sem {
             if let Err(f) = release(self.core, &vs, s.va, s.payload, s.four_word, self.now) {
                 return Some(self.gr_fault(f));
