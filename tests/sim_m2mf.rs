@@ -1,12 +1,13 @@
 //! The simulated GR's memory-to-memory format object (class 0x9039, issue #24), driven through
 //! the hardware interface only: nouveau's buffer-move launch, inline data, completion
 //! semaphores and notifiers, and the refusals (block-linear layouts, undefined fields, classes
-//! the model does not execute) that stop only the offending channel.
+//! the model does not execute) that stop only the offending channel. Also nouveau's other
+//! buffer-move path, the copy engine's (`nvc0_bo_move_copy`, class 0x90b5), method for method.
 
 use gpuvm::addr::HostVram;
 use gpuvm::clock::Clock;
 use gpuvm::gf100::fault::{self, FaultFlags};
-use gpuvm::gf100::{host, m2mf as mf, pfifo};
+use gpuvm::gf100::{copy as ce, host, m2mf as mf, pfifo};
 use gpuvm::phys::PhysicalGpu;
 
 mod support;
@@ -257,4 +258,49 @@ fn m2mf_faults_are_pgraph_faults_of_the_channel() {
         (c.inst >> 12) as u32
     );
     assert!(!r.runnable(&c));
+}
+
+/// `nvc0_bo_move_copy` (nouveau_bo90b5.c): OFFSET_IN_UPPER..LINE_COUNT in one header (pitch and
+/// line length one page, up to 8191 lines), then LAUNCH_DMA non-pipelined, flush, no
+/// semaphore or interrupt, pitch layouts, multi-line, no remap, BYPASS_L2 as the PTE says.
+#[test]
+fn nouveau_copy_engine_move_copies_pages() {
+    let mut r = Rig::new();
+    let mut c = r.channel(9);
+    r.runlist(&[9]);
+    let src = r.buffer(&mut c, DATA_VA, 0x3000);
+    let dst = r.buffer(&mut c, DATA_VA + 0x10_0000, 0x3000);
+    let sem = r.buffer(&mut c, DATA_VA + 0x20_0000, 0x1000);
+    let data: Vec<u8> = (0..0x3000u32).map(|i| (i * 31 + 7) as u8).collect();
+    r.gpu.write_vram(HostVram(src), &data);
+    let (s_va, d_va) = (DATA_VA, DATA_VA + 0x10_0000);
+    let mut p = bind_copy();
+    p.extend(mthd(
+        SUBC_COPY,
+        ce::OFFSET_IN_UPPER,
+        &[
+            (s_va >> 32) as u32,
+            s_va as u32,
+            (d_va >> 32) as u32,
+            d_va as u32,
+            4096,
+            4096,
+            4096,
+            3,
+        ],
+    ));
+    let launch = ce::LAUNCH_TRANSFER_NON_PIPELINED
+        | ce::LAUNCH_FLUSH_ENABLE
+        | ce::LAUNCH_SRC_PITCH
+        | ce::LAUNCH_DST_PITCH
+        | ce::LAUNCH_MULTI_LINE;
+    p.extend(mthd(SUBC_COPY, ce::LAUNCH_DMA, &[launch]));
+    p.extend(release4(DATA_VA + 0x20_0000, 0x77));
+    r.submit(&mut c, &p);
+    r.settle();
+    let mut out = vec![0u8; 0x3000];
+    r.gpu.read_vram(HostVram(dst), &mut out);
+    assert!(out == data, "the moved pages differ");
+    assert_eq!(r.r32(sem), 0x77);
+    assert!(r.runnable(&c));
 }
