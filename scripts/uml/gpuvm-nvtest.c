@@ -54,9 +54,45 @@ static void out(const char *fmt, ...)
 	fflush(stdout);
 }
 
+/* Every buffer mapping and the DRM device, released before power-off as a system's shutdown
+ * would: nouveau 6.12's removal (run at power-off while the transport still works) evicts
+ * buffers that are still alive after it has freed its channels, and crashes in
+ * nouveau_fence_sync. */
+#define MAX_MAPS 16
+static struct {
+	void *p;
+	size_t len;
+} maps[MAX_MAPS];
+static int drm_fd = -1;
+
+static void *map_bo(int fd, size_t len, uint64_t handle)
+{
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, handle);
+	for (int i = 0; p != MAP_FAILED && i < MAX_MAPS; i++)
+		if (!maps[i].p) {
+			maps[i].p = p;
+			maps[i].len = len;
+			break;
+		}
+	return p;
+}
+
+static void release_all(void)
+{
+	for (int i = 0; i < MAX_MAPS; i++)
+		if (maps[i].p) {
+			munmap(maps[i].p, maps[i].len);
+			maps[i].p = NULL;
+		}
+	if (drm_fd >= 0)
+		close(drm_fd);
+	drm_fd = -1;
+}
+
 static void finish(int code)
 {
 	out("done (%d)", code);
+	release_all();
 	sync();
 	reboot(RB_POWER_OFF);
 	_exit(code);
@@ -213,8 +249,7 @@ static int ttm_move(int fd, int channel, struct drm_nouveau_gem_info *status,
 		return 1;
 	}
 	bo_domain(fd, bo.handle, &dg);
-	volatile uint32_t *m = mmap(NULL, MOVE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-				    bo.map_handle);
+	volatile uint32_t *m = map_bo(fd, MOVE_BYTES, bo.map_handle);
 	if (m == MAP_FAILED) {
 		out("FAIL ttm-move: mmap: %s", strerror(errno));
 		return 1;
@@ -259,7 +294,6 @@ static int ttm_move(int fd, int channel, struct drm_nouveau_gem_info *status,
 			if (first == n)
 				first = i;
 		}
-	munmap((void *)m, MOVE_BYTES);
 	if (bad || !(dg & NOUVEAU_GEM_DOMAIN_GART) || !(d1 & NOUVEAU_GEM_DOMAIN_VRAM) ||
 	    !(d2 & NOUVEAU_GEM_DOMAIN_GART)) {
 		out("FAIL ttm-move: %u of %u words differ (first at %u), domains %s -> %s -> %s -> %s",
@@ -359,10 +393,8 @@ static int user_copy(int fd, int channel, uint32_t klass, const char *what,
 		out("FAIL %s: gem new: %s", what, strerror(-r));
 		return 1;
 	}
-	volatile uint32_t *s = mmap(NULL, COPY_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-				    src.map_handle);
-	volatile uint8_t *d = mmap(NULL, COPY_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-				   dst.map_handle);
+	volatile uint32_t *s = map_bo(fd, COPY_BYTES, src.map_handle);
+	volatile uint8_t *d = map_bo(fd, COPY_BYTES, dst.map_handle);
 	if (s == MAP_FAILED || d == MAP_FAILED) {
 		out("FAIL %s: mmap: %s", what, strerror(errno));
 		return 1;
@@ -456,6 +488,7 @@ int main(void)
 	mknod("/dev/dri/card0", S_IFCHR | 0600, makedev(226, 0));
 
 	int fd = open("/dev/dri/card0", O_RDWR);
+	drm_fd = fd;
 	if (fd < 0) {
 		out("FAIL open /dev/dri/card0: %s", strerror(errno));
 		finish(1);
@@ -498,9 +531,8 @@ int main(void)
 	out("buffers: vram va 0x%llx, gart va 0x%llx, push va 0x%llx",
 	    (unsigned long long)vram.offset, (unsigned long long)gart.offset,
 	    (unsigned long long)push.offset);
-	volatile uint32_t *g = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
-				    gart.map_handle);
-	uint32_t *p0 = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, push.map_handle);
+	volatile uint32_t *g = map_bo(fd, 4096, gart.map_handle);
+	uint32_t *p0 = map_bo(fd, 4096, push.map_handle);
 	if (g == MAP_FAILED || p0 == MAP_FAILED) {
 		out("FAIL mmap: %s", strerror(errno));
 		finish(4);
