@@ -365,6 +365,7 @@ impl Channel {
         // A method's data words may continue in the next GPFIFO entry: a run without a
         // segment is a state PBDMA can be in.
         let run = s.run.map(SavedRun::load).transpose()?;
+        s.m2mf.check().map_err(invalid)?;
         if let Some(a) = s.acquire.filter(|a| a.va >= VA_LIMIT) {
             return Err(invalid(format!("acquire at VA {:#x}", a.va)));
         }

@@ -120,6 +120,22 @@ fn va(hi: u32, lo: u32) -> u64 {
 }
 
 impl M2mfRegs {
+    /// Checks restored state (`Channel::restore`): an open inline transfer must be inside its
+    /// own bounds, as execution keeps it.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        match self.inline {
+            Some(t)
+                if t.line_len == 0
+                    || t.pos >= t.line_len
+                    || t.line >= t.lines
+                    || t.line_len.saturating_mul(t.lines) > MAX_COPY_BYTES =>
+            {
+                Err(format!("M2MF inline transfer out of bounds: {t:?}"))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Executes one method of the class.
     pub(crate) fn method(&mut self, mthd: u32, data: u32) -> Result<Action, Refused> {
         let hi = |v: u64| (v & 0xffff_ffff) | ((data & 0xff) as u64) << 32;
@@ -407,6 +423,21 @@ mod tests {
         );
         // The transfer is closed: more data is refused.
         assert_eq!(r.method(c::LOAD_INLINE_DATA, 0), Err(Refused));
+    }
+
+    #[test]
+    fn restored_inline_state_is_checked() {
+        let mut r = M2mfRegs::default();
+        assert!(r.check().is_ok());
+        set(&mut r, &[(c::LINE_LENGTH_IN, 8), (c::LINE_COUNT, 2)]);
+        let launch = c::LAUNCH_SRC_INLINE | c::LAUNCH_DST_PITCH;
+        assert_eq!(r.method(c::LAUNCH_DMA, launch), Ok(Action::None));
+        assert!(r.check().is_ok());
+        let mut bad = r;
+        if let Some(t) = bad.inline.as_mut() {
+            t.pos = 8;
+        }
+        assert!(bad.check().is_err(), "a position past its line");
     }
 
     #[test]
