@@ -14,7 +14,10 @@
  *     to GART the same way, and read back by the CPU;
  *   m2mf-copy: a userspace M2MF object (class 0x9039) copies GART -> VRAM -> GART, the second
  *     time with different line pitches, then writes inline data and releases a semaphore;
- *   ce-copy: the same with the copy engine (class 0x90b5).
+ *   ce-copy: the same with the copy engine (class 0x90b5);
+ *   refused-3d: on a channel of its own, the 3D class (0x9097), which the simulated GPU does
+ *     not execute, is bound: the binding must be refused (the channel stops, nouveau reports
+ *     it) and the semaphore release after it must never land.
  * VRAM cannot be mapped into a process under UML, so VRAM is checked through the GPU.
  * Every result is one line starting with "gpuvm-nvtest:"; the host parses them.
  */
@@ -374,6 +377,44 @@ static uint32_t *copy_cmd(uint32_t *p, uint32_t klass, uint32_t sc, uint64_t src
 	return p;
 }
 
+/* refused-3d: see the header. */
+static int refused_3d(int fd, struct drm_nouveau_gem_info *status, volatile uint32_t *st,
+		      struct drm_nouveau_gem_info *push, uint32_t *p0)
+{
+	struct drm_nouveau_channel_alloc ch;
+	memset(&ch, 0, sizeof(ch));
+	if (ioctl(fd, DRM_IOCTL_NOUVEAU_CHANNEL_ALLOC, &ch)) {
+		out("FAIL refused-3d: channel alloc: %s", strerror(errno));
+		return 1;
+	}
+	struct gpuvm_grobj_alloc g = {.channel = ch.channel, .handle = 0xbeef9097u,
+				      .klass = 0x9097};
+	if (ioctl(fd, GPUVM_IOCTL_GROBJ_ALLOC, &g)) {
+		out("FAIL refused-3d: object class 0x9097: %s", strerror(errno));
+		return 1;
+	}
+	st[3] = 0;
+	uint32_t *p = p0;
+	*p++ = incr_sc(3, 0x0000, 1); /* SET_OBJECT */
+	*p++ = 0x9097;
+	p = sem(p, status->offset + 12, 0xdead3d, SEM_RELEASE | SEM_RELEASE_4BYTE);
+	struct drm_nouveau_gem_pushbuf_bo bos[2];
+	bo_entry(&bos[0], status->handle, NOUVEAU_GEM_DOMAIN_GART, 1);
+	bo_entry(&bos[1], push->handle, NOUVEAU_GEM_DOMAIN_GART, 0);
+	int r = submit(fd, ch.channel, bos, 2, 1, p0, p);
+	/* Either the submission is refused outright or it runs and stops at the binding. */
+	for (int i = 0; r == 0 && i < 500 && st[3] != 0xdead3d; i++)
+		usleep(1000);
+	if (st[3] == 0xdead3d) {
+		out("FAIL refused-3d: the work after binding class 0x9097 ran");
+		return 1;
+	}
+	out("PASS refused-3d: binding class 0x9097 (not executed by the model) stopped channel %d "
+	    "before its release (%s)",
+	    ch.channel, r ? strerror(-r) : "submitted");
+	return 0;
+}
+
 /* m2mf-copy / ce-copy: see the header. */
 static int user_copy(int fd, int channel, uint32_t klass, const char *what,
 		     struct drm_nouveau_gem_info *status, volatile uint32_t *st,
@@ -583,6 +624,7 @@ int main(void)
 	fails += ttm_move(fd, ch.channel, &gart, g, &push, p0);
 	fails += user_copy(fd, ch.channel, 0x9039, "m2mf-copy", &gart, g, &push, p0);
 	fails += user_copy(fd, ch.channel, 0x90b5, "ce-copy", &gart, g, &push, p0);
+	fails += refused_3d(fd, &gart, g, &push, p0);
 	finish(fails ? 6 : 0);
 	return 0;
 }

@@ -147,6 +147,12 @@ pub struct Report {
     pub gpu_work: GpuWork,
     /// The --init program's verdict (None for the built-in test program).
     pub init: Option<InitResult>,
+    /// The built-in test program's result lines (`gpuvm-nvtest: ...`).
+    pub program_lines: Vec<String>,
+    /// nouveau's reports of work the GPU refused (`[ILLEGAL_MTHD]`, `ILLEGAL_CLASS`, killed
+    /// channels): the test program provokes one by binding the 3D class, which the model does
+    /// not execute.
+    pub refusals: Vec<String>,
     /// Seconds the guest ran.
     pub seconds: f64,
 }
@@ -507,6 +513,9 @@ pub fn run(args: &NouveauArgs) -> anyhow::Result<bool> {
                 "NOT recycled"
             }
         );
+        for r in &report.refusals {
+            println!("refused, as nouveau reports it: {r}");
+        }
         println!(
             "GPU work: {} engine operations; M2MF (nouveau's only): {} transfers, {} KiB",
             report.gpu_work.engine_ops,
@@ -723,6 +732,21 @@ pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
     let interrupts = dev.line().delivered();
     server.shutdown();
     let init = custom_init.map(|p| init_result(&log, &p, &expect));
+    let program_lines = log
+        .lines()
+        .filter(|l| l.starts_with("gpuvm-nvtest:"))
+        .map(str::to_string)
+        .collect();
+    let refusals = log
+        .lines()
+        .filter(|l| {
+            l.contains("nouveau")
+                && (l.contains("ILLEGAL_MTHD")
+                    || l.contains("ILLEGAL_CLASS")
+                    || l.contains("killed!"))
+        })
+        .map(|l| l.trim().to_string())
+        .collect();
     let rungs = rungs(&log, args.noaccel);
     let reached = rungs.iter().take_while(|r| r.reached).last().map(|r| r.id);
     let first_failure = rungs
@@ -741,6 +765,8 @@ pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
         nouveau_vgpu_recycled,
         gpu_work,
         init,
+        program_lines,
+        refusals,
         seconds,
     })
 }

@@ -99,6 +99,28 @@ fn nouveau_runs_a_userspace_channel_with_acceleration_while_the_second_vm_verifi
         h.contains("MM: using M2MF"),
         "nouveau's buffer-move engine: {h}"
     );
+    // Honest refusal: the test program binds the 3D class, which the model does not execute;
+    // the binding stops that channel (its later release never lands: the program checks) and
+    // nouveau reports it.
+    let lines: Vec<&str> = v["program_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.contains("PASS refused-3d")),
+        "the program saw the 3D binding refused: {lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("FAIL")),
+        "no program check failed: {lines:?}"
+    );
+    let refusals = v["refusals"].to_string();
+    assert!(
+        refusals.contains("ILLEGAL_MTHD") && refusals.contains("00009097"),
+        "nouveau reported the refusal: {refusals}"
+    );
     // The userspace M2MF copy ran on the simulated GR (the second VM never uses the class).
     let m2mf = v["gpu_work"]["m2mf_bytes"].as_u64().unwrap_or(0);
     assert!(
