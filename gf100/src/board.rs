@@ -39,6 +39,40 @@ pub const PCLOCK_BASE: u32 = 0x137000;
 pub const LTC_BASE: u32 = 0x17e000;
 /// LTC slices register.
 pub const LTC_SLICES: u32 = 0x17e8dc;
+/// PMC `0x000260`: written 0 / 1 around GR context generation (NV-`subdev/mc/gf100.c:
+/// gf100_mc_unk260`).
+pub const PMC_UNK260: u32 = 0x000260;
+/// PMC interrupt mask of the second (non-host) tree, next to INTR_MASK_HOST `0x000640`.
+pub const PMC_INTR_MASK_NRHOST: u32 = 0x000644;
+/// PFIFO runlist-interrupt enable (NV-`engine/fifo/gf100.c:gf100_fifo_init_pbdmas`:
+/// `mask(0x002a04, 0xbfffffff, 0xbfffffff)`; status at `0x002a00`).
+pub const PFIFO_RUNLIST_INTR_EN: u32 = 0x002a04;
+/// PTIMER clock-source divider (NV-`subdev/timer/nv41.c:nv41_timer_init`: `m - 1`).
+pub const PTIMER_SOURCE_DIV: u32 = 0x009220;
+/// PUNITS PCIe: bit 0 version (0 = 1.x, 1 = 2.0), bit 7 full-speed capable
+/// (NV-`subdev/pci/gf100.c`: `gf100_pcie_version`, `_set_version`, `_cap_speed`).
+pub const PUNITS_PCIE: u32 = 0x02241c;
+/// PBUS interrupt status, write-1-to-clear (NV-`subdev/bus/gf100.c`: init writes `0xffffffff`,
+/// the handler reads it masked by [`PBUS_INTR_EN`] and reports bits 3:1 with `0x009084/88`).
+pub const PBUS_INTR: u32 = 0x001100;
+/// PBUS interrupt enable (init writes `0x0000000e`).
+pub const PBUS_INTR_EN: u32 = 0x001140;
+/// PUNITS block start: fuse access control at `0x022400` (NV-`subdev/fuse/gf100.c:gf100_fuse_read`
+/// sets bit 11 around a fuse read and restores it).
+pub const PUNITS_BASE: u32 = 0x022400;
+/// PUNITS: most GPCs (NV-`engine/gr/ctxgf100.c:gf100_grctx_generate_r4060a8`: `gpcmax`).
+pub const PUNITS_GPC_MAX: u32 = 0x022430;
+/// PUNITS: most TPCs per GPC (same function: `tpcmax = rd32(0x022434) * gpcmax`).
+pub const PUNITS_TPC_MAX: u32 = 0x022434;
+/// Active LTC count (read by the GR init into `0x4188ac`; research note
+/// `gf100-pgraph-ctxsw.md` §5.1).
+pub const LTC_COUNT: u32 = 0x100800;
+/// PRIVRING FBP count (NV-`engine/gr/ctxgf100.c`: `if rd32(0x121c74) == 1`, a special case
+/// for one FBP; GPUvm's A3 fakes it as the VM's partition count).
+pub const PRIVRING_FBP_COUNT: u32 = 0x121c74;
+/// PRIVRING blocks nouveau touches: master `0x120000`, interrupts `0x121c58..0x121c78` (ack
+/// `0x121c4c`), timeouts `0x122310..0x122348` (NV-`subdev/privring/gf100.c`).
+pub const PRIVRING_BLOCKS: u32 = 3;
 /// Engine status words (NV-`engine/gr/gf100.c:gf100_gr_wait_idle` polls `0x002640`; a busy
 /// engine keeps the wait going). 0 = idle.
 pub const ENGINE_STATUS: u32 = 0x002640;
@@ -131,4 +165,57 @@ pub mod pgraph {
     pub const GPC0_TPC_COUNT: u32 = 0x502608;
     /// GPC stride.
     pub const GPC_STRIDE: u32 = 0x8000;
+}
+
+/// The copy engines' falcons (NV-`engine/ce/gf100.c:gf100_ce_new`: PCOPY0 at `0x104000`,
+/// PCOPY1 at `0x105000`) and the falcon host-interface registers nouveau's generic falcon engine
+/// uses on them (NV-`engine/falcon.c`: `nvkm_falcon_oneinit`, `_init`, `_fini`, `_intr`; ENVY
+/// `rnndb/falcon.xml`).
+pub mod pcopy {
+    /// PCOPY0's falcon.
+    pub const PCOPY0: u32 = 0x104000;
+    /// PCOPY1's falcon.
+    pub const PCOPY1: u32 = 0x105000;
+    /// Interrupt clear (write 1s; NV-`nvkm_falcon_intr` acks 0x10/0x40 here).
+    pub const IRQSCLR: u32 = 0x004;
+    /// Interrupt status.
+    pub const IRQSTAT: u32 = 0x008;
+    /// Interrupt mask clear (`nvkm_falcon_init`/`_fini` write `0xffffffff`).
+    pub const IRQMCLR: u32 = 0x014;
+    /// Interrupt destination.
+    pub const IRQDEST: u32 = 0x01c;
+    /// FIFO/channel-switch enables (`init` writes 3: FIFO | CHSW; `fini` clears them).
+    pub const FIFO_CTRL: u32 = 0x048;
+    /// Current channel instance (`nvkm_falcon_intr` reads bits 29:0).
+    pub const CHAN_INST: u32 = 0x050;
+    /// The engine's index (NV-`gf100_ce_init` writes the CE instance here).
+    pub const CE_INDEX: u32 = 0x084;
+    /// CPU control: write 2 = start (`nvkm_falcon_init` "TRIGGER").
+    pub const CPUCTL: u32 = 0x100;
+    /// Boot vector ("ENTRY").
+    pub const BOOTVEC: u32 = 0x104;
+    /// Hardware config: bits 8:0 code limit / 256, bits 17:9 data limit / 256
+    /// (`nvkm_falcon_oneinit`: `code.limit = (caps & 0x1ff) << 8`,
+    /// `data.limit = (caps & 0x3fe00) >> 1`).
+    pub const HWCFG: u32 = 0x108;
+    /// DMA control ("BLOCK_ON_FIFO" = 1).
+    pub const DMACTL: u32 = 0x10c;
+    /// Capabilities: bits 3:0 falcon version, bits 5:4 secret level (read on chipsets from
+    /// 0xa3 on, GF100 included).
+    pub const CAPS: u32 = 0x12c;
+    /// IMEM port control / data / tag (version 3 upload: `0x180 = 0x01000000`, data at
+    /// `0x184`, tag `i >> 6` at `0x188` every 64 words).
+    pub const IMEMC: u32 = 0x180;
+    /// IMEM data port.
+    pub const IMEMD: u32 = 0x184;
+    /// IMEM tag.
+    pub const IMEMT: u32 = 0x188;
+    /// DMEM port control / data (`0x1c0 = 0x01000000`, data at `0x1c4`, zero-filled to the
+    /// data limit).
+    pub const DMEMC: u32 = 0x1c0;
+    /// DMEM data port.
+    pub const DMEMD: u32 = 0x1c4;
+    /// PMC ENABLE bit of PCOPY0 (NV-`subdev/mc/gf100.c:gf100_mc_reset`: `0x00000040` CE0,
+    /// `0x00000080` CE1).
+    pub const PMC_ENABLE_CE0: u32 = 1 << 6;
 }

@@ -25,6 +25,7 @@ pub mod fault;
 pub mod gpfifo;
 pub mod host;
 pub mod inst;
+pub mod m2mf;
 pub mod method;
 pub mod mmu;
 pub mod pbus;

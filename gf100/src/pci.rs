@@ -64,3 +64,10 @@ impl Bar {
         }
     }
 }
+
+/// PPCI: PCI configuration space mirrored into BAR0 at `0x088000 + offset` (ENVY
+/// `docs/hw/bus/pci.rst`; NV-`subdev/pci/base.c:nvkm_pci_rd32/wr32`, used for the ROM shadow
+/// toggle `0x088050`, MSI, ASPM `0x088080`, link status `0x088088`).
+pub const BAR0_MIRROR: u32 = 0x088000;
+/// Size of the mirror (the 4 KiB extended configuration space).
+pub const BAR0_MIRROR_SIZE: u32 = 0x1000;

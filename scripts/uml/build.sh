@@ -66,7 +66,8 @@ version="$(dpkg-query -W -f='${Version}' "$pkg")"
 stamp="$( {
     echo "$version"
     echo "keeps: linux uapi"
-    cat "$here/config.fragment" "$here/virt-pci-reclaim.patch" "$here/uml-xstate-fallback.patch"
+    cat "$here/config.fragment" "$here/virt-pci-reclaim.patch" "$here/virt-pci-nested.patch" \
+        "$here/uml-xstate-fallback.patch"
 } | sha256sum | cut -d' ' -f1)"
 
 # The guest test program: static, built against the kernel's DRM UAPI headers.
@@ -92,6 +93,8 @@ rm -rf "$out/src" "$out/build" "$out/linux" "$out/uapi" "$out/stamp"
 mkdir -p "$out/src" "$out/build"
 tar -xf "$tarball" -C "$out/src" --strip-components=1
 patch -d "$out/src" -p1 --forward < "$here/virt-pci-reclaim.patch" >&2
+# Nested commands (an interrupt handler's accesses during a read) and teardown order.
+patch -d "$out/src" -p1 --forward < "$here/virt-pci-nested.patch" >&2
 # Userspace processes die at their first switch on hosts with a large XSAVE area (AMX).
 patch -d "$out/src" -p1 --forward < "$here/uml-xstate-fallback.patch" >&2
 

@@ -41,6 +41,11 @@ pub enum Handler {
     PmcIntrMask,
     /// PMC MSI re-arm: accepted, no effect (virtual interrupts are re-evaluated on every access).
     MsiRearm,
+    /// PPCI, configuration space mirrored in BAR0: reads the VM's configuration space; writes
+    /// are ignored (config writes go through the transport's configuration path, where the
+    /// command register and BARs are enforced; nouveau's mirror writes — the ROM shadow toggle
+    /// and ASPM masks — mean nothing to the model).
+    PciMirror,
     /// PBUS PMEM: the VM's PRAMIN window base (guest VRAM or guest RAM).
     PraminBase,
     /// PBUS BAR1_INST / BAR3_INST: the guest's BAR1/BAR3 VM bindings (walked in software).
@@ -308,7 +313,21 @@ pub static BAR0_REGIONS: &[Region] = &[
         H::Pbdma,
     ),
     reg(pbus::PFLUSH, "PFLUSH", V, H::Pflush),
+    range(
+        gf100::pci::BAR0_MIRROR,
+        pmc::MSI_REARM - gf100::pci::BAR0_MIRROR,
+        "PPCI (config-space mirror, read-only)",
+        V,
+        H::PciMirror,
+    ),
     reg(pmc::MSI_REARM, "PPCI.MSI_REARM", V, H::MsiRearm),
+    range(
+        pmc::MSI_REARM + 4,
+        gf100::pci::BAR0_MIRROR + gf100::pci::BAR0_MIRROR_SIZE - pmc::MSI_REARM - 4,
+        "PPCI (config-space mirror, read-only)",
+        V,
+        H::PciMirror,
+    ),
     reg(
         pffb::SYSMEM_FLUSH_PAGE,
         "PFFB.SYSMEM_FLUSH_PAGE",
@@ -363,10 +382,36 @@ pub static BAR0_REGIONS: &[Region] = &[
 pub static BOARD_REGIONS: &[Region] = {
     use gf100::board::{self as b, pgraph, pmu};
     &[
+        reg(
+            b::PMC_UNK260,
+            "PMC 0x260 (GR ctx generation, stored)",
+            V,
+            H::Board,
+        ),
+        reg(
+            b::PMC_INTR_MASK_NRHOST,
+            "PMC.INTR_MASK_NRHOST (stored)",
+            V,
+            H::Board,
+        ),
+        reg(b::PBUS_INTR, "PBUS.INTR (no bus error)", V, H::Board),
+        reg(b::PBUS_INTR_EN, "PBUS.INTR_EN", V, H::Board),
         range(
             b::ENGINE_STATUS,
             0x40,
             "PFIFO.ENGINE_STATUS[16]",
+            V,
+            H::Board,
+        ),
+        reg(
+            b::PFIFO_RUNLIST_INTR_EN,
+            "PFIFO runlist interrupt enable (stored)",
+            V,
+            H::Board,
+        ),
+        reg(
+            b::PTIMER_SOURCE_DIV,
+            "PTIMER source divider (stored)",
             V,
             H::Board,
         ),
@@ -379,11 +424,28 @@ pub static BOARD_REGIONS: &[Region] = {
         ),
         range(b::PTHERM_BASE, b::BLOCK, "PTHERM", V, H::Board),
         range(b::FUSE_BASE, b::BLOCK, "FUSE", V, H::Board),
+        reg(b::PUNITS_BASE, "PUNITS fuse access (stored)", V, H::Board),
         reg(b::POSTED, "PBUS.POSTED (devinit done)", V, H::Board),
+        reg(b::PUNITS_PCIE, "PUNITS PCIe version (1.x)", V, H::Board),
+        range(
+            b::PUNITS_GPC_MAX,
+            8,
+            "PUNITS GPC/TPC maxima (the VM's topology)",
+            V,
+            H::Board,
+        ),
         reg(b::UNITS_DISABLED, "FUSE.UNITS_DISABLED", V, H::Board),
         reg(b::LTC_INVALIDATE, "LTC.INVALIDATE", V, H::Board),
         reg(b::LTC_FLUSH, "LTC.FLUSH", V, H::Board),
+        reg(b::LTC_COUNT, "PFFB LTC count", V, H::Board),
         reg(b::STRAP, "PEXTDEV.STRAP", V, H::Board),
+        range(
+            b::pcopy::PCOPY0,
+            b::BLOCK,
+            "PCOPY0 falcon (CE firmware interface, high-level)",
+            V,
+            H::Board,
+        ),
         range(
             pmu::BASE,
             0x1000,
@@ -391,7 +453,13 @@ pub static BOARD_REGIONS: &[Region] = {
             V,
             H::Pmu,
         ),
-        range(b::PRIVRING_BASE, b::BLOCK, "PRIVRING", V, H::Board),
+        range(
+            b::PRIVRING_BASE,
+            b::PRIVRING_BLOCKS * b::BLOCK,
+            "PRIVRING (master, interrupts, timeouts)",
+            V,
+            H::Board,
+        ),
         range(b::MPLL_BASE, b::BLOCK, "MPLL (read 0)", V, H::Board),
         range(b::PCLOCK_BASE, b::BLOCK, "PCLOCK (read 0)", V, H::Board),
         range(b::LTC_BASE, b::BLOCK, "LTC broadcast", V, H::Board),

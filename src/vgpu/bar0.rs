@@ -279,6 +279,12 @@ fn read_local(phys: &dyn PhysicalGpu, vm: &mut VmState, h: Handler, off: u32) ->
         },
         Handler::PmcIntrMask => r.pmc_mask,
         Handler::MsiRearm | Handler::Pflush | Handler::TlbFlushTrigger => 0,
+        Handler::PciMirror => {
+            let mut b = [0u8; 4];
+            let at = u16::try_from(off - gf100::pci::BAR0_MIRROR).unwrap_or(u16::MAX);
+            cx.vm.pci.read(at, &mut b);
+            u32::from_le_bytes(b)
+        }
         Handler::PraminBase => r.pmem,
         Handler::BarInst => match off {
             pbus::BAR1_INST => r.bar1_inst,
@@ -383,6 +389,7 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
         Handler::Boot0
         | Handler::Endian
         | Handler::MsiRearm
+        | Handler::PciMirror
         | Handler::Pflush
         | Handler::FbSize
         | Handler::Time
@@ -406,6 +413,10 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
                 // Clearing PMC ENABLE bit 13 resets the PMU (nouveau's gf100_pmu_reset).
                 if r.pmc_enable & (1 << 13) != 0 && v & (1 << 13) == 0 {
                     r.board.pmu.reset();
+                }
+                let ce0 = gf100::board::pcopy::PMC_ENABLE_CE0;
+                if r.pmc_enable & ce0 != 0 && v & ce0 == 0 {
+                    r.board.ce0.reset();
                 }
                 r.pmc_enable = v;
             } else {

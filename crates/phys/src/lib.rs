@@ -160,6 +160,11 @@ pub struct GpuStats {
     pub methods: u64,
     /// Engine operations (copies, kernel launches) completed.
     pub engine_ops: u64,
+    /// Memory-to-memory format (class 0x9039) transfers PGRAPH executed: memory launches and
+    /// completed inline transfers.
+    pub m2mf_transfers: u64,
+    /// Bytes those transfers were asked to move (a faulting transfer moves fewer).
+    pub m2mf_bytes: u64,
     /// Modeled time the GPU was busy (command fetch and engine operations), in ns.
     pub busy_ns: u64,
     /// Engine operations aborted by an engine reset (PMC ENABLE bit cleared while the engine

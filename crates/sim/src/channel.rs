@@ -15,6 +15,7 @@ use gpuvm_phys::ChannelStateError;
 
 use super::compute::ComputeRegs;
 use super::copy::CopyRegs;
+use super::m2mf::M2mfRegs;
 use super::mem::Memory;
 use super::mmu::Vspace;
 
@@ -30,6 +31,8 @@ pub(crate) enum EngineClass {
     Copy,
     /// Class 0x90c0: the compute engine's fixed kernels.
     Compute,
+    /// Class 0x9039: PGRAPH's memory-to-memory format object.
+    M2mf,
 }
 
 impl EngineClass {
@@ -39,6 +42,7 @@ impl EngineClass {
             gf100::host::CLASS => Some(EngineClass::Host),
             gf100::copy::CLASS => Some(EngineClass::Copy),
             gf100::compute::CLASS => Some(EngineClass::Compute),
+            gf100::m2mf::CLASS => Some(EngineClass::M2mf),
             _ => None,
         }
     }
@@ -185,6 +189,8 @@ pub(crate) struct Channel {
     pub copy: CopyRegs,
     /// Compute method registers.
     pub compute: ComputeRegs,
+    /// M2MF method registers (and an inline transfer waiting for data).
+    pub m2mf: M2mfRegs,
     /// Waiting on a semaphore acquire.
     pub acquire: Option<Acquire>,
     /// Modeled GPU time this channel has occupied, in ns.
@@ -217,6 +223,8 @@ struct Saved {
     mem_op_a: u32,
     copy: CopyRegs,
     compute: ComputeRegs,
+    #[serde(default)]
+    m2mf: M2mfRegs,
     #[serde(default)]
     seg: Option<Segment>,
     #[serde(default)]
@@ -324,6 +332,7 @@ impl Channel {
             mem_op_a: self.mem_op_a,
             copy: self.copy,
             compute: self.compute,
+            m2mf: self.m2mf,
             seg: self.seg.clone(),
             run: self.run.as_ref().map(SavedRun::save),
             acquire: self.acquire,
@@ -356,6 +365,7 @@ impl Channel {
         // A method's data words may continue in the next GPFIFO entry: a run without a
         // segment is a state PBDMA can be in.
         let run = s.run.map(SavedRun::load).transpose()?;
+        s.m2mf.check().map_err(invalid)?;
         if let Some(a) = s.acquire.filter(|a| a.va >= VA_LIMIT) {
             return Err(invalid(format!("acquire at VA {:#x}", a.va)));
         }
@@ -365,6 +375,7 @@ impl Channel {
         self.mem_op_a = s.mem_op_a;
         self.copy = s.copy;
         self.compute = s.compute;
+        self.m2mf = s.m2mf;
         self.ctx = None;
         self.seg = seg;
         self.run = run;

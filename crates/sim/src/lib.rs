@@ -32,6 +32,7 @@ mod cost;
 mod dma;
 mod engine;
 mod intr;
+mod m2mf;
 mod mem;
 mod mmu;
 mod pbdma;

@@ -2,7 +2,10 @@
 //! ring at IB base + GP_GET * 8 through the channel's VM, decodes the pushbuffer segment each
 //! entry points at (`gf100::method::Header`), executes host methods (class 0x906f, below 0x100:
 //! object binding, semaphores, non-stall interrupt, reference, MEM_OP TLB invalidate) and hands
-//! class methods to the engine bound on the subchannel (copy 0x90b5, compute 0x90c0).
+//! class methods to the engine bound on the subchannel (copy 0x90b5; PGRAPH's compute 0x90c0 and
+//! memory-to-memory format 0x9039). A class the model does not execute cannot be bound: its
+//! SET_OBJECT, and any method on a subchannel with no object, stops the channel with
+//! ILLEGAL_MTHD.
 //!
 //! The model has one PBDMA (PBDMA 0) that every channel uses in turn. Errors stop the channel
 //! (STATE RUNNABLE cleared) and are reported on PBDMA 0 with the offending method in
@@ -20,6 +23,7 @@ use super::channel::{Acquire, Channel, ChannelCtx, EngineClass, MethodRun, Segme
 use super::copy::{self, CopyError};
 use super::engine::EngineOp;
 use super::intr::{FaultReport, PbdmaError};
+use super::m2mf::Action;
 use super::mmu::{page_piece, VaFault, Vspace};
 use super::regs::TlbFlush;
 use super::Core;
@@ -284,6 +288,7 @@ impl Exec<'_> {
         match self.ch.subch[(m.subchannel & 7) as usize] {
             Some(EngineClass::Copy) => self.copy_method(m),
             Some(EngineClass::Compute) => self.compute_method(m),
+            Some(EngineClass::M2mf) => self.m2mf_method(m),
             Some(EngineClass::Host) | None => Some(self.illegal(m)),
         }
     }
@@ -395,6 +400,64 @@ impl Exec<'_> {
                 ))))
             }
         }
+    }
+
+    fn m2mf_method(&mut self, m: Method) -> Option<Outcome> {
+        let Ok(action) = self.ch.m2mf.method(m.method, m.data) else {
+            return Some(self.illegal(m));
+        };
+        let vs = self.vspace();
+        let (done, write) = match action {
+            Action::None => return None,
+            Action::Launch(plan, done) => {
+                self.core.stats.m2mf_transfers += 1;
+                self.core.stats.m2mf_bytes += plan.bytes();
+                return Some(Outcome::Launch(Box::new(EngineOp::new(
+                    host::ENGINE_PGRAPH,
+                    plan.job(),
+                    vs,
+                    self.inst_word(),
+                    self.ch.epoch,
+                    Some(done),
+                ))));
+            }
+            Action::Complete(done) => (Some(done), None),
+            Action::Write { va, bytes, done } => (done, Some((va, bytes))),
+            Action::Notify { va, awaken } => {
+                let mut b = [0u8; gf100::m2mf::NOTIFIER_BYTES];
+                b[..8].copy_from_slice(&self.now.to_le_bytes());
+                if let Err(f) = self.core.write_va(&vs, va, &b) {
+                    return Some(self.gr_fault(f));
+                }
+                if awaken {
+                    self.core.intr.non_stall(host::ENGINE_PGRAPH);
+                }
+                return None;
+            }
+        };
+        if let Some((va, bytes)) = write {
+            self.core.stats.m2mf_bytes += bytes.len() as u64;
+            if let Err(f) = self.core.write_va(&vs, va, &bytes) {
+                return Some(self.gr_fault(f));
+            }
+        }
+        let done = done?;
+        self.core.stats.m2mf_transfers += 1;
+        if let Some(s) = done.sem {
+            if let Err(f) = release(self.core, &vs, s.va, s.payload, s.four_word, self.now) {
+                return Some(self.gr_fault(f));
+            }
+        }
+        if done.non_stall {
+            self.core.intr.non_stall(host::ENGINE_PGRAPH);
+        }
+        None
+    }
+
+    /// An MMU fault of PGRAPH work this channel runs (the same source `EngineOp` reports for
+    /// PGRAPH).
+    fn gr_fault(&mut self, f: VaFault) -> Outcome {
+        self.fault(f, fault::UNIT_PGRAPH, fault::GPC_CLIENT_CTXCTL, false)
     }
 
     fn illegal(&mut self, m: Method) -> Outcome {

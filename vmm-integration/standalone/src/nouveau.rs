@@ -34,10 +34,26 @@ pub const VIRTIO_DEVICE_ID: u32 = 1234;
 /// Options of `gpuvm nouveau`.
 #[derive(Args, Debug, Clone)]
 pub struct NouveauArgs {
-    /// The UML kernel (default: CARGO_TARGET_DIR or ./target, then uml/linux, as
-    /// scripts/uml/build.sh leaves it).
+    /// The UML kernel (default: uml/linux under $CARGO_TARGET_DIR, else under the target
+    /// directory this gpuvm binary was built into, else under the repository's target/: as
+    /// scripts/uml/build.sh leaves it; found from any working directory).
     #[arg(long)]
     kernel: Option<PathBuf>,
+    /// Run this static program as init instead of the built-in gpuvm-nvtest (its own root
+    /// directory is made in the run's temporary directory, removed afterwards). It passes when
+    /// a line of the kernel log matches --expect and none contains FAIL. (`--kernel-arg
+    /// init=/NAME`, a program next to gpuvm-nvtest in the kernel's rootfs, is judged the same
+    /// way.)
+    #[arg(long, value_name = "PROG")]
+    init: Option<PathBuf>,
+    /// With --init: the regular expression a log line must match for the program to pass
+    /// (default: a PASS line, or init exiting with status 0).
+    #[arg(
+        long,
+        value_name = "REGEX",
+        default_value = r"\bPASS\b|Attempted to kill init! exitcode=0x00000000"
+    )]
+    expect: String,
     /// Run scripts/uml/build.sh first (builds the kernel if it is missing or stale).
     #[arg(long)]
     build: bool,
@@ -127,15 +143,80 @@ pub struct Report {
     /// After nouveau's VM ended (its test program done, or killed at the timeout), its vGPU
     /// was destroyed and scrubbed and a fresh one is served on its socket.
     pub nouveau_vgpu_recycled: bool,
+    /// What the simulated GPU executed over the whole run, both VMs together.
+    pub gpu_work: GpuWork,
+    /// The --init program's verdict (None for the built-in test program).
+    pub init: Option<InitResult>,
+    /// The built-in test program's result lines (`gpuvm-nvtest: ...`).
+    pub program_lines: Vec<String>,
+    /// nouveau's reports of work the GPU refused (`[ILLEGAL_MTHD]`, `ILLEGAL_CLASS`, killed
+    /// channels): the test program provokes one by binding the 3D class, which the model does
+    /// not execute.
+    pub refusals: Vec<String>,
     /// Seconds the guest ran.
     pub seconds: f64,
 }
 
+/// How a `--init` program did.
+#[derive(Debug, Clone, Serialize)]
+pub struct InitResult {
+    /// The program.
+    pub program: String,
+    /// The pattern its pass line must match.
+    pub expect: String,
+    /// The first log line that matched it.
+    pub matched: Option<String>,
+    /// The first log line with FAIL, if any.
+    pub failed: Option<String>,
+    /// Matched and nothing failed.
+    pub passed: bool,
+}
+
+/// The --init verdict from the kernel log.
+pub fn init_result(log: &str, program: &Path, expect: &regex::Regex) -> InitResult {
+    let matched = log.lines().find(|l| expect.is_match(l)).map(str::to_string);
+    let failed = log.lines().find(|l| l.contains("FAIL")).map(str::to_string);
+    InitResult {
+        program: program.display().to_string(),
+        expect: expect.as_str().to_string(),
+        passed: matched.is_some() && failed.is_none(),
+        matched,
+        failed,
+    }
+}
+
+/// Work the simulated GPU counted (both VMs; the second VM's driver never uses class 0x9039,
+/// so the M2MF counters are nouveau's).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct GpuWork {
+    /// Engine operations completed (copies, kernels, M2MF memory transfers).
+    pub engine_ops: u64,
+    /// M2MF transfers executed by the simulated GR.
+    pub m2mf_transfers: u64,
+    /// Bytes they moved.
+    pub m2mf_bytes: u64,
+}
+
+/// The kernel's default places, in order: `$CARGO_TARGET_DIR`, the target directory this
+/// binary lives in (`target/<profile>/gpuvm`), the repository's `target/` (the path it was
+/// built from). The first that holds `uml/linux` wins; else the first candidate (for the error).
 fn default_kernel() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target"));
-    target.join("uml/linux")
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(t) = std::env::var_os("CARGO_TARGET_DIR") {
+        dirs.push(PathBuf::from(t));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/gpuvm, or target/<profile>/deps/... for a test binary.
+        dirs.extend(exe.ancestors().skip(2).take(2).map(Path::to_path_buf));
+    }
+    dirs.push(repo_root().join("target"));
+    let candidates: Vec<PathBuf> = dirs.iter().map(|d| d.join("uml/linux")).collect();
+    candidates
+        .iter()
+        .find(|k| k.exists())
+        .or(candidates.first())
+        .cloned()
+        .unwrap_or_else(|| PathBuf::from("target/uml/linux"))
 }
 
 fn repo_root() -> PathBuf {
@@ -170,7 +251,7 @@ const RUNG_F: [&str; 6] = ["pmu", "ltc", "therm", "clk", "gpio", "i2c"];
 const RUNG_G: [&str; 3] = ["imem", "mmu", "bar"];
 
 /// The kernel arguments for a boot against `socket` with `rootfs` as the root directory.
-pub fn kernel_args(args: &NouveauArgs, socket: &Path, rootfs: &Path) -> Vec<String> {
+pub fn kernel_args(args: &NouveauArgs, socket: &Path, rootfs: &Path, init: &str) -> Vec<String> {
     let mut v = vec![
         format!("mem={}M", args.mem_mib),
         format!("virtio_uml.device={}:{VIRTIO_DEVICE_ID}", socket.display()),
@@ -178,7 +259,7 @@ pub fn kernel_args(args: &NouveauArgs, socket: &Path, rootfs: &Path) -> Vec<Stri
         "rootfstype=hostfs".into(),
         format!("rootflags={}", rootfs.display()),
         "rw".into(),
-        "init=/gpuvm-nvtest".into(),
+        format!("init=/{init}"),
         "log_buf_len=32M".into(),
         "nouveau.modeset=2".into(),
         format!("nouveau.debug={SUBDEV_TRACE}"),
@@ -311,13 +392,24 @@ pub fn rungs(log: &str, noaccel: bool) -> Vec<Rung> {
     let accel_fail = nv("failed to create kernel channel")
         .or(nv("failed to initialise sync"))
         .or(nv("failed to construct context"));
-    let h = if noaccel || accel_fail.is_some() {
-        None
-    } else {
-        nv("MM: using").or(nv("DRM: allocated"))
+    // (h) is work done, not a message: nouveau chose its buffer-move engine, and a buffer it
+    // moved GART -> VRAM -> GART with that engine came back bit-identical (the test program
+    // fills it, has the GPU check it in VRAM and reads it back).
+    let engine = nv("MM: using");
+    let moved = has("gpuvm-nvtest: PASS ttm-move");
+    let h = match (noaccel || accel_fail.is_some(), engine, moved) {
+        (false, Some(e), Some(m)) => Some(format!("{} | {}", e.trim(), m.trim())),
+        _ => None,
     };
     let i = has("Initialized nouveau");
     let j = has("gpuvm-nvtest: PASS semaphores");
+    let k = match (
+        has("gpuvm-nvtest: PASS m2mf-copy"),
+        has("gpuvm-nvtest: PASS ce-copy"),
+    ) {
+        (Some(m), Some(c)) => Some(format!("{} | {}", m.trim(), c.trim())),
+        _ => None,
+    };
     vec![
         rung('a', "enumerated with our IDs, BARs assigned", a),
         rung('b', "bound, GF100 identified", b),
@@ -326,15 +418,30 @@ pub fn rungs(log: &str, noaccel: bool) -> Vec<Rung> {
         rung('e', "VRAM size detected", e),
         rung('f', "PMU, LTC, therm/clk/volt/gpio/i2c up", f),
         rung('g', "instmem, MMU, BAR1/BAR3 working", g),
-        rung('h', "FIFO and GR initialized, acceleration on", h),
+        rung(
+            'h',
+            "acceleration on: a TTM buffer move executed, CPU-checked",
+            h,
+        ),
         rung('i', "DRM device registered", i),
         rung(
             'j',
             "userspace channel: semaphores in VRAM and GART verified",
             j,
         ),
-        rung('k', "copy verified", None),
-        rung('l', "compute launch verified", None),
+        rung(
+            'k',
+            "userspace copies by M2MF and the copy engine, CPU-checked",
+            k,
+        ),
+        // Out of reach: a Fermi compute launch runs shader code, and the simulated GF100 has no
+        // Fermi shader interpreter (its compute class runs the model's own kernels). Never
+        // marked.
+        rung(
+            'l',
+            "compute launch (out of reach: no Fermi shader interpreter)",
+            None,
+        ),
     ]
 }
 
@@ -406,6 +513,15 @@ pub fn run(args: &NouveauArgs) -> anyhow::Result<bool> {
                 "NOT recycled"
             }
         );
+        for r in &report.refusals {
+            println!("refused, as nouveau reports it: {r}");
+        }
+        println!(
+            "GPU work: {} engine operations; M2MF (nouveau's only): {} transfers, {} KiB",
+            report.gpu_work.engine_ops,
+            report.gpu_work.m2mf_transfers,
+            report.gpu_work.m2mf_bytes >> 10
+        );
         println!(
             "transport: {} commands, {} refused, {} interrupts; {} unimplemented registers touched",
             report.transport.0,
@@ -414,8 +530,34 @@ pub fn run(args: &NouveauArgs) -> anyhow::Result<bool> {
             report.unknown_registers.len()
         );
     }
-    let want = if args.noaccel { 'i' } else { 'j' };
-    Ok(report.reached.is_some_and(|r| r >= want))
+    if let Some(init) = &report.init {
+        if !args.json {
+            println!(
+                "init {}: {} (expect /{}/: {}{})",
+                init.program,
+                if init.passed { "PASS" } else { "FAIL" },
+                init.expect,
+                init.matched.as_deref().unwrap_or("no line matched").trim(),
+                init.failed
+                    .as_deref()
+                    .map(|f| format!("; failed: {}", f.trim()))
+                    .unwrap_or_default()
+            );
+        }
+        // A program of its own: the device up to the DRM device (its rungs of work are the
+        // program's to show), and the program's verdict.
+        let drm_up = report.rungs.iter().filter(|r| r.id <= 'g' || r.id == 'i');
+        return Ok(drm_up.clone().all(|r| r.reached) && init.passed);
+    }
+    if args.noaccel {
+        // No channels: (h), (j) and (k) cannot happen; the device up to the DRM device can.
+        return Ok(report
+            .rungs
+            .iter()
+            .filter(|r| r.id <= 'g' || r.id == 'i')
+            .all(|r| r.reached));
+    }
+    Ok(report.reached.is_some_and(|r| r >= 'k'))
 }
 
 /// Boots the guest and returns the report.
@@ -430,16 +572,53 @@ pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
         "no UML kernel at {} (build it with scripts/uml/build.sh, or pass --build)",
         kernel.display()
     );
-    // hostfs takes the root directory as given, relative paths included: make it absolute.
-    let rootfs = std::path::absolute(kernel.with_file_name("rootfs"))
-        .context("the rootfs directory's absolute path")?;
-    anyhow::ensure!(
-        rootfs.join("gpuvm-nvtest").exists(),
-        "no test program in {} (scripts/uml/build.sh builds it)",
-        rootfs.display()
-    );
+    let expect = regex::Regex::new(&args.expect).context("--expect")?;
+    let arg_init = args
+        .kernel_args
+        .iter()
+        .rev()
+        .find_map(|a| a.strip_prefix("init=/"))
+        .filter(|n| !n.is_empty() && !n.contains('/'))
+        .map(str::to_string);
     let dir = std::env::temp_dir().join(format!("gpuvm-nouveau-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
+    // Whatever happens below, the temporary directory (socket, UML's memory file, the log
+    // unless --log, an --init program's root) goes.
+    let _cleanup = RemoveOnDrop(dir.clone());
+    // hostfs takes the root directory as given, relative paths included: make it absolute.
+    let (rootfs, init_name) = match &args.init {
+        Some(prog) => {
+            let name = prog
+                .file_name()
+                .and_then(|n| n.to_str())
+                .filter(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_graphic()))
+                .context("--init: the program's file name must be plain ASCII")?
+                .to_string();
+            let root = dir.join("rootfs");
+            std::fs::create_dir_all(&root)?;
+            std::fs::copy(prog, root.join(&name))
+                .with_context(|| format!("--init: copying {}", prog.display()))?;
+            (root, name)
+        }
+        None => {
+            let root = std::path::absolute(kernel.with_file_name("rootfs"))
+                .context("the rootfs directory's absolute path")?;
+            let name = arg_init
+                .clone()
+                .unwrap_or_else(|| "gpuvm-nvtest".to_string());
+            anyhow::ensure!(
+                root.join(&name).exists(),
+                "no program {name} in {} (scripts/uml/build.sh builds gpuvm-nvtest)",
+                root.display()
+            );
+            (root, name)
+        }
+    };
+    // The program judged by --expect: --init's, or one named by --kernel-arg init=/NAME.
+    let custom_init = args
+        .init
+        .clone()
+        .or_else(|| arg_init.as_ref().map(|n| rootfs.join(n)));
 
     let clock = ClockKind::Real.create();
     let sim = Arc::new(SimGpu::new(SimConfig {
@@ -477,7 +656,7 @@ pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
         std::thread::spawn(move || neighbour_vm(h, c, s, n))
     });
 
-    let kargs = kernel_args(args, &socket, &rootfs);
+    let kargs = kernel_args(args, &socket, &rootfs, &init_name);
     let log_path = args.log.clone().unwrap_or_else(|| dir.join("kernel.log"));
     let log_file = std::fs::File::create(&log_path)?;
     let started = Instant::now();
@@ -544,11 +723,30 @@ pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
         })
         .collect();
     let transport = (dev.commands(), dev.rejected());
+    let st = host.phys().stats();
+    let gpu_work = GpuWork {
+        engine_ops: st.engine_ops,
+        m2mf_transfers: st.m2mf_transfers,
+        m2mf_bytes: st.m2mf_bytes,
+    };
     let interrupts = dev.line().delivered();
     server.shutdown();
-    if args.log.is_none() {
-        let _ = std::fs::remove_dir_all(&dir);
-    }
+    let init = custom_init.map(|p| init_result(&log, &p, &expect));
+    let program_lines = log
+        .lines()
+        .filter(|l| l.starts_with("gpuvm-nvtest:"))
+        .map(str::to_string)
+        .collect();
+    let refusals = log
+        .lines()
+        .filter(|l| {
+            l.contains("nouveau")
+                && (l.contains("ILLEGAL_MTHD")
+                    || l.contains("ILLEGAL_CLASS")
+                    || l.contains("killed!"))
+        })
+        .map(|l| l.trim().to_string())
+        .collect();
     let rungs = rungs(&log, args.noaccel);
     let reached = rungs.iter().take_while(|r| r.reached).last().map(|r| r.id);
     let first_failure = rungs
@@ -565,13 +763,41 @@ pub fn boot(args: &NouveauArgs) -> anyhow::Result<Report> {
         interrupts,
         neighbour,
         nouveau_vgpu_recycled,
+        gpu_work,
+        init,
+        program_lines,
+        refusals,
         seconds,
     })
+}
+
+/// Removes a directory when dropped (the run's temporary directory, on every exit path).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn init_verdict_needs_the_pass_line_and_no_fail() {
+        let re = regex::Regex::new(r"\bPASS\b").unwrap();
+        let p = Path::new("/x/prog");
+        assert!(init_result("boot\nprog: PASS all\n", p, &re).passed);
+        assert!(!init_result("boot\nprog: PASSED\n", p, &re).passed);
+        assert!(!init_result("prog: PASS a\nprog: FAIL b\n", p, &re).passed);
+        // The default also accepts init exiting with status 0.
+        let re =
+            regex::Regex::new(r"\bPASS\b|Attempted to kill init! exitcode=0x00000000").unwrap();
+        let exit0 = "Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000000\n";
+        assert!(init_result(exit0, p, &re).passed);
+        assert!(!init_result(&exit0.replace("0000\n", "0100\n"), p, &re).passed);
+    }
 
     #[test]
     fn ladder_from_a_log() {
@@ -615,6 +841,20 @@ nouveau 0000:00:00.0: drm: GART: 1048576 MiB
         let r = rungs(&format!("{log}reboot: Power down\n{flush}"), true);
         assert!(r[6].reached);
         assert!(!r[7].reached, "noaccel: no FIFO/GR rung");
+        // (h) needs the move done, not only nouveau's choice of engine; (k) both copies.
+        let accel = format!(
+            "{log}nouveau 0000:00:00.0: drm: MM: using COPY0 for buffer copies\n\
+             gpuvm-nvtest: PASS semaphores: ok\n\
+             gpuvm-nvtest: PASS m2mf-copy: ok\n"
+        );
+        let r = rungs(&accel, false);
+        assert!(!r[7].reached && r[9].reached && !r[10].reached);
+        let r = rungs(
+            &format!("{accel}gpuvm-nvtest: PASS ttm-move: ok\ngpuvm-nvtest: PASS ce-copy: ok\n"),
+            false,
+        );
+        let got: String = r.iter().filter(|r| r.reached).map(|r| r.id).collect();
+        assert_eq!(got, "abcdefghijk", "(l) is never marked");
         // A constructor failure stops the ladder at (d).
         let bad = log.replace("fb: 512", "bios ctor failed: -22\nnouveau x: fb: 512");
         let r = rungs(&bad, true);

@@ -76,13 +76,57 @@ fn nouveau_runs_a_userspace_channel_with_acceleration_while_the_second_vm_verifi
         .map(|r| r["id"].as_str().unwrap())
         .collect();
     println!("rungs reached: {reached:?}");
-    // Every rung up to (j), acceleration on: the subdevices' `init completed` lines (f, g; from
-    // the `nouveau.debug` trace argument), FIFO and GR through the virtual PGRAPH (h), the DRM
-    // device (i), and the test program's channel doing semaphore work in VRAM and GART,
-    // verified (j).
-    for id in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"] {
+    // Every rung up to (k), acceleration on: the subdevices' `init completed` lines (f, g; from
+    // the `nouveau.debug` trace argument); (h) nouveau's TTM moving a 256 KiB buffer
+    // VRAM -> GART -> VRAM -> GART with its chosen engine, the GPU checking it in VRAM and the
+    // CPU every word back in GART; the DRM device (i); the test program's channel doing
+    // semaphore work in VRAM and GART (j); userspace copies by M2MF (class 0x9039, with inline
+    // data) and by the copy engine (0x90b5), GART -> VRAM -> GART with changed pitches, every
+    // byte CPU-checked (k).
+    for id in ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"] {
         assert!(reached.contains(&id), "rung ({id}) not reached: {text}");
     }
+    assert!(
+        !reached.contains(&"l"),
+        "(l) is out of reach (no Fermi shader interpreter) and never marked: {text}"
+    );
+    // nouveau 6.12.117 moves buffers with M2MF on GF100 even with PCOPY0 present: its CE
+    // channel is created privileged and GF100's RAMFC has no privileged mode, so the channel
+    // is refused (-EINVAL, "failed to create ce channel") and COPY0 is never tried
+    // (docs/nouveau.md). The copy engine is exercised by the userspace copy of (k).
+    let h = v["rungs"][7]["evidence"].as_str().unwrap_or("");
+    assert!(
+        h.contains("MM: using M2MF"),
+        "nouveau's buffer-move engine: {h}"
+    );
+    // Honest refusal: the test program binds the 3D class, which the model does not execute;
+    // the binding stops that channel (its later release never lands: the program checks) and
+    // nouveau reports it.
+    let lines: Vec<&str> = v["program_lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.contains("PASS refused-3d")),
+        "the program saw the 3D binding refused: {lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("FAIL")),
+        "no program check failed: {lines:?}"
+    );
+    let refusals = v["refusals"].to_string();
+    assert!(
+        refusals.contains("ILLEGAL_MTHD") && refusals.contains("00009097"),
+        "nouveau reported the refusal: {refusals}"
+    );
+    // The userspace M2MF copy ran on the simulated GR (the second VM never uses the class).
+    let m2mf = v["gpu_work"]["m2mf_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        m2mf >= 64 << 10,
+        "M2MF moved the test program's 64 KiB: {text}"
+    );
     let n = &v["neighbour"];
     assert!(n["runs"].as_u64().unwrap() > 0, "the second VM ran: {text}");
     assert_eq!(
@@ -100,4 +144,42 @@ fn nouveau_runs_a_userspace_channel_with_acceleration_while_the_second_vm_verifi
     // UML still sends some accesses the transport refuses (docs/nouveau.md, "Known gaps"):
     // they are counted, not asserted away.
     println!("transport: {}", v["transport"]);
+}
+
+/// `gpuvm nouveau --init PROG --expect REGEX` from another working directory: the kernel is
+/// found without the repository as the current directory, the program runs as init from a root
+/// of its own and passes by its own line, and nothing is left in the temporary directory.
+#[test]
+fn any_init_program_from_any_directory() {
+    let Some(kernel) = kernel() else {
+        println!("SKIPPED: GPUVM_SKIP_UML=1 (the UML kernel is not built, nouveau is not booted)");
+        return;
+    };
+    let prog = kernel.with_file_name("rootfs").join("gpuvm-nvtest");
+    let tmp = std::env::temp_dir().join(format!("gpuvm-nouveau-test-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuvm"))
+        .current_dir(&tmp)
+        .env("TMPDIR", &tmp)
+        .env_remove("CARGO_TARGET_DIR")
+        .args([
+            "nouveau",
+            "--json",
+            "--no-second-vm",
+            "--timeout",
+            "90",
+            "--init",
+        ])
+        .arg(&prog)
+        .args(["--expect", "PASS m2mf-copy"])
+        .output()
+        .expect("running gpuvm nouveau");
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!(v["init"]["passed"], true, "the program's own line: {text}");
+    assert!(out.status.success(), "exit status: {text}");
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().collect();
+    assert!(left.is_empty(), "temporary files left: {left:?}");
+    std::fs::remove_dir_all(&tmp).unwrap();
 }
