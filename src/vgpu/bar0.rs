@@ -282,7 +282,7 @@ fn read_local(phys: &dyn PhysicalGpu, vm: &mut VmState, h: Handler, off: u32) ->
         Handler::PciMirror => {
             let mut b = [0u8; 4];
             let at = u16::try_from(off - gf100::pci::BAR0_MIRROR).unwrap_or(u16::MAX);
-            cx.vm.pci.read(at, &mut b);
+            vm.pci.read(at, &mut b);
             u32::from_le_bytes(b)
         }
         Handler::PraminBase => r.pmem,
