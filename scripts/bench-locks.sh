@@ -6,7 +6,8 @@
 #
 # NEW_BIN runs everything: `exp traps` (fast path on and off), `exp lockhold` (real and sim
 # clock), `exp scale` in-process (mmul 128 and madd 16) and under KVM (1, 16, 64 VMs, if
-# /dev/kvm is there). OLD_BIN, a build from before the change, runs the lockhold and
+# /dev/kvm is there and SKIP_KVM is unset). Each step is cut off after STEP_TIMEOUT seconds
+# (240); progress.log says when each began. OLD_BIN, a build from before the change, runs the lockhold and
 # in-process scale figures again for the comparison. JSON files land in OUT_DIR; the SVGs too,
 # and all of them in OUT_DIR/bench-locks.tar (for the device tool, which returns 8 files).
 set -uo pipefail
@@ -35,7 +36,7 @@ if [ -n "$old" ]; then
     run old-scale-mmul "$old" exp scale --clock real --vms 1,2,4,8,16,32,64
     run old-scale-madd "$old" exp scale --clock real --workload madd --size 16 --vms 1,2,4,8,16,32,64
 fi
-if [ -e /dev/kvm ]; then
+if [ -e /dev/kvm ] && [ -z "${SKIP_KVM:-}" ]; then
     run scale-kvm "$new" exp scale --kvm --vms 1,16,64
 fi
 tar -C "$out" -cf "$out/bench-locks.tar" --exclude bench-locks.tar .

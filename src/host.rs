@@ -19,14 +19,19 @@
 //! arena at creation keeps that from failing later. A profile that does not fit is refused with
 //! a [`HostError`] naming the resource.
 //!
-//! **Locking: one host-wide mutex** (the "big lock") holds all VM state, like GPUvm's single A3
-//! thread that serialises every trapped access. Guest accesses from many vCPU threads take it in
-//! turn. The cost is contention on a many-VM host; the benefit is that the mechanisms that cross
-//! VMs (the merged runlist, the scheduler, routing physical interrupts, the shadow instance
-//! blocks in shared hypervisor VRAM) need no lock ordering at all, and an access is one
-//! consistent transaction. The physical GPU's interrupt line is an atomic flag
-//! ([`IrqFlag`]) that never takes the lock (the simulator raises it from inside calls the host
-//! makes); physical interrupts and completions are serviced at the end of every VM access and in
+//! **Locking: a host lock for what is GPU-wide, a lock per VM, and a fast path beside them.**
+//! The host lock (`HostShared::state`, a write lock) holds the GPU-wide state: the merged
+//! runlist, the physical channels, the scheduler, the VRAM and IOVA allocators, interrupt
+//! routing, the shadow instance blocks in shared hypervisor VRAM. Each VM's state (registers,
+//! shadows, channels, counters) is in a cell of its own (`vgpu::cell`), which the host locks
+//! when it works on that VM and the VM's vGPU locks alone for an access that involves only the
+//! VM while the host has nothing to service (`host/local.rs`: register reads, USERD reads,
+//! doorbells that announce nothing) — so many VMs' trapped accesses run side by side. Lock
+//! order: host, then VMs, then the physical GPU's own lock; checked in debug builds. Every
+//! other access is one consistent transaction under the host lock, as before. The physical
+//! GPU's interrupt line is an atomic flag ([`IrqFlag`]) that never takes a lock (the simulator
+//! raises it from its engine worker or from calls the host makes); physical interrupts and
+//! completions are serviced at the end of every access that takes the host lock and in
 //! [`GpuHost::poll`]. VM interrupt lines are driven after the lock is released.
 
 pub(crate) mod dispatch;
@@ -37,11 +42,14 @@ mod local;
 pub mod migrate;
 mod policy;
 mod reclaim;
+mod report;
 pub(crate) mod runlist;
 pub(crate) mod runtime;
 mod vm_map;
 
 pub use hold::{LockHolds, HOLD_BUCKETS};
+pub(crate) use report::Counters;
+pub use report::HostStats;
 
 use parking_lot::{RwLock, RwLockWriteGuard};
 use std::collections::BTreeSet;
@@ -61,7 +69,7 @@ use crate::host::runtime::{ChannelClock, Cursor};
 use crate::irq::IrqFlag;
 use crate::mmio::pci::PciConfig;
 use crate::mmio::vregs::VRegs;
-use crate::phys::{GpuStats, PhysicalGpu};
+use crate::phys::PhysicalGpu;
 use crate::profile::{ProfileError, VgpuProfile};
 use crate::sched::{Accounting, Policy, SchedParams, SchedStats, Scheduler};
 use crate::shadow_pt::ShadowPt;
@@ -205,97 +213,6 @@ pub enum HostError {
     /// The vGPU does not belong to this host or was already destroyed.
     #[error("no such VM ({0})")]
     NoSuchVm(VmId),
-}
-
-/// Host-wide counters and what is free.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct HostStats {
-    /// VMs alive.
-    pub vms: usize,
-    /// VRAM available to VMs (after the hypervisor region), bytes.
-    pub vram_assignable: u64,
-    /// Of that, not assigned to any VM.
-    pub vram_free: u64,
-    /// Hypervisor VRAM in use (host structures, shadows), bytes.
-    pub hypervisor_vram_used: u64,
-    /// Of that, the host's own structures (USERD pages, BAR1 tables, runlists): what stays in
-    /// use when no VM exists.
-    pub hypervisor_vram_host: u64,
-    /// Hypervisor VRAM in total.
-    pub hypervisor_vram: u64,
-    /// Physical channels not assigned to any VM.
-    pub channels_free: u32,
-    /// How many more [`HostConfig::iova_window`]-sized DMA windows fit in the free IOVA space.
-    pub dma_windows_free: usize,
-    /// IOVA space not held by any VM's DMA window, bytes.
-    pub iova_free: u64,
-    /// The scheduling policy.
-    pub scheduler: String,
-    /// Submissions waiting in the scheduler.
-    pub queued: usize,
-    /// Submissions on the GPU.
-    pub inflight: usize,
-    /// Submissions dispatched so far.
-    pub dispatched: u64,
-    /// Submissions the GPU finished.
-    pub completed: u64,
-    /// Submissions that ended without finishing (error, unbind, parked, VM destroyed,
-    /// watchdog).
-    pub aborted: u64,
-    /// Channels killed by the hang watchdog ([`HostConfig::watchdog_ns`]).
-    pub watchdog_kills: u64,
-    /// Physical runlists submitted.
-    pub runlist_submits: u64,
-    /// Physical interrupt services.
-    pub irq_services: u64,
-    /// Physical MMU faults (routed or not).
-    pub phys_faults: u64,
-    /// Physical PBDMA errors.
-    pub phys_pbdma_errors: u64,
-    /// Physical non-stall interrupts.
-    pub phys_nonstall: u64,
-    /// Physical channel-table and scheduling errors (the host caused them; should be 0).
-    pub phys_fifo_errors: u64,
-    /// Faults and errors that could not be routed to a VM.
-    pub unrouted: u64,
-    /// Hypervisor VRAM freed by the device model but not yet released, because a channel that
-    /// may still use it has not been seen off the GPU (the quarantine), bytes.
-    pub hypervisor_vram_quarantined: u64,
-    /// Hypervisor VRAM released from the quarantine so far, bytes.
-    pub hypervisor_vram_released: u64,
-    /// How long the host lock has been held (every guest access, poll and management call): the
-    /// longest is the longest one VM can make another's exit wait.
-    pub lock_holds: LockHolds,
-    /// Guest register reads done on the fast path, under only their VM's lock (`host/local.rs`):
-    /// these took the host lock for reading and are not in `lock_holds`.
-    pub fast_path_accesses: u64,
-    /// Destroyed VMs whose VRAM slice, channels and DMA window were withheld from reuse because
-    /// a channel could not be taken off the GPU (should be 0; a GPU that ignores preemption
-    /// and engine reset).
-    pub withheld_partitions: u64,
-    /// The physical GPU's counters.
-    pub gpu: GpuStats,
-    /// GPU time per VM as the scheduler accounts it, and the policy's state.
-    pub sched: SchedStats,
-}
-
-/// Host-wide counters kept under the lock.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Counters {
-    pub dispatched: u64,
-    pub preemptions: u64,
-    pub completed: u64,
-    pub aborted: u64,
-    pub watchdog_kills: u64,
-    pub runlist_submits: u64,
-    pub irq_services: u64,
-    pub phys_faults: u64,
-    pub phys_pbdma_errors: u64,
-    pub phys_nonstall: u64,
-    pub phys_fifo_errors: u64,
-    pub unrouted: u64,
-    pub hyp_released: u64,
-    pub withheld_partitions: u64,
 }
 
 /// What is free in the partitionable resources.

@@ -423,7 +423,7 @@ pub(crate) fn set_pde(
 
 /// Page-directory entries with tables one [`rebuild_step`] may re-shadow. Each re-walks its
 /// small-page and large-page tables: a full small-page table is 32,768 entries, so two are
-/// about a quarter of a PV batch's `WALK_BUDGET` (host policy, not hardware; the isolation
+/// about half a PV batch's `WALK_BUDGET` (host policy, not hardware; the isolation
 /// review's finding 4 measured 48-85 ms of host lock for one unbounded rebuild of a full
 /// directory; `gpuvm exp lockhold`'s eager-flush scenario measures what is left).
 pub const REBUILD_BUDGET_PDES: usize = 2;

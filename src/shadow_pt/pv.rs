@@ -34,9 +34,11 @@ use super::walk::PtKind;
 use super::{PvOutcome, ShadowCtx, ShadowPt};
 use crate::profile::ShadowMode;
 
-/// Guest table entries one batch may walk before it stops with `ERR_BUSY`: sixteen full
-/// small-page tables (host policy, not hardware; docs/isolation.md gives the hold times).
-pub const WALK_BUDGET: u64 = 16 * 16384;
+/// Guest table entries one batch may walk before it stops with `ERR_BUSY`: eight full
+/// small-page tables (host policy, not hardware; docs/isolation.md gives the hold times: at
+/// sixteen tables `gpuvm exp lockhold`'s pv-switch neighbour held the host lock 0.7-1.6 ms on
+/// the 16-core machine, over the 1 ms the engines-and-locks issue allows).
+pub const WALK_BUDGET: u64 = 8 * 16384;
 
 /// Applies `ops` to `pt` (see the module documentation).
 pub(super) fn apply(pt: &mut ShadowPt, cx: &mut ShadowCtx, ops: &[Op]) -> PvOutcome {
