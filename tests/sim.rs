@@ -743,18 +743,6 @@ fn channels_share_one_timeline_round_robin_at_entry_boundaries() {
 // Engines produce correct data
 // ------------------------------------------------------------------------------------------------
 
-fn put_words(r: &Rig, pa: u64, words: &[u32]) {
-    r.gpu.write_vram(HostVram(pa), &words_le(words));
-}
-
-fn get_words(r: &Rig, pa: u64, n: usize) -> Vec<u32> {
-    let mut b = vec![0u8; n * 4];
-    r.gpu.read_vram(HostVram(pa), &mut b);
-    b.chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 /// Runs `k` on a fresh channel whose VM maps [DATA_VA, DATA_VA + len) to the returned VRAM.
 fn run_kernel(r: &mut Rig, k: &Kernel, len: u64, setup: impl FnOnce(&Rig, u64)) -> u64 {
     let mut c = r.channel(9);

@@ -2,7 +2,6 @@
 //! clock): the same data and the same modeled time as the inline executor, with every piece of
 //! engine work done by the worker and none by the calls.
 
-use gpuvm::addr::HostVram;
 use gpuvm::gf100::compute::Kernel;
 use gpuvm::phys::PhysicalGpu;
 use gpuvm_sim::*;
@@ -64,18 +63,6 @@ fn run(executor: Executor) -> Outcome {
         busy_ns: r.gpu.stats().busy_ns,
         work: r.gpu.engine_work(),
     }
-}
-
-fn put_words(r: &Rig, pa: u64, words: &[u32]) {
-    r.gpu.write_vram(HostVram(pa), &words_le(words));
-}
-
-fn get_words(r: &Rig, pa: u64, n: usize) -> Vec<u32> {
-    let mut b = vec![0u8; n * 4];
-    r.gpu.read_vram(HostVram(pa), &mut b);
-    b.chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
 }
 
 #[test]

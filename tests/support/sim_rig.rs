@@ -54,6 +54,20 @@ pub struct Rig {
     pub bar1: Vm,
 }
 
+/// Writes `words` to VRAM at `pa` (the hypervisor's backdoor).
+pub fn put_words(r: &Rig, pa: u64, words: &[u32]) {
+    r.gpu.write_vram(HostVram(pa), &words_le(words));
+}
+
+/// Reads `n` words of VRAM at `pa`.
+pub fn get_words(r: &Rig, pa: u64, n: usize) -> Vec<u32> {
+    let mut b = vec![0u8; n * 4];
+    r.gpu.read_vram(HostVram(pa), &mut b);
+    b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
 pub fn words_le(words: &[u32]) -> Vec<u8> {
     words.iter().flat_map(|w| w.to_le_bytes()).collect()
 }
