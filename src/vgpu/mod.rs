@@ -443,29 +443,32 @@ impl Vgpu {
     }
 
     fn bar_read_direct(&self, bar: Bar, offset: u64, data: &mut [u8]) {
-        if self
-            .port
-            .access_local_dyn(&self.cell, &mut |phys, layout, vm| {
-                vm.pci.memory_enabled()
-                    && match bar {
-                        Bar::Bar0 => {
-                            let done = bar0::read_fast(phys, vm, offset, data);
-                            if done {
-                                vm.stats.exits.bar0.count(false);
+        // BAR3 has no fast path: not even the VM's lock is taken for it.
+        if bar != Bar::Bar3
+            && self
+                .port
+                .access_local_dyn(&self.cell, &mut |phys, layout, vm| {
+                    vm.pci.memory_enabled()
+                        && match bar {
+                            Bar::Bar0 => {
+                                let done = bar0::read_fast(phys, vm, offset, data);
+                                if done {
+                                    vm.stats.exits.bar0.count(false);
+                                }
+                                done
                             }
-                            done
-                        }
-                        Bar::Bar1 if aperture::valid_width(data.len()) => {
-                            let done = aperture::userd_read_fast(phys, layout, vm, offset, data);
-                            if done {
-                                vm.stats.exits.bar1.count(false);
+                            Bar::Bar1 if aperture::valid_width(data.len()) => {
+                                let done =
+                                    aperture::userd_read_fast(phys, layout, vm, offset, data);
+                                if done {
+                                    vm.stats.exits.bar1.count(false);
+                                }
+                                done
                             }
-                            done
+                            Bar::Bar1 => false,
+                            Bar::Bar3 => false,
                         }
-                        Bar::Bar1 => false,
-                        Bar::Bar3 => false,
-                    }
-            })
+                })
         {
             return;
         }
