@@ -414,3 +414,61 @@ fn swap_vram_u64(vm: &mut Vm, a: u64, value: u64) -> u64 {
     hal.write32(Bar::Bar0, win + 4, (value >> 32) as u32);
     old
 }
+
+/// The GPU stops a channel at an illegal method (the 3D class, which the model does not
+/// execute, bound on a subchannel) and the guest rings the doorbell again: no route restarts
+/// the channel behind the guest's back — not the new submission, not the fence release behind
+/// the binding. The error reaches the guest, the channel reads stopped, and the rest runs only
+/// once the guest has acknowledged the error and enabled the channel (the simulated PBDMA also
+/// stalls on its pending interrupt, as hardware does: `tests/sim_m2mf.rs`).
+#[test]
+fn work_after_a_refused_method_waits_for_the_guest() {
+    let w = rig_world(HostConfig::default());
+    let mut vm = w.vm_with("tenant", ShadowMode::Lazy, 10_000 * MS);
+    let mut ch = vm.drv.channel_new().unwrap();
+    let g = ch.chid();
+    let mut bind_3d = PushBuf::new();
+    bind_3d.method(3, gpuvm::gf100::host::SET_OBJECT, &[0x9097]);
+    let first = vm.drv.submit(&mut ch, &bind_3d).unwrap();
+    w.clock.advance(MS);
+    let second = vm.drv.submit(&mut ch, &PushBuf::new()).unwrap();
+    pass(&w, 20 * MS);
+    let intr = vm
+        .drv
+        .hal_mut()
+        .read32(Bar::Bar0, u64::from(pfifo::pbdma(0, pfifo::PBDMA_INTR)));
+    assert_ne!(
+        intr & pfifo::PBDMA_INTR_ILLEGAL_MTHD,
+        0,
+        "the guest sees the illegal method (PBDMA INTR {intr:#x})"
+    );
+    assert_eq!(vm.vgpu.stats().pbdma_errors_delivered, 1);
+    assert!(
+        !vm.drv.fence_done(&ch, first).unwrap() && !vm.drv.fence_done(&ch, second).unwrap(),
+        "nothing after the illegal method ran (fence {:#x})",
+        vm.drv.fence_value(&ch).unwrap()
+    );
+    let state = vm
+        .drv
+        .hal_mut()
+        .read32(Bar::Bar0, u64::from(pfifo::chan_state(g)));
+    assert_eq!(
+        state & pfifo::STATE_RUNNABLE,
+        0,
+        "the guest reads it stopped"
+    );
+    assert_eq!(phys_state(&w, &vm, g) & pfifo::STATE_RUNNABLE, 0);
+    // The guest acknowledges the error and enables the channel: the rest runs (the illegal
+    // method is skipped, as after nouveau's METHOD0 rewrite to a NOP).
+    vm.drv.hal_mut().write32(
+        Bar::Bar0,
+        u64::from(pfifo::pbdma(0, pfifo::PBDMA_INTR)),
+        intr,
+    );
+    vm.drv.hal_mut().write32(
+        Bar::Bar0,
+        u64::from(pfifo::chan_state(g)),
+        pfifo::STATE_RUNNABLE,
+    );
+    vm.drv.fence_wait(&mut ch, second).unwrap();
+}

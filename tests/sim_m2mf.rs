@@ -304,3 +304,36 @@ fn nouveau_copy_engine_move_copies_pages() {
     assert_eq!(r.r32(sem), 0x77);
     assert!(r.runnable(&c));
 }
+
+/// A PBDMA stalls on its error interrupt: a channel stopped by a refused binding does not run
+/// again when RUNNABLE is set while the interrupt is pending (the work after the error would
+/// run before anyone saw the error); once software clears the interrupt, it goes on after the
+/// refused method (nouveau rewrites METHOD0 to a NOP, so on hardware it continues there).
+#[test]
+fn a_refused_channel_stays_stopped_until_its_error_is_cleared() {
+    let mut r = Rig::new();
+    let mut c = r.channel(5);
+    r.runlist(&[5]);
+    let o = r.buffer(&mut c, DATA_VA, 0x1000);
+    let mut p = mthd(
+        3,
+        host::SET_OBJECT,
+        &[host::set_object(0x9097, host::ENGINE_PGRAPH)],
+    );
+    p.extend(release4(DATA_VA, 1));
+    r.submit(&mut c, &p);
+    r.settle();
+    assert_ne!(
+        r.reg(pfifo::pbdma(0, pfifo::PBDMA_INTR)) & pfifo::PBDMA_INTR_ILLEGAL_MTHD,
+        0
+    );
+    assert!(!r.runnable(&c));
+    r.gpu
+        .write_reg(pfifo::chan_state(c.chid), pfifo::STATE_RUNNABLE);
+    r.settle();
+    assert_eq!(r.r32(o), 0, "ran while its error was pending");
+    r.gpu
+        .write_reg(pfifo::pbdma(0, pfifo::PBDMA_INTR), u32::MAX);
+    r.settle();
+    assert_eq!(r.r32(o), 1, "goes on after the refused method once cleared");
+}

@@ -193,6 +193,11 @@ pub(crate) struct Channel {
     pub m2mf: M2mfRegs,
     /// Waiting on a semaphore acquire.
     pub acquire: Option<Acquire>,
+    /// Stopped by a PBDMA error whose interrupt is still pending. A PBDMA stalls on its
+    /// interrupt until software clears it (nouveau rewrites METHOD0 first), so RUNNABLE alone
+    /// does not restart the channel meanwhile: nothing after the error runs before the error
+    /// was seen.
+    pub halted: bool,
     /// Modeled GPU time this channel has occupied, in ns.
     pub busy_ns: u64,
     /// A preempt (KICK) of this channel waits for its engine operation to end.
@@ -413,6 +418,7 @@ impl Channel {
             && self.in_runlist
             && self.state_word & pfifo::STATE_RUNNABLE != 0
             && self.acquire.is_none()
+            && !self.halted
     }
 
     /// Has (or may have) work: a doorbell was seen or an entry is in progress.

@@ -124,6 +124,11 @@ impl Interrupts {
         pmc::line_asserted(self.pmc_intr(), self.pmc_en_host)
     }
 
+    /// True while a PBDMA has an error interrupt pending (it stalls until it is cleared).
+    pub(crate) fn pbdma_pending(&self) -> bool {
+        self.pbdma.iter().any(|p| p.intr != 0)
+    }
+
     fn subfifo_source(&self) -> u32 {
         pfifo::source_mask(self.pbdma.iter().map(|p| p.intr))
     }

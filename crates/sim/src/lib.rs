@@ -204,8 +204,12 @@ impl State {
                     true
                 }
                 RegWrite::Unknown => {
-                    self.core.intr.write(offset, value)
-                        || self.bars.write_reg(&mut self.core, offset, value)
+                    let intr = self.core.intr.write(offset, value);
+                    if intr && !self.core.intr.pbdma_pending() {
+                        // The PBDMA's interrupt is cleared: it goes on.
+                        self.fifo.release_halted();
+                    }
+                    intr || self.bars.write_reg(&mut self.core, offset, value)
                         || self.fifo.write_reg(&mut self.core, offset, value, now)
                 }
             }

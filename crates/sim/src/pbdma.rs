@@ -479,6 +479,7 @@ impl Exec<'_> {
             data: m.data,
         });
         self.ch.stop();
+        self.ch.halted = true;
         Outcome::Stopped
     }
 

@@ -275,6 +275,17 @@ impl Fifo {
         self.dirty = true;
     }
 
+    /// The PBDMA's interrupt was cleared: channels it stopped on an error may run again once
+    /// RUNNABLE (they continue after the offending method, as after nouveau's METHOD0 rewrite
+    /// to a NOP).
+    pub(crate) fn release_halted(&mut self) {
+        for ch in self.channels.iter_mut().filter(|c| c.halted) {
+            ch.halted = false;
+            ch.pending = true;
+            self.dirty = true;
+        }
+    }
+
     /// Writes channel `chid`'s STATE word; RUNNABLE makes PFIFO look at GP_PUT.
     fn write_state(&mut self, chid: usize, value: u32) {
         let ch = &mut self.channels[chid];
@@ -513,6 +524,33 @@ impl Fifo {
     /// The piece the last `advance` left for the engine worker to compute outside the lock.
     pub(crate) fn take_offload(&mut self) -> Option<Offload> {
         self.offload.take()
+    }
+
+    /// Hands the engine worker more pieces of the operation in flight to compute outside the
+    /// lock, after the one `advance` left (`take_offload`), up to `max` in all, as long as
+    /// they are due.
+    pub(crate) fn more_offloads(
+        &mut self,
+        core: &mut Core,
+        now: u64,
+        max: usize,
+        out: &mut Vec<Offload>,
+    ) {
+        let mode = self.mode;
+        let Some(f) = self.inflight.as_mut() else {
+            return;
+        };
+        let Work::Engine(op) = &mut f.work else {
+            return;
+        };
+        while out.len() < max {
+            self.budget.new_worker_batch(super::worker::BATCH_UNITS);
+            match op.progress(core, f.start, now, mode, &mut self.budget) {
+                Step::Offload(o) => out.push(o),
+                // With pieces handed out, a fault or the end waits for their commits.
+                _ => return,
+            }
+        }
     }
 
     /// Writes an offloaded piece's results, computed outside the lock, if its operation is
