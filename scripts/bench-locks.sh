@@ -16,12 +16,19 @@ new=${2:?NEW_BIN}
 old=${3:-}
 mkdir -p "$out"
 log() { echo "[$(date +%T)] $*" | tee -a "$out/progress.log" >&2; }
+# STEPS (space-separated step names) limits the run to those steps; SCALE_VMS sets the VM counts
+# of the in-process scale figures (1,2,4,8,16,32,64).
+steps=${STEPS:-traps traps-nofast lockhold lockhold-sim scale-mmul scale-madd old-lockhold old-scale-mmul old-scale-madd scale-kvm}
+vms=${SCALE_VMS:-1,2,4,8,16,32,64}
 run() { # name bin args... (each step at most ${STEP_TIMEOUT:-240} s)
     local name=$1 bin=$2
     shift 2
+    case " $steps " in *" $name "*) ;; *) return 0 ;; esac
     log "$name"
     timeout "${STEP_TIMEOUT:-240}" "$bin" "$@" --json >"$out/$name.json" 2>"$out/$name.err" ||
         log "$name: exit $?"
+    # Packed after every step: a run cut short still returns what it measured.
+    tar -C "$out" -cf "$out/bench-locks.tar" --exclude bench-locks.tar .
 }
 echo "cpus: $(nproc)" >"$out/machine.txt"
 uname -a >>"$out/machine.txt"
@@ -29,12 +36,12 @@ run traps "$new" exp traps --vms 1,2,4,8,16,32,64 --duration-ms 300 --svg "$out/
 run traps-nofast "$new" exp traps --vms 1,2,4,8,16,32,64 --duration-ms 300 --no-fast-path
 run lockhold "$new" exp lockhold --rounds 2
 run lockhold-sim "$new" exp lockhold --rounds 2 --clock sim
-run scale-mmul "$new" exp scale --clock real --vms 1,2,4,8,16,32,64
-run scale-madd "$new" exp scale --clock real --workload madd --size 16 --vms 1,2,4,8,16,32,64
+run scale-mmul "$new" exp scale --clock real --vms "$vms"
+run scale-madd "$new" exp scale --clock real --workload madd --size 16 --vms "$vms"
 if [ -n "$old" ]; then
     run old-lockhold "$old" exp lockhold --rounds 2
-    run old-scale-mmul "$old" exp scale --clock real --vms 1,2,4,8,16,32,64
-    run old-scale-madd "$old" exp scale --clock real --workload madd --size 16 --vms 1,2,4,8,16,32,64
+    run old-scale-mmul "$old" exp scale --clock real --vms "$vms"
+    run old-scale-madd "$old" exp scale --clock real --workload madd --size 16 --vms "$vms"
 fi
 if [ -e /dev/kvm ] && [ -z "${SKIP_KVM:-}" ]; then
     run scale-kvm "$new" exp scale --kvm --vms 1,16,64

@@ -336,16 +336,6 @@ impl Job {
         }
     }
 
-    /// True if piece `i` is a block of a matrix kernel's result (computed from what it read).
-    fn is_block(&self, i: u64) -> bool {
-        match *self {
-            Job::Matmul { n, .. } => {
-                matches!(MatmulPieces::new(n).piece(i), MatmulPiece::Block { .. })
-            }
-            _ => false,
-        }
-    }
-
     /// The memory reads of piece `i` of a matrix kernel: a load of `b` is done entirely; a
     /// block of a result row reads its row of `a` (if first in its row) and returns what is left
     /// to do, a computation on data already read (`None` for a load or another job).
@@ -569,9 +559,6 @@ pub(crate) struct EngineOp {
     pub epoch: u64,
     /// Which launch this is (set by PFIFO when it starts the operation).
     pub serial: u64,
-    /// The next piece to hand out to the engine worker (ahead of `next` while handed-out
-    /// pieces are being computed).
-    handed: u64,
     /// A copy's completion actions.
     pub done: Option<CopyDone>,
     /// Extra fixed duration (the `loop` kernel's closed-form time).
@@ -602,7 +589,6 @@ impl EngineOp {
             inst_word,
             epoch,
             serial: 0,
-            handed: 0,
             done,
             fixed: None,
             pieces: job.pieces(),
@@ -715,49 +701,27 @@ impl EngineOp {
             return Step::Deferred;
         }
         while self.next < self.pieces {
-            // The engine worker hands matrix blocks out ahead of their commits (`handed`).
-            let offloading = budget.worker && matches!(self.job, Job::Matmul { .. });
-            let i = if offloading {
-                self.handed.max(self.next)
-            } else {
-                self.next
-            };
-            if i >= self.pieces {
-                // Every piece handed out: the rest is their commits.
-                return Step::Waiting;
-            }
-            let at = self.due(i, start, mode);
+            let at = self.due(self.next, start, mode);
             if at > now {
                 return Step::Waiting;
             }
-            if !budget.take(self.job.units(i)) {
+            if !budget.take(self.job.units(self.next)) {
                 return Step::Deferred;
             }
-            if offloading {
-                let ahead = i > self.next;
-                if ahead && !self.job.is_block(i) {
-                    // A load (they all come first): after the commits of what was handed out.
-                    self.handed = i;
-                    return Step::Waiting;
-                }
+            let i = self.next;
+            if budget.worker && matches!(self.job, Job::Matmul { .. }) {
                 match self.job.gather(i, core, &self.vspace) {
-                    // The pieces handed out before it are committed first, in order.
-                    Err(_) | Ok(None) if ahead => {
-                        self.handed = i;
-                        return Step::Waiting;
-                    }
                     Err(fault) => {
                         self.next += 1;
                         return Step::Fault { at, fault };
                     }
                     Ok(Some(block)) => {
-                        self.handed = i + 1;
                         return Step::Offload(Offload {
                             serial: self.serial,
                             piece: i,
                             due: at,
                             block,
-                        });
+                        })
                     }
                     Ok(None) => {
                         self.next += 1;

@@ -526,33 +526,6 @@ impl Fifo {
         self.offload.take()
     }
 
-    /// Hands the engine worker more pieces of the operation in flight to compute outside the
-    /// lock, after the one `advance` left (`take_offload`), up to `max` in all, as long as
-    /// they are due.
-    pub(crate) fn more_offloads(
-        &mut self,
-        core: &mut Core,
-        now: u64,
-        max: usize,
-        out: &mut Vec<Offload>,
-    ) {
-        let mode = self.mode;
-        let Some(f) = self.inflight.as_mut() else {
-            return;
-        };
-        let Work::Engine(op) = &mut f.work else {
-            return;
-        };
-        while out.len() < max {
-            self.budget.new_worker_batch(super::worker::BATCH_UNITS);
-            match op.progress(core, f.start, now, mode, &mut self.budget) {
-                Step::Offload(o) => out.push(o),
-                // With pieces handed out, a fault or the end waits for their commits.
-                _ => return,
-            }
-        }
-    }
-
     /// Writes an offloaded piece's results, computed outside the lock, if its operation is
     /// still in flight at that piece (an engine reset or fault meanwhile drops them); a fault
     /// writing them ends the operation as a fault in the piece would.

@@ -15,11 +15,9 @@
 //! (`SimGpu::with_state` wakes it).
 //!
 //! What takes host CPU time beyond moving memory — a block of a matrix product — is computed
-//! with the lock released, several blocks at once on up to 8 threads (the GPU's
-//! multiprocessors, as far as the host's cores go): under the lock the worker only reads the
-//! blocks' operands and, after, writes their results in order (if the operation is still in
-//! flight at that piece: an engine reset or a fault meanwhile drops them, as the hardware's
-//! aborted operation writes nothing more).
+//! with the lock released: under it the worker only reads the block's operands and, after,
+//! writes its results (if the operation is still in flight at that piece: an engine reset or a
+//! fault meanwhile drops them, as the hardware's aborted operation writes nothing more).
 //!
 //! Modeled time is unchanged by who runs the pieces: due times, durations and busy accounting
 //! are fixed at launch (`crate::engine`). A worker that falls behind the clock completes work
@@ -31,7 +29,6 @@ use std::time::Duration;
 
 use parking_lot::MutexGuard;
 
-use super::engine::Offload;
 use super::{Shared, State};
 
 /// Units of engine work the worker does per hold of the lock (64 Ki units: 256 KiB copied or
@@ -59,33 +56,7 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
         .expect("spawning the simulated GPU's engine worker")
 }
 
-/// Matrix blocks handed out per compute thread and round.
-const BLOCKS_PER_THREAD: usize = 4;
-
-/// Computes `blocks` on up to `threads` threads; the results in order.
-fn compute(blocks: &[Offload], threads: usize) -> Vec<Vec<u8>> {
-    if threads <= 1 || blocks.len() <= 1 {
-        return blocks.iter().map(|o| o.block.compute()).collect();
-    }
-    let per = blocks.len().div_ceil(threads);
-    std::thread::scope(|sc| {
-        let parts: Vec<_> = blocks
-            .chunks(per)
-            .map(|part| {
-                sc.spawn(move || part.iter().map(|o| o.block.compute()).collect::<Vec<_>>())
-            })
-            .collect();
-        parts
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect()
-    })
-}
-
 fn run(shared: &Shared) {
-    // The simulated GPU's many multiprocessors, as far as the host has cores (MODEL choice:
-    // at most 8 threads of the host's).
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
     let wants = |on: bool| {
         let since = if on { shared.clock.now_ns() + 1 } else { 0 };
         shared.worker_wants.store(since, Ordering::Relaxed);
@@ -99,23 +70,14 @@ fn run(shared: &Shared) {
         let now = shared.clock.now_ns();
         let (change, next) = batch(&mut guard, now);
         if let Some(o) = guard.fifo.take_offload() {
-            // Matrix blocks: handed out several at a time, computed without the lock on
-            // `threads` threads, written under it in order.
-            let mut blocks = vec![o];
-            {
-                let s = &mut *guard;
-                s.fifo
-                    .more_offloads(&mut s.core, now, threads * BLOCKS_PER_THREAD, &mut blocks);
-            }
-            let results = MutexGuard::unlocked_fair(&mut guard, || {
-                let r = compute(&blocks, threads);
+            // A matrix block: computed without the lock, written under it.
+            let data = MutexGuard::unlocked_fair(&mut guard, || {
+                let data = o.block.compute();
                 wants(true);
-                r
+                data
             });
             let s = &mut *guard;
-            for (o, data) in blocks.into_iter().zip(results) {
-                s.fifo.commit_offload(&mut s.core, o, &data);
-            }
+            s.fifo.commit_offload(&mut s.core, o, &data);
             if let Some((seq, level)) = change {
                 MutexGuard::unlocked_fair(&mut guard, || {
                     shared.apply_line(seq, level);
@@ -125,8 +87,6 @@ fn run(shared: &Shared) {
             continue;
         }
         if let Some((seq, level)) = change {
-            // An interrupt raised by the batch (a fault, a PBDMA error, a non-stall
-            // notification): the line follows now, before the worker waits.
             MutexGuard::unlocked_fair(&mut guard, || {
                 shared.apply_line(seq, level);
                 wants(true);
