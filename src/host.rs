@@ -292,6 +292,8 @@ pub(crate) struct HostShared {
 pub(crate) struct Held<'a> {
     guard: RwLockWriteGuard<'a, HostState>,
     since: std::time::Instant,
+    /// Where the lock was taken.
+    at: &'static std::panic::Location<'static>,
     holds: &'a hold::HoldTimes,
     /// `HostShared::quiet_until` when the hold began.
     quiet_before: u64,
@@ -312,7 +314,7 @@ impl std::ops::DerefMut for Held<'_> {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.holds.record(self.since);
+        self.holds.record(self.since, self.at);
     }
 }
 
@@ -320,7 +322,9 @@ impl Drop for Held<'_> {
 type LineChange = (Arc<LineSlot>, u64, bool);
 
 impl HostShared {
+    #[track_caller]
     fn lock(&self) -> Held<'_> {
+        let at = std::panic::Location::caller();
         crate::vgpu::cell::order::acquiring_host();
         let guard = self.state.write();
         // Whatever this hold changes, fast-path accesses wait for the service until a holder
@@ -333,6 +337,7 @@ impl HostShared {
         Held {
             guard,
             since: std::time::Instant::now(),
+            at,
             holds: &self.holds,
             quiet_before,
         }
@@ -340,6 +345,7 @@ impl HostShared {
 
     /// Runs `f` on VM `id` (if it exists) under the lock and nothing else: no effects, no
     /// service of the GPU (for cheap queries a VMM makes after every exit).
+    #[track_caller]
     pub(crate) fn peek<R>(&self, id: VmId, f: impl FnOnce(&mut VmCx) -> R) -> Option<R> {
         let mut guard = self.lock();
         let st = &mut *guard;
@@ -355,6 +361,7 @@ impl HostShared {
 
     /// Runs `f` on VM `id` (if it exists) under the lock, applies the access's host-level
     /// effects, services the physical GPU, and updates interrupt lines.
+    #[track_caller]
     pub(crate) fn access<R>(&self, id: VmId, f: impl FnOnce(&mut VmCx) -> R) -> Option<R> {
         let (r, lines) = {
             let mut guard = self.lock();
@@ -1099,10 +1106,12 @@ impl GpuPort for HostShared {
         &self.phys
     }
 
+    #[track_caller]
     fn access_dyn(&self, id: VmId, f: &mut dyn FnMut(&mut VmCx)) -> bool {
         self.access(id, f).is_some()
     }
 
+    #[track_caller]
     fn peek_dyn(&self, id: VmId, f: &mut dyn FnMut(&mut VmCx)) -> bool {
         self.peek(id, f).is_some()
     }

@@ -5,6 +5,7 @@
 //! that fixed them are measured here, not assumed: a log2 histogram of hold times, kept with
 //! atomics (recording costs two clock reads per hold) and read through `HostStats::lock_holds`.
 
+use std::panic::Location;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -18,6 +19,8 @@ pub(crate) struct HoldTimes {
     count: AtomicU64,
     total_ns: AtomicU64,
     max_ns: AtomicU64,
+    /// Where the longest hold's lock was taken (`#[track_caller]` up to the host's API).
+    max_at: parking_lot::Mutex<Option<&'static Location<'static>>>,
     buckets: [AtomicU64; HOLD_BUCKETS],
 }
 
@@ -27,18 +30,22 @@ impl Default for HoldTimes {
             count: AtomicU64::new(0),
             total_ns: AtomicU64::new(0),
             max_ns: AtomicU64::new(0),
+            max_at: parking_lot::Mutex::new(None),
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
 
 impl HoldTimes {
-    /// Records one hold that started at `since`.
-    pub(crate) fn record(&self, since: Instant) {
+    /// Records one hold that started at `since`, its lock taken at `at`.
+    pub(crate) fn record(&self, since: Instant, at: &'static Location<'static>) {
         let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.count.fetch_add(1, Ordering::Relaxed);
         self.total_ns.fetch_add(ns, Ordering::Relaxed);
-        self.max_ns.fetch_max(ns, Ordering::Relaxed);
+        if self.max_ns.fetch_max(ns, Ordering::Relaxed) < ns {
+            // A new maximum (rare): where it was taken.
+            *self.max_at.lock() = Some(at);
+        }
         let b = (63 - ns.max(1).leading_zeros() as usize).min(HOLD_BUCKETS - 1);
         self.buckets[b].fetch_add(1, Ordering::Relaxed);
     }
@@ -46,6 +53,7 @@ impl HoldTimes {
     /// Starts a new maximum (the histogram goes on).
     pub(crate) fn reset_max(&self) {
         self.max_ns.store(0, Ordering::Relaxed);
+        *self.max_at.lock() = None;
     }
 
     /// A snapshot.
@@ -54,6 +62,10 @@ impl HoldTimes {
             count: self.count.load(Ordering::Relaxed),
             total_ns: self.total_ns.load(Ordering::Relaxed),
             max_ns: self.max_ns.load(Ordering::Relaxed),
+            max_at: self
+                .max_at
+                .lock()
+                .map(|l| format!("{}:{}", l.file(), l.line())),
             buckets: self
                 .buckets
                 .iter()
@@ -72,6 +84,9 @@ pub struct LockHolds {
     pub total_ns: u64,
     /// The longest, ns.
     pub max_ns: u64,
+    /// Where the longest hold's lock was taken (source file and line of the host API call
+    /// that took it), if any.
+    pub max_at: Option<String>,
     /// `buckets[i]`: holds of `[2^i, 2^(i+1))` ns ([`HOLD_BUCKETS`] of them).
     pub buckets: Vec<u64>,
 }
@@ -84,6 +99,7 @@ impl LockHolds {
             count: self.count - earlier.count.min(self.count),
             total_ns: self.total_ns.saturating_sub(earlier.total_ns),
             max_ns: self.max_ns,
+            max_at: self.max_at.clone(),
             buckets: self
                 .buckets
                 .iter()
@@ -115,15 +131,17 @@ mod tests {
     #[test]
     fn holds_land_in_log2_buckets() {
         let h = HoldTimes::default();
-        h.record(Instant::now());
+        h.record(Instant::now(), Location::caller());
         let s = h.snapshot();
         assert_eq!(s.count, 1);
+        assert!(s.max_at.is_some_and(|a| a.contains("hold.rs")));
         assert_eq!(s.buckets.iter().sum::<u64>(), 1);
         assert!(s.max_ns >= s.total_ns);
         let mut l = LockHolds {
             count: 4,
             total_ns: 0,
             max_ns: 9,
+            max_at: None,
             buckets: vec![0; HOLD_BUCKETS],
         };
         l.buckets[1] = 3; // [2, 4) ns

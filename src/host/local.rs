@@ -1,11 +1,13 @@
-//! The fast path: a guest access that involves only its own VM runs under the host lock held
-//! for *reading* and that VM's lock (`host::vm_map`), beside other VMs' accesses, instead of
-//! under the host lock held for writing like everything else.
+//! The fast path: a guest access that involves only its own VM runs under that VM's lock alone
+//! (`host::vm_map`), beside other VMs' accesses, instead of under the host lock held for
+//! writing like everything else.
 //!
 //! Which accesses: BAR0 register reads of the VM's virtual registers (`vgpu::bar0::read_fast`:
 //! PMC, PTIMER, PFIFO's virtual interrupt and configuration registers, the board, PMU and PGRAPH
-//! facades, ...) — what a driver polls. Everything else (writes, doorbells, the PRAMIN window,
-//! BAR1/BAR3, the channel table, the para-virtual interface) takes the usual path.
+//! facades, ...) — what a driver polls — and, in USERD, GP_GET/GP_PUT reads and doorbells that
+//! announce nothing new (`vgpu::aperture`). Everything else (writes with effects, the PRAMIN
+//! window, BAR1/BAR3 memory, the channel table, the para-virtual interface) takes the usual
+//! path.
 //!
 //! When: the usual path does, after every access, what the access asked of the host (none, for
 //! a register read) and a service of the physical GPU: completions, interrupts, dispatch, the
@@ -42,22 +44,38 @@ impl HostShared {
         if !self.cfg.local_fast_path || self.irq.is_asserted() {
             return false;
         }
-        let mut vm = cell.lock();
-        // Read with the VM's lock held: a write-locked hold in progress has set it to 0.
-        let quiet_until = self.quiet_until.load(Ordering::Acquire);
-        // Not cloned: one `Arc` of the clock is shared by every VM, and its count would be a
-        // cache line all of them write.
-        let Some(now) = vm.clock.as_ref().map(|c| c.now_ns()) else {
-            return false;
-        };
-        if vm.gone || vm.shadow.rebuilding() || now >= quiet_until {
-            return false;
+        for attempt in 0..2 {
+            let mut vm = cell.lock();
+            // Read with the VM's lock held: a write-locked hold in progress has set it to 0.
+            let quiet_until = self.quiet_until.load(Ordering::Acquire);
+            // Not cloned: one `Arc` of the clock is shared by every VM, and its count would be
+            // a cache line all of them write.
+            let Some(now) = vm.clock.as_ref().map(|c| c.now_ns()) else {
+                return false;
+            };
+            if vm.gone || vm.shadow.rebuilding() {
+                return false;
+            }
+            if now < quiet_until {
+                if !f(&*self.phys, &self.layout, &mut vm) {
+                    return false;
+                }
+                cell.fast_accesses.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+            drop(vm);
+            // Zero because a write-locked hold is in progress: wait for it to end and look
+            // again, instead of queueing for the host lock. Fast readers that turn into
+            // writers behind one hold keep the lock busy for each other and never come back
+            // (measured on 16 cores: 16 VMs fell to 2.7 M accesses/s from 29 M at 8 VMs, 2 %
+            // of accesses slow). The wait is a read lock — parked, not spinning — taken
+            // without the VM's lock, which the holder may want.
+            if quiet_until != 0 || attempt > 0 || !self.state.is_locked_exclusive() {
+                return false;
+            }
+            drop(self.state.read());
         }
-        if !f(&*self.phys, &self.layout, &mut vm) {
-            return false;
-        }
-        cell.fast_accesses.fetch_add(1, Ordering::Relaxed);
-        true
+        false
     }
 
     /// Fast-path accesses so far, destroyed VMs' included.

@@ -20,9 +20,11 @@ pub(crate) trait GpuPort: Send + Sync {
     /// Runs `f` on VM `id` under the GPU lock, then applies the host-level effects the access
     /// queued, services the physical GPU and updates interrupt lines. False (and `f` not run)
     /// if the VM no longer exists.
+    #[track_caller]
     fn access_dyn(&self, id: VmId, f: &mut dyn FnMut(&mut VmCx)) -> bool;
 
     /// Runs `f` on VM `id` under the GPU lock and nothing else (cheap queries).
+    #[track_caller]
     fn peek_dyn(&self, id: VmId, f: &mut dyn FnMut(&mut VmCx)) -> bool;
 
     /// The fast path (`host::local`): runs `f` with only the VM's own state (its cell locked,
@@ -46,6 +48,7 @@ pub(crate) trait GpuPort: Send + Sync {
 
 impl dyn GpuPort {
     /// [`GpuPort::access_dyn`] with a result.
+    #[track_caller]
     pub(crate) fn access<R>(&self, id: VmId, f: impl FnOnce(&mut VmCx) -> R) -> Option<R> {
         let mut f = Some(f);
         let mut out = None;
@@ -58,6 +61,7 @@ impl dyn GpuPort {
     }
 
     /// [`GpuPort::peek_dyn`] with a result.
+    #[track_caller]
     pub(crate) fn peek<R>(&self, id: VmId, f: impl FnOnce(&mut VmCx) -> R) -> Option<R> {
         let mut f = Some(f);
         let mut out = None;

@@ -86,6 +86,8 @@ pub struct LockholdScenario {
     pub p99_bound_ns: u64,
     /// The longest hold, ns.
     pub max_ns: u64,
+    /// Where the longest hold took the lock (the host's source file and line).
+    pub max_at: Option<String>,
     /// Wall time of the scenario, ms.
     pub wall_ms: f64,
 }
@@ -228,6 +230,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
         p50_bound_ns: holds.quantile_bound_ns(0.5),
         p99_bound_ns: holds.quantile_bound_ns(0.99),
         max_ns: holds.max_ns,
+        max_at: holds.max_at,
         wall_ms,
     }
 }

@@ -65,6 +65,7 @@ fn render(r: &LockholdReport) -> String {
         "p50 <=",
         "p99 <=",
         "longest",
+        "taken at",
         "wall",
     ]);
     for s in &r.scenarios {
@@ -76,6 +77,7 @@ fn render(r: &LockholdReport) -> String {
             table::ns(s.p50_bound_ns),
             table::ns(s.p99_bound_ns),
             table::ns(s.max_ns),
+            s.max_at.clone().unwrap_or_default(),
             format!("{:.0} ms", s.wall_ms),
         ]);
     }
