@@ -444,9 +444,21 @@ impl Vm {
                     value: 0,
                 });
                 let ops = std::mem::take(batch);
-                let out = sp.pv_apply(cx, &ops);
-                assert_eq!((out.applied as usize, out.error), (ops.len(), 0));
-                let mut pds = out.flush;
+                // A batch that walked its budget stops with ERR_BUSY after at least one op; the
+                // guest sends the rest again (as the guest driver does).
+                let mut rest = &ops[..];
+                let mut pds = Vec::new();
+                loop {
+                    let out = sp.pv_apply(cx, rest);
+                    pds.extend(out.flush);
+                    if out.error == pv::ERR_BUSY {
+                        assert!(out.applied > 0 && (out.applied as usize) < rest.len());
+                        rest = &rest[out.applied as usize..];
+                        continue;
+                    }
+                    assert_eq!((out.applied as usize, out.error), (rest.len(), 0));
+                    break;
+                }
                 pds.extend(sp.before_submit(cx, pdb));
                 pds
             } else {
