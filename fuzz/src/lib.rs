@@ -14,7 +14,7 @@ pub mod vgpu_mmio;
 // root, as in the `gpuvm` binary.
 use serve_control::control;
 #[allow(dead_code)]
-#[path = "../../vmm-integration/standalone/src/serve_migrate.rs"]
+#[path = "../../apps/gpuvm/src/serve_migrate.rs"]
 mod serve_migrate;
 
 /// Reads the fuzz input as a stream of little-endian values; past the end it yields zeros.

@@ -18,7 +18,7 @@ use serde_json::Value;
 /// The cargo target directory this test binary lives in (target/debug/deps/nouveau-*), as an
 /// absolute path. Not `CARGO_TARGET_DIR` itself: cargo takes a relative one relative to where
 /// it was run, while the test runs in the crate's directory (a relative value made the script
-/// build a second kernel under vmm-integration/standalone/).
+/// build a second kernel under apps/gpuvm/).
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.ancestors().nth(3).unwrap().to_path_buf()

@@ -1,7 +1,7 @@
 //! The standalone KVM VMM behind `gpuvm run --kvm`: N KVM VMs in one process, one thread and one
 //! vCPU each, all sharing one simulated GF100 through one `GpuHost`.
 //!
-//! Each VM runs the bare-metal guest program of `vmm-integration/guest-bin` (built by this
+//! Each VM runs the bare-metal guest program of `guest/bin` (built by this
 //! crate's build script and embedded here), which finds the vGPU on PCI, places its BARs and
 //! drives it with the `gpuvm-guest` driver; every BAR access is a real MMIO exit that
 //! [`mmio::BarWindows`] hands to the VM's `Vgpu`. The guest starts in 64-bit ring 3 (see
@@ -11,7 +11,7 @@
 //! boundaries on a port, so wall time, GPU busy time and MMIO exits per phase are measured
 //! here, on the VMM side.
 
-#[path = "../../../guest-bin/src/abi.rs"]
+#[path = "../../../../guest/bin/src/abi.rs"]
 pub mod abi;
 pub mod cli;
 pub mod cpu;

@@ -1,4 +1,4 @@
-//! Builds the bare-metal KVM guest (`vmm-integration/guest-bin`, its own workspace) with a nested
+//! Builds the bare-metal KVM guest (`guest/bin`, its own workspace) with a nested
 //! `cargo build --release --target x86_64-unknown-linux-gnu` and hands its ELF to the VMM as
 //! `GPUVM_GUEST_ELF` (embedded with `include_bytes!`).
 //!
@@ -15,16 +15,16 @@ const TARGET: &str = "x86_64-unknown-linux-gnu";
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
-    let guest = manifest.join("../guest-bin");
+    let guest = manifest.join("../../guest/bin");
     for dir in [
         guest.join("src"),
         guest.join("Cargo.toml"),
         guest.join("build.rs"),
         guest.join("link.ld"),
-        manifest.join("../guest/src"),
-        manifest.join("../guest/Cargo.toml"),
-        manifest.join("../../gf100/src"),
-        manifest.join("../../gf100/Cargo.toml"),
+        manifest.join("../../guest/driver/src"),
+        manifest.join("../../guest/driver/Cargo.toml"),
+        manifest.join("../../hw/gf100/src"),
+        manifest.join("../../hw/gf100/Cargo.toml"),
     ] {
         println!("cargo:rerun-if-changed={}", dir.display());
     }
@@ -61,7 +61,7 @@ fn main() {
         .unwrap_or_else(|e| panic!("cannot run cargo for the KVM guest: {e}"));
     assert!(
         status.success(),
-        "building the KVM guest (vmm-integration/guest-bin) failed: {status}"
+        "building the KVM guest (guest/bin) failed: {status}"
     );
     let elf = target_dir
         .join(TARGET)
