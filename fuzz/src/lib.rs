@@ -3,6 +3,7 @@
 //! Each `run` panics exactly when it found something (a panic inside gpuvm, or a broken
 //! invariant asserted here). See `docs/fuzzing.md`.
 
+pub mod fuzz_op;
 pub mod pushbuf_decode;
 pub mod seeds;
 pub mod serve_control;

@@ -7,6 +7,7 @@
 
 mod calibrate;
 mod control;
+mod control_socket;
 mod demo;
 mod exp;
 mod kvm;

@@ -265,7 +265,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
     let vms = specs(args)?;
     let _lock = lock_dir(&args.socket_dir)?;
     let (control_listener, control_path) =
-        crate::control::bind(&args.socket_dir).context("binding the control socket")?;
+        crate::control_socket::bind(&args.socket_dir).context("binding the control socket")?;
     // Removed however `run` ends (a failed start too), before the lock goes.
     let _control_sock = RemoveOnDrop(control_path.clone());
     let signals = block_signals();
@@ -309,7 +309,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
         let ctl = ctl.clone();
         std::thread::Builder::new()
             .name("control".into())
-            .spawn(move || crate::control::serve(ctl, control_listener))?;
+            .spawn(move || crate::control_socket::serve(ctl, control_listener))?;
     }
     if let Some(addr) = &args.metrics {
         let bound = crate::metrics::serve(ctl.clone(), addr)?;

@@ -13,6 +13,7 @@
 
 use gf100::copy as c;
 
+pub(crate) use super::completion::{CopyDone, SemRelease};
 use super::engine::Job;
 
 /// Largest number of bytes one LAUNCH_DMA may move (MODEL limit: bounds the simulator's work
@@ -31,26 +32,6 @@ pub(crate) struct CopyRegs {
     sem_hi: u32,
     sem_lo: u32,
     sem_payload: u32,
-}
-
-/// The semaphore a copy releases when it completes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct SemRelease {
-    /// Semaphore VA.
-    pub va: u64,
-    /// Value written.
-    pub payload: u32,
-    /// Four-word release (payload, 0, 64-bit timestamp) instead of the payload alone.
-    pub four_word: bool,
-}
-
-/// What must happen when a copy completes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CopyDone {
-    /// Semaphore release, if requested.
-    pub sem: Option<SemRelease>,
-    /// Raise the non-stall interrupt.
-    pub non_stall: bool,
 }
 
 /// Why a launch failed.

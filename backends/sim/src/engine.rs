@@ -34,7 +34,7 @@ use std::sync::Arc;
 use gf100::compute::{self as cc, Kernel};
 use gf100::{fault, host, Target};
 
-use super::copy::CopyDone;
+use super::completion::CopyDone;
 use super::mem::Traffic;
 use super::mmu::{page_piece, VaFault, Vspace};
 use super::Core;

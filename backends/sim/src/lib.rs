@@ -26,6 +26,7 @@
 
 mod bar;
 mod channel;
+mod completion;
 mod compute;
 mod copy;
 mod cost;

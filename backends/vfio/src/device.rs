@@ -10,7 +10,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use gpuvm_phys::Bar;
 
-use super::bars::MappedBar;
+use super::mapped::MappedBar;
 
 /// What VFIO says of one BAR's region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,8 +24,8 @@ use gpuvm_phys::irq::IrqLine;
 use gpuvm_phys::{Bar, PhysicalGpu};
 use gpuvm_sim::SimGpu;
 
-use super::bars::MappedBar;
 use super::device::{DeviceAccess, DeviceError, IrqKind, RegionInfo};
+use super::mapped::MappedBar;
 
 /// A BAR backed by a memfd: the fake's view and mappings handed to the backend share it.
 pub(super) struct RamBar {

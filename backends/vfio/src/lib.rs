@@ -18,6 +18,7 @@ mod bars;
 mod device;
 mod dma;
 mod irq;
+mod mapped;
 mod open;
 mod pramin;
 mod sys;
@@ -38,9 +39,9 @@ use gpuvm_phys::addr::{Gpa, HostVram, Iova};
 use gpuvm_phys::irq::IrqLine;
 use gpuvm_phys::{Bar, DmaError, GpuStats, PhysicalGpu};
 
-pub use bars::MappedBar;
 pub use device::{DeviceAccess, DeviceError, IrqKind, RegionInfo};
 pub use irq::IrqCounts;
+pub use mapped::MappedBar;
 pub use open::{OpenError, PciAddress, VfioPaths};
 pub use sys::VfioPci;
 

@@ -16,8 +16,8 @@ use vmm_sys_util::eventfd::EventFd;
 
 use gpuvm_phys::Bar;
 
-use super::bars::MappedBar;
 use super::device::{DeviceAccess, DeviceError, IrqKind, RegionInfo};
+use super::mapped::MappedBar;
 use super::open::{preflight, OpenError, PciAddress, VfioPaths};
 
 /// A PCI device opened through VFIO.

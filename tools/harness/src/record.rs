@@ -1,5 +1,5 @@
-//! Recording in-process: [`RecordingHal`] wraps a VM's driver HAL (today [`VirtHal`]) and logs
-//! every access the driver makes — BAR reads and writes, guest-RAM reads and writes, and every
+//! Recording in-process: [`RecordingHal`] wraps a VM's driver HAL (today [`crate::VirtHal`])
+//! and logs every access the driver makes — BAR reads and writes, guest-RAM reads and writes, and every
 //! step of its waiting (clock movements, device-model polls, interrupt-line checks) — into a
 //! `gpuvm_trace::Session`, with one sequence number per session (why the waits are recorded:
 //! `gpuvm_trace::record`).
@@ -15,8 +15,7 @@ use gpuvm::vgpu::Vgpu;
 use gpuvm_trace::format::{Event, Header, Op, Trace, DMA_CHUNK};
 use gpuvm_trace::Session;
 
-use crate::hal::{sim_wait_step, split64_read, split64_write};
-use crate::VirtHal;
+use crate::hal::{sim_wait_step, split64_read, split64_write, InProcessHal};
 
 /// The driver's HAL with every access recorded. Dropping it hands the trace to the session.
 pub struct RecordingHal<H> {
@@ -30,11 +29,16 @@ pub struct RecordingHal<H> {
     events: Vec<Event>,
 }
 
-impl RecordingHal<VirtHal> {
-    /// Records `hal` (a VM's HAL, running on `clock`) into `session`; `vm` is the VM's index in
-    /// the session.
-    pub fn new(hal: VirtHal, clock: Arc<dyn Clock>, session: Arc<Session>, vm: u32) -> Self {
-        let vgpu = hal.vgpu().clone();
+impl RecordingHal<InProcessHal<Arc<Vgpu>>> {
+    /// Records `hal` (a VM's HAL, a [`crate::VirtHal`], running on `clock`) into `session`; `vm`
+    /// is the VM's index in the session.
+    pub fn new(
+        hal: InProcessHal<Arc<Vgpu>>,
+        clock: Arc<dyn Clock>,
+        session: Arc<Session>,
+        vm: u32,
+    ) -> Self {
+        let vgpu = hal.device().clone();
         let irq = hal.irq().clone();
         let header = session.header(vm, vgpu.profile(), hal.base() + hal.size());
         RecordingHal {
@@ -195,7 +199,7 @@ impl<H: Dma> Dma for RecordingHal<H> {
     }
 }
 
-/// `Platform` as [`VirtHal`] implements it, with every poll, clock movement and look at the
+/// `Platform` as [`crate::VirtHal`] implements it, with every poll, clock movement and look at the
 /// interrupt line recorded.
 impl<H> Platform for RecordingHal<H> {
     fn delay_ns(&mut self, ns: u64) {
