@@ -46,9 +46,9 @@ pub trait VgpuDevice: Send + Sync {
     fn vgpu(&self) -> Option<&Arc<Vgpu>> {
         None
     }
-    /// The device's snapshot seam, if it has one (see [`super::snapshot::DeviceSnapshot`]):
+    /// The device's snapshot seam, if it has one (see [`super::device_seam::DeviceSnapshot`]):
     /// without it a snapshot or migration of the VM is refused.
-    fn snapshot(&self) -> Option<&dyn super::snapshot::DeviceSnapshot> {
+    fn snapshot(&self) -> Option<&dyn super::device_seam::DeviceSnapshot> {
         None
     }
 }

@@ -48,6 +48,7 @@ use kvm_ioctls::{Kvm, VmFd};
 use serde::{Deserialize, Serialize};
 use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
 
+use super::device_seam::{self, LiveSession, MAX_VGPU_STREAM};
 use super::snapshot::{self, DeviceInfo, GuestSpec, Hasher, MachineState, PAGE};
 use super::vm::GuestVm;
 
@@ -74,8 +75,6 @@ const ROUND_END: u8 = 5;
 const STATE: u8 = 6;
 const ABORT: u8 = 7;
 const VGPU: u8 = 8;
-/// Most bytes of vGPU stream a destination accepts (it keeps them until RAM is complete).
-pub const MAX_VGPU_STREAM: u64 = 8 << 30;
 /// Bytes of vGPU stream per VGPU message.
 const VGPU_CHUNK: usize = 16 << 20;
 /// Pre-copy also waits for a VRAM round of at most this many pages (1 MiB) before stopping.
@@ -508,53 +507,6 @@ fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
 // ---------------------------------------------------------------------------------------------
 // Source
 
-/// The vGPU's side of a live migration as the VMM drives it: the next bytes of the vGPU's
-/// `gpuvm::migrate` stream, produced in this process (`gpuvm::migrate::Outgoing`) or by the
-/// `gpuvm serve` daemon that holds the vGPU (`crate::serve_migrate::Session`). Dropped before
-/// [`LiveSession::commit`], a session resumes the vGPU.
-pub trait LiveSession: Send {
-    /// Stream bytes produced since the last call (the header, first).
-    fn take(&mut self) -> Vec<u8>;
-    /// One round of VRAM pages while the guest runs.
-    fn round(&mut self) -> anyhow::Result<gpuvm::migrate::RoundStats>;
-    /// The vCPUs are paused: quiesce the vGPU, the last pages, the device state.
-    fn stop(&mut self, max_wait_ns: u64) -> anyhow::Result<gpuvm::migrate::StopStats>;
-    /// The destination has the guest: the vGPU stays quiesced.
-    fn commit(self: Box<Self>) -> anyhow::Result<()>;
-}
-
-impl LiveSession for gpuvm::migrate::Outgoing {
-    fn take(&mut self) -> Vec<u8> {
-        gpuvm::migrate::Outgoing::take(self)
-    }
-    fn round(&mut self) -> anyhow::Result<gpuvm::migrate::RoundStats> {
-        gpuvm::migrate::Outgoing::round(self).context("a VRAM round")
-    }
-    fn stop(&mut self, max_wait_ns: u64) -> anyhow::Result<gpuvm::migrate::StopStats> {
-        let clock = gpuvm::clock::ClockKind::Real.create();
-        gpuvm::migrate::Outgoing::stop(self, &*clock, max_wait_ns).context("stopping the vGPU")
-    }
-    fn commit(self: Box<Self>) -> anyhow::Result<()> {
-        gpuvm::migrate::Outgoing::commit(*self);
-        Ok(())
-    }
-}
-
-impl LiveSession for crate::serve_migrate::Session {
-    fn take(&mut self) -> Vec<u8> {
-        crate::serve_migrate::Session::take(self)
-    }
-    fn round(&mut self) -> anyhow::Result<gpuvm::migrate::RoundStats> {
-        crate::serve_migrate::Session::round(self)
-    }
-    fn stop(&mut self, max_wait_ns: u64) -> anyhow::Result<gpuvm::migrate::StopStats> {
-        crate::serve_migrate::Session::stop(self, max_wait_ns.div_ceil(1_000_000))
-    }
-    fn commit(self: Box<Self>) -> anyhow::Result<()> {
-        crate::serve_migrate::Session::commit(*self)
-    }
-}
-
 /// What the vCPU thread hands the migration thread at the stop: the state (the vGPU's part
 /// is left to the migration thread), or why there is none (the migration is then aborted).
 pub type Handover = Result<(MachineState, Vec<u8>), String>;
@@ -834,7 +786,7 @@ fn run_source(
     let rt = Instant::now();
     // The vCPU is paused: quiesce the vGPU (no vCPU access, none of its work on the GPU), so
     // neither RAM nor VRAM changes any more; its last pages and device state end its stream.
-    let st = match vs.sess()?.stop(snapshot::QUIESCE_WAIT_NS) {
+    let st = match vs.sess()?.stop(device_seam::QUIESCE_WAIT_NS) {
         Ok(st) => st,
         Err(e) => {
             let reason = format!("{e:#}");
@@ -864,7 +816,7 @@ fn run_source(
     let rest = std::mem::take(&mut vs.unhashed);
     vs.hash.update(&rest);
     machine.vgpu = DeviceInfo {
-        kind: snapshot::VGPU_KIND.to_string(),
+        kind: device_seam::VGPU_KIND.to_string(),
         len: vs.len,
         hash: vs.hash.finish(),
     };
@@ -904,9 +856,8 @@ fn run_source(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kvm::snapshot::{
-        Blob, DeviceInfo, SerialRegs, Summary, VcpuState, VmState, VmmState,
-    };
+    use crate::kvm::snapshot::{DeviceInfo, SerialRegs, VmmState};
+    use crate::kvm::vcpu_state::{Blob, Summary, VcpuState, VmState};
     use crate::kvm::ExitCounts;
 
     const RAM_PAGES: u64 = 4;

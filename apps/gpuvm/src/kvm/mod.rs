@@ -16,9 +16,11 @@ pub mod abi;
 pub mod cli;
 pub mod cpu;
 pub mod device;
+pub mod device_seam;
 pub mod ecam;
 pub mod isolation;
 pub mod kick;
+pub mod migratable;
 pub mod migrate;
 pub mod mmio;
 pub mod passthrough;
@@ -35,6 +37,7 @@ pub mod serial;
 pub mod setup;
 pub mod shared_ram;
 pub mod snapshot;
+pub mod vcpu_state;
 pub mod vm;
 
 use std::path::Path;
@@ -215,7 +218,7 @@ pub struct Restored {
     /// From the first byte read to the guest ready to run, ns.
     pub load_ns: u64,
     /// What could not be put back exactly.
-    pub notes: snapshot::RestoreNotes,
+    pub notes: vcpu_state::RestoreNotes,
     /// The migration as the destination saw it.
     pub migration: Option<migrate::DestStats>,
 }
@@ -523,7 +526,7 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
             shadow: opts.shadow_mode(),
         };
         if restoring && i == 0 {
-            devs.push(Arc::new(snapshot::MigratableVgpu::to_restore(
+            devs.push(Arc::new(migratable::MigratableVgpu::to_restore(
                 host.clone(),
                 sim.clone(),
             )));
@@ -535,8 +538,8 @@ pub fn run_kvm_with(opts: &KvmOptions, incoming: Option<Incoming>) -> anyhow::Re
             .create_vgpu_for_ram(&p, ram_layout(opts).0)
             .with_context(|| format!("creating the vGPU of vm{i}"))?;
         devs.push(if handoff {
-            // The snapshot seam (see `snapshot::MigratableVgpu`).
-            Arc::new(snapshot::MigratableVgpu::new(
+            // The snapshot seam (see `migratable::MigratableVgpu`).
+            Arc::new(migratable::MigratableVgpu::new(
                 host.clone(),
                 sim.clone(),
                 v.clone(),
@@ -954,10 +957,10 @@ fn restore_machine(
     inc: Incoming,
 ) -> anyhow::Result<RestoredState> {
     let t0 = Instant::now();
-    let put = |machine: &snapshot::MachineState| -> anyhow::Result<snapshot::RestoreNotes> {
+    let put = |machine: &snapshot::MachineState| -> anyhow::Result<vcpu_state::RestoreNotes> {
         let state = machine.vcpus.first().context("the state has no vCPU")?;
-        snapshot::restore_vm(&gvm.fd, &machine.vm)?;
-        snapshot::restore_vcpu(&gvm.fd, vcpu, state)
+        vcpu_state::restore_vm(&gvm.fd, &machine.vm)?;
+        vcpu_state::restore_vcpu(&gvm.fd, vcpu, state)
     };
     match inc {
         Incoming::Restore(l) => {
@@ -1049,8 +1052,8 @@ fn capture_machine(
         true => seam.save().context("the vGPU")?,
         false => Vec::new(),
     };
-    let rest = snapshot::capture_vcpu(kvm, &gvm.fd, vcpu)
-        .and_then(|c| Ok((vec![c], snapshot::capture_vm(&gvm.fd)?)));
+    let rest = vcpu_state::capture_vcpu(kvm, &gvm.fd, vcpu)
+        .and_then(|c| Ok((vec![c], vcpu_state::capture_vm(&gvm.fd)?)));
     let (vcpus, vm) = match rest {
         Ok(x) => x,
         Err(e) => {
@@ -1292,7 +1295,7 @@ fn run_vcpu(
                 handoff_tried = true;
                 let paused = Instant::now();
                 // Finish the pending exit, replay queued writes, then capture.
-                let captured = snapshot::complete_pending_io(&mut vcpu)
+                let captured = vcpu_state::complete_pending_io(&mut vcpu)
                     .and_then(|()| {
                         if opts.coalesce {
                             drain_coalesced(

@@ -35,7 +35,8 @@ use vm_memory::{GuestMemory, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
 use super::device::VgpuDevice;
-use super::snapshot::{self, DeviceSnapshot};
+use super::device_seam::{self, DeviceSnapshot};
+use super::snapshot;
 use super::{is_pvm, open_kvm, run_vm, Incoming, KvmOptions, KvmReport, RunCtx};
 
 /// A vGPU served over a vfio-user socket.
@@ -230,16 +231,16 @@ impl RemoteVgpu {
 }
 
 /// The daemon's vGPU through its control socket: the same `gpuvm::migrate` stream as the
-/// in-process vGPU's ([`snapshot::VGPU_KIND`]), so a snapshot taken through one daemon restores
+/// in-process vGPU's ([`device_seam::VGPU_KIND`]), so a snapshot taken through one daemon restores
 /// through another.
 impl DeviceSnapshot for RemoteVgpu {
     fn kind(&self) -> String {
-        snapshot::VGPU_KIND.to_string()
+        device_seam::VGPU_KIND.to_string()
     }
 
     fn save(&self) -> anyhow::Result<Vec<u8>> {
         let mut s = crate::serve_migrate::Session::open(&self.daemon_dir, &self.name)?;
-        let st = s.stop(snapshot::QUIESCE_WAIT_NS / 1_000_000)?;
+        let st = s.stop(device_seam::QUIESCE_WAIT_NS / 1_000_000)?;
         // The header (from `open`) and everything the stop produced.
         let bytes = s.take();
         log::info!(
@@ -264,7 +265,7 @@ impl DeviceSnapshot for RemoteVgpu {
         Ok(())
     }
 
-    fn live(&self) -> anyhow::Result<Box<dyn super::migrate::LiveSession>> {
+    fn live(&self) -> anyhow::Result<Box<dyn super::device_seam::LiveSession>> {
         Ok(Box::new(crate::serve_migrate::Session::open(
             &self.daemon_dir,
             &self.name,
