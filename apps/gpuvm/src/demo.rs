@@ -345,7 +345,7 @@ pub fn render(r: &DemoReport) -> String {
 pub fn write_svg(r: &DemoReport, path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(crate::exp::plot_err)?;
+    root.fill(&WHITE).map_err(crate::exp::plot::plot_err)?;
     let x_max = r
         .series
         .iter()
@@ -378,7 +378,7 @@ pub fn write_svg(r: &DemoReport, path: &Path) -> anyhow::Result<()> {
         .x_label_area_size(35)
         .y_label_area_size(55)
         .build_cartesian_2d(0f64..x_max, 0f64..y_max)
-        .map_err(crate::exp::plot_err)?;
+        .map_err(crate::exp::plot::plot_err)?;
     chart
         .configure_mesh()
         .x_desc(if r.backend == "kvm" {
@@ -389,19 +389,19 @@ pub fn write_svg(r: &DemoReport, path: &Path) -> anyhow::Result<()> {
         .y_desc("cumulative GPU time (ms)")
         .light_line_style(WHITE.mix(0.0))
         .draw()
-        .map_err(crate::exp::plot_err)?;
+        .map_err(crate::exp::plot::plot_err)?;
     for (i, (s, v)) in r.series.iter().zip(&r.vms).enumerate() {
-        let color = crate::exp::COLORS[i % crate::exp::COLORS.len()];
+        let color = crate::exp::plot::COLORS[i % crate::exp::plot::COLORS.len()];
         chart
             .draw_series(LineSeries::new(
                 s.iter().map(|&(t, g)| (t as f64 / 1e6, g as f64 / 1e6)),
                 color.stroke_width(2),
             ))
-            .map_err(crate::exp::plot_err)?
+            .map_err(crate::exp::plot::plot_err)?
             .label(format!("vm{} ({:.1} %)", v.vm, v.gpu_share * 100.0))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    crate::exp::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
-    root.present().map_err(crate::exp::plot_err)?;
+    crate::exp::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(crate::exp::plot::plot_err)?;
     Ok(())
 }

@@ -11,22 +11,16 @@ mod control_socket;
 mod demo;
 mod exp;
 mod kvm;
-mod lockhold;
 mod metrics;
-mod migexp;
 mod native;
 mod nouveau;
-mod overhead;
 mod regs;
 mod run;
-mod scale;
 mod serve;
 mod serve_migrate;
-mod soak;
 mod table;
 mod top;
 mod trace;
-mod traps;
 
 use clap::{Parser, Subcommand};
 
@@ -122,7 +116,7 @@ enum Command {
     /// to baseline, RSS flat (slope reported), no VM starved, no unexpected violation. A
     /// progress bar on a terminal; `--json`, `--svg FILE`. Exit status 1 if a check failed.
     /// See docs/experiments.md "Soak".
-    Soak(soak::SoakArgs),
+    Soak(exp::soak::SoakArgs),
     /// Control a running `gpuvm serve`: list, add, remove, weight, cap, policy, stop
     /// (docs/serve.md). Prints a table or a sentence; `--json` prints the daemon's reply.
     Ctl(top::CtlArgs),
@@ -144,7 +138,7 @@ fn main() {
         Command::Calibrate(args) => calibrate::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Serve(args) => serve::run(&args),
-        Command::Soak(args) => soak::run(&args),
+        Command::Soak(args) => exp::soak::run(&args),
         Command::Nouveau(args) => nouveau::run(&args),
         Command::Ctl(args) => top::ctl(&args),
         Command::Stat(args) => top::stat(&args),

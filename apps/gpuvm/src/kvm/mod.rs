@@ -31,7 +31,6 @@ mod pvh_note;
 pub mod record;
 pub mod remap;
 pub mod remote;
-pub mod scale;
 pub mod scheme;
 pub mod serial;
 pub mod setup;

@@ -4,6 +4,7 @@
 //! measured.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
@@ -16,6 +17,8 @@ use gpuvm_harness::mem::{slope, MemSample};
 use gpuvm_harness::VirtOptions;
 use serde::Serialize;
 
+use crate::kvm::setup::VmSetup;
+use crate::kvm::{abi, run_kvm, KvmOptions};
 use crate::table::{self, Table};
 
 /// Options of `gpuvm exp scale`.
@@ -44,7 +47,7 @@ pub struct ScaleArgs {
     #[arg(long, default_value = "real")]
     clock: ClockKind,
     /// Exit cost for the modeled per-VM time, ns.
-    #[arg(long, value_name = "NS", default_value_t = crate::overhead::DEFAULT_EXIT_NS)]
+    #[arg(long, value_name = "NS", default_value_t = super::overhead::DEFAULT_EXIT_NS)]
     exit_ns: u64,
     /// Print one JSON object instead of the table.
     #[arg(long)]
@@ -196,7 +199,7 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
             eprintln!("gpuvm exp scale: {v} VMs ...");
         }
         points.push(if a.kvm {
-            crate::kvm::scale::point(v, a.workload, a.repeat, a.size, a.shadow, a.sched)
+            point_kvm(v, a.workload, a.repeat, a.size, a.shadow, a.sched)
                 .with_context(|| format!("{v} KVM VMs"))?
         } else {
             point(a, v)?
@@ -335,7 +338,7 @@ type Metric = fn(&ScalePoint) -> u64;
 pub fn write_svg(r: &ScaleReport, path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(crate::exp::plot_err)?;
+    root.fill(&WHITE).map_err(super::plot::plot_err)?;
     let x_max = r.points.iter().map(|p| p.vms).max().unwrap_or(1) as f64;
     let series: [(&str, Metric); 3] = [
         ("per VM (wall)", |p| p.per_vm_wall_ns),
@@ -366,22 +369,22 @@ pub fn write_svg(r: &ScaleReport, path: &Path) -> anyhow::Result<()> {
         .x_label_area_size(35)
         .y_label_area_size(55)
         .build_cartesian_2d(0f64..x_max + 1.0, 0f64..y_max.max(0.001))
-        .map_err(crate::exp::plot_err)?;
+        .map_err(super::plot::plot_err)?;
     chart
         .configure_mesh()
         .x_desc("VMs")
         .y_desc("ms")
         .light_line_style(WHITE.mix(0.0))
         .draw()
-        .map_err(crate::exp::plot_err)?;
+        .map_err(super::plot::plot_err)?;
     for (i, (name, f)) in series.iter().enumerate() {
-        let color = crate::exp::COLORS[i];
+        let color = super::plot::COLORS[i];
         chart
             .draw_series(LineSeries::new(
                 r.points.iter().map(|p| (p.vms as f64, f(p) as f64 / 1e6)),
                 color.stroke_width(2),
             ))
-            .map_err(crate::exp::plot_err)?
+            .map_err(super::plot::plot_err)?
             .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart
@@ -390,9 +393,106 @@ pub fn write_svg(r: &ScaleReport, path: &Path) -> anyhow::Result<()> {
                     .iter()
                     .map(|p| Circle::new((p.vms as f64, f(p) as f64 / 1e6), 3, color.filled())),
             )
-            .map_err(crate::exp::plot_err)?;
+            .map_err(super::plot::plot_err)?;
     }
-    crate::exp::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
-    root.present().map_err(crate::exp::plot_err)?;
+    super::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(super::plot::plot_err)?;
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// With --kvm
+//
+// `gpuvm exp scale --kvm`: GPUvm's scale figure with real KVM guests — the same workload in
+// 1, 2, 4, ... KVM VMs at once on one simulated GF100 (real clock).
+//
+// Each VM brings its driver up and runs a `loop` warm-up that creates its channel, then waits
+// at the start gate (`abi::PORT_GATE`) until every VM is there; the workload runs `repeat`
+// times after it, and only that part is measured: per VM the sum of its runs' wall time
+// (between the guest's phase markers, timestamped by the VMM), aggregate = from the gate's
+// opening to the last VM's last phase marker, GPU busy = the VMs' channels' busy time in their
+// runs, exits = the MMIO exits of the runs (coalesced writes included). Every exit is real, so
+// there is no modeled time: `per_vm_modeled_ns` repeats the wall time.
+
+/// Measures one VM count with real KVM guests (`--kvm`).
+fn point_kvm(
+    vms: u32,
+    workload: Workload,
+    repeat: u32,
+    size: u32,
+    shadow: ShadowMode,
+    sched: Policy,
+) -> anyhow::Result<ScalePoint> {
+    let mut list = vec![Workload::Loop];
+    list.extend(std::iter::repeat_n(workload, repeat as usize));
+    let opts = KvmOptions {
+        vms: vms as usize,
+        size,
+        shadow,
+        workloads: list,
+        echo_console: false,
+        sched: Some(sched),
+        setups: vec![
+            VmSetup {
+                gate: true,
+                ..VmSetup::default()
+            };
+            vms as usize
+        ],
+        timeout: Duration::from_secs(600),
+        ..KvmOptions::default()
+    };
+    let r = run_kvm(&opts)?;
+    for v in &r.vms {
+        if let Some(s) = &v.kvm.stopped {
+            eprintln!("gpuvm: exp scale --kvm, {vms} VMs: {s}");
+        }
+    }
+    let measured = |v: &crate::kvm::KvmVmReport| -> (u64, u64, u64) {
+        v.workloads.iter().skip(1).fold((0, 0, 0), |(w, e, g), p| {
+            (
+                w + p.wall_ns,
+                e + p.mmio_reads + p.mmio_writes,
+                g + p.gpu_ns,
+            )
+        })
+    };
+    let per: Vec<(u64, u64, u64)> = r.vms.iter().map(measured).collect();
+    let n = per.len().max(1) as u64;
+    let wall_sum: u64 = per.iter().map(|p| p.0).sum();
+    let gate = r.gate_open_ns.unwrap_or(0);
+    let last_done = r
+        .vms
+        .iter()
+        .filter_map(|v| {
+            v.kvm
+                .phases
+                .iter()
+                .rev()
+                .find(|m| m.phase == abi::PHASE_DONE)
+                .map(|m| m.at_ns)
+        })
+        .max()
+        .unwrap_or(gate);
+    let span = last_done.saturating_sub(gate);
+    let gpu: u64 = per.iter().map(|p| p.2).sum();
+    Ok(ScalePoint {
+        vms,
+        per_vm_wall_ns: wall_sum / n,
+        max_vm_wall_ns: per.iter().map(|p| p.0).max().unwrap_or(0),
+        aggregate_wall_ns: span,
+        per_vm_modeled_ns: wall_sum / n,
+        gpu_busy_ns: gpu,
+        gpu_clock_span_ns: span,
+        utilization: if span == 0 {
+            0.0
+        } else {
+            gpu as f64 / span as f64
+        },
+        exits: per.iter().map(|p| p.1).sum(),
+        runs: vms * repeat,
+        verified: r.all_verified() && r.vms.len() == vms as usize && r.gate_open_ns.is_some(),
+        bring_up_ns: r.gate_open_ns,
+        mem: None,
+    })
 }

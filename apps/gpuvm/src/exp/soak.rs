@@ -495,7 +495,7 @@ type SampleValue = fn(&gpuvm_harness::soak::Sample) -> f64;
 fn write_svg(r: &SoakReport, path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(crate::exp::plot_err)?;
+    root.fill(&WHITE).map_err(super::plot::plot_err)?;
     let x_max = r.samples.last().map_or(1, |s| s.t_ms) as f64 / 60_000.0;
     let mib = |b: u64| b as f64 / f64::from(1u32 << 20);
     let y_max = r
@@ -510,14 +510,14 @@ fn write_svg(r: &SoakReport, path: &Path) -> anyhow::Result<()> {
         .x_label_area_size(35)
         .y_label_area_size(55)
         .build_cartesian_2d(0f64..x_max.max(0.01), 0f64..y_max)
-        .map_err(crate::exp::plot_err)?;
+        .map_err(super::plot::plot_err)?;
     chart
         .configure_mesh()
         .x_desc("minutes")
         .y_desc("MiB")
         .light_line_style(WHITE.mix(0.0))
         .draw()
-        .map_err(crate::exp::plot_err)?;
+        .map_err(super::plot::plot_err)?;
     let series: [(&str, SampleValue); 3] = [
         ("RssAnon (device model + guest RAM), MiB", |s| {
             s.mem.rss_anon as f64 / f64::from(1u32 << 20)
@@ -528,17 +528,17 @@ fn write_svg(r: &SoakReport, path: &Path) -> anyhow::Result<()> {
         ("VMs alive x 10", |s| s.vms as f64 * 10.0),
     ];
     for (i, (name, f)) in series.iter().enumerate() {
-        let color = crate::exp::COLORS[i];
+        let color = super::plot::COLORS[i];
         chart
             .draw_series(LineSeries::new(
                 r.samples.iter().map(|s| (s.t_ms as f64 / 60_000.0, f(s))),
                 color.stroke_width(2),
             ))
-            .map_err(crate::exp::plot_err)?
+            .map_err(super::plot::plot_err)?
             .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
     }
-    crate::exp::draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
-    root.present().map_err(crate::exp::plot_err)?;
+    super::plot::draw_legend(&mut chart, SeriesLabelPosition::LowerRight)?;
+    root.present().map_err(super::plot::plot_err)?;
     Ok(())
 }

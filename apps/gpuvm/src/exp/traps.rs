@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use gpuvm_harness::exp_traps::{run_traps, TrapsOptions, TrapsPoint, TrapsReport};
 
-use crate::exp::{plot_err, COLORS};
+use super::plot::{plot_err, COLORS};
 use crate::table::{self, Table};
 
 /// Options of `gpuvm exp traps`.

@@ -167,7 +167,7 @@ pub struct MigrateReport {
 
 /// Runs `gpuvm exp migrate`.
 pub fn run(a: &MigrateArgs) -> anyhow::Result<bool> {
-    let wl = crate::exp::workload_list(&a.workload)?;
+    let wl = super::workload_list(&a.workload)?;
     if a.touch_pct > 0
         && wl
             .iter()
@@ -645,7 +645,7 @@ fn render(r: &MigrateReport) -> String {
 fn write_progress_svg(r: &MigrateReport, path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(crate::exp::plot_err)?;
+    root.fill(&WHITE).map_err(super::plot::plot_err)?;
     let x_max = r
         .points
         .iter()
@@ -663,23 +663,23 @@ fn write_progress_svg(r: &MigrateReport, path: &Path) -> anyhow::Result<()> {
         .x_label_area_size(35)
         .y_label_area_size(45)
         .build_cartesian_2d(0f64..x_max, 0f64..y_max.max(1.0))
-        .map_err(crate::exp::plot_err)?;
+        .map_err(super::plot::plot_err)?;
     chart
         .configure_mesh()
         .x_desc("s")
         .y_desc("workloads verified")
         .light_line_style(WHITE.mix(0.0))
         .draw()
-        .map_err(crate::exp::plot_err)?;
+        .map_err(super::plot::plot_err)?;
     for (i, p) in r.points.iter().enumerate() {
-        let color = crate::exp::COLORS[i % crate::exp::COLORS.len()];
+        let color = super::plot::COLORS[i % super::plot::COLORS.len()];
         if p.resume_ms > p.pause_ms {
             chart
                 .draw_series(std::iter::once(Rectangle::new(
                     [(p.pause_ms / 1e3, 0.0), (p.resume_ms / 1e3, y_max)],
                     color.mix(0.25).filled(),
                 )))
-                .map_err(crate::exp::plot_err)?;
+                .map_err(super::plot::plot_err)?;
         }
         let mut n = 0;
         let pts: Vec<(f64, f64)> = std::iter::once((0.0, 0.0))
@@ -692,7 +692,7 @@ fn write_progress_svg(r: &MigrateReport, path: &Path) -> anyhow::Result<()> {
             .collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(crate::exp::plot_err)?
+            .map_err(super::plot::plot_err)?
             .label(format!(
                 "{} MiB slice: downtime {:.1} ms",
                 p.slice_mib,
@@ -712,10 +712,10 @@ fn write_progress_svg(r: &MigrateReport, path: &Path) -> anyhow::Result<()> {
                         }
                     }),
             )
-            .map_err(crate::exp::plot_err)?;
+            .map_err(super::plot::plot_err)?;
     }
-    crate::exp::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
-    root.present().map_err(crate::exp::plot_err)?;
+    super::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(super::plot::plot_err)?;
     Ok(())
 }
 
@@ -723,7 +723,7 @@ fn write_progress_svg(r: &MigrateReport, path: &Path) -> anyhow::Result<()> {
 fn write_sweep_svg(r: &MigrateReport, path: &Path) -> anyhow::Result<()> {
     use plotters::prelude::*;
     let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(crate::exp::plot_err)?;
+    root.fill(&WHITE).map_err(super::plot::plot_err)?;
     let x_max = r.points.iter().map(|p| p.slice_mib).max().unwrap_or(1) as f64 * 1.05;
     let y_max = r
         .points
@@ -742,14 +742,14 @@ fn write_sweep_svg(r: &MigrateReport, path: &Path) -> anyhow::Result<()> {
         .x_label_area_size(35)
         .y_label_area_size(55)
         .build_cartesian_2d(0f64..x_max, 0f64..y_max.max(0.001))
-        .map_err(crate::exp::plot_err)?;
+        .map_err(super::plot::plot_err)?;
     chart
         .configure_mesh()
         .x_desc("slice (MiB)")
         .y_desc("ms")
         .light_line_style(WHITE.mix(0.0))
         .draw()
-        .map_err(crate::exp::plot_err)?;
+        .map_err(super::plot::plot_err)?;
     type Metric = fn(&Point) -> u64;
     let series: [(&str, Metric); 2] = [
         ("total (start to running on the destination)", |p| {
@@ -758,7 +758,7 @@ fn write_sweep_svg(r: &MigrateReport, path: &Path) -> anyhow::Result<()> {
         ("downtime (guest paused)", |p| p.downtime_us),
     ];
     for (i, (name, f)) in series.iter().enumerate() {
-        let color = crate::exp::COLORS[i];
+        let color = super::plot::COLORS[i];
         let pts: Vec<(f64, f64)> = r
             .points
             .iter()
@@ -766,15 +766,15 @@ fn write_sweep_svg(r: &MigrateReport, path: &Path) -> anyhow::Result<()> {
             .collect();
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(crate::exp::plot_err)?
+            .map_err(super::plot::plot_err)?
             .label(*name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
         chart
             .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
-            .map_err(crate::exp::plot_err)?;
+            .map_err(super::plot::plot_err)?;
     }
-    crate::exp::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
-    root.present().map_err(crate::exp::plot_err)?;
+    super::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(super::plot::plot_err)?;
     Ok(())
 }
 

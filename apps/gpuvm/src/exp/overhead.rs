@@ -391,7 +391,7 @@ fn run_kvm_once(scheme: Scheme, size: u32, list: &[Workload]) -> anyhow::Result<
 
 /// Runs the command.
 pub fn run(a: &OverheadArgs) -> anyhow::Result<bool> {
-    let workloads = crate::exp::workload_list(&a.workloads)?;
+    let workloads = super::workload_list(&a.workloads)?;
     if a.kvm {
         crate::kvm::open_kvm()?;
     }
@@ -552,7 +552,7 @@ pub fn write_svg(r: &OverheadReport, path: &Path) -> anyhow::Result<()> {
         }
     }
     let root = SVGBackend::new(path, (1000, 760)).into_drawing_area();
-    root.fill(&WHITE).map_err(crate::exp::plot_err)?;
+    root.fill(&WHITE).map_err(super::plot::plot_err)?;
     let panels: [(&str, Metric); 2] = [
         ("wall time relative to native", |x| x.relative_to_native),
         (
@@ -578,7 +578,7 @@ pub fn write_svg(r: &OverheadReport, path: &Path) -> anyhow::Result<()> {
             .x_label_area_size(30)
             .y_label_area_size(50)
             .build_cartesian_2d(0f64..wl.len() as f64, (0.1f64..y_max).log_scale())
-            .map_err(crate::exp::plot_err)?;
+            .map_err(super::plot::plot_err)?;
         let names = wl.clone();
         chart
             .configure_mesh()
@@ -594,10 +594,10 @@ pub fn write_svg(r: &OverheadReport, path: &Path) -> anyhow::Result<()> {
             .y_desc("x native")
             .light_line_style(WHITE.mix(0.0))
             .draw()
-            .map_err(crate::exp::plot_err)?;
+            .map_err(super::plot::plot_err)?;
         let bw = 0.8 / schemes.len() as f64;
         for (si, s) in schemes.iter().enumerate() {
-            let color = crate::exp::COLORS[si % crate::exp::COLORS.len()];
+            let color = super::plot::COLORS[si % super::plot::COLORS.len()];
             let bars: Vec<_> = r
                 .results
                 .iter()
@@ -613,14 +613,14 @@ pub fn write_svg(r: &OverheadReport, path: &Path) -> anyhow::Result<()> {
                 .collect();
             chart
                 .draw_series(bars)
-                .map_err(crate::exp::plot_err)?
+                .map_err(super::plot::plot_err)?
                 .label(*s)
                 .legend(move |(x, y)| {
                     Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
                 });
         }
-        crate::exp::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+        super::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
     }
-    root.present().map_err(crate::exp::plot_err)?;
+    root.present().map_err(super::plot::plot_err)?;
     Ok(())
 }

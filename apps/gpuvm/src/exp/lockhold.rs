@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use clap::Args;
 use gpuvm_harness::exp_lockhold::{run_lockhold, LockholdOptions, LockholdReport};
 
-use crate::exp::{plot_err, COLORS};
+use super::plot::{plot_err, COLORS};
 use crate::table::{self, Table};
 
 /// Options of `gpuvm exp lockhold`.
