@@ -27,24 +27,17 @@
 
 extern crate alloc;
 
-pub mod bar;
-pub mod buffer;
-pub mod channel;
 pub mod config;
 pub mod device;
 pub mod error;
 pub mod fence;
-pub mod fifo;
 pub mod hal;
-pub mod instmem;
 mod intr;
 pub mod pramin;
 pub mod push;
-pub mod pv;
 pub mod range;
 pub mod reference;
 pub mod sysmem;
-pub mod vm;
 pub mod vram;
 pub mod wait;
 pub mod workloads;
@@ -58,6 +51,8 @@ pub use buffer::Buffer;
 pub use channel::{Channel, Fence};
 pub use config::{DriverConfig, FenceMode, InstAccess, MemLocation, Paravirt, ReleaseSize};
 pub use device::Gpu;
+// The device's parts keep their paths (`gpuvm_guest::channel::Channel`, ...).
+pub use device::{bar, buffer, channel, fifo, instmem, pv, vm};
 pub use error::DriverError;
 pub use push::PushBuf;
 pub use pv::PvStats;

@@ -3,6 +3,23 @@
 //! `nv50_mc_init` (PMC ENABLE), `gf100_fb_vidmem_probe` / `gf100_fb_init_page` /
 //! `gf100_fb_sysmem_flush_page_init` (FB), `gf100_bar_oneinit`/`_init` (BARs, see [`crate::bar`])
 //! and `gf100_fifo_init` (PFIFO, see [`crate::channel`]).
+//!
+//! The driver is one type, [`Gpu`], whose methods are split by mechanism into this module's
+//! parts: `instmem` (instance memory) at the bottom; `bar` (BAR1/BAR3 page tables), `vm`
+//! (address spaces), `pv` (the para-virtual batch queue) and `fifo` (PFIFO) on it; `buffer`
+//! (VRAM and sysmem buffers) on `vm`; `channel` on all of them. A part names the device it
+//! belongs to (`Gpu`, its ancestor) and the parts below it, never one above
+//! (`tests/architecture.rs`). Their methods still call each other through `Gpu` (instance
+//! memory is written through BAR3, BAR3's page tables live in instance memory), as nouveau's
+//! subdevices do: the seam is the type, not the files.
+
+pub mod bar;
+pub mod buffer;
+pub mod channel;
+pub mod fifo;
+pub mod instmem;
+pub mod pv;
+pub mod vm;
 
 use gf100::{pfb, pffb, pmc};
 
@@ -11,11 +28,11 @@ use crate::channel::{Channel, Fifo};
 use crate::config::{DriverConfig, FenceMode};
 use crate::error::DriverError;
 use crate::hal::{Bar, Dma, Mmio, Platform};
-use crate::pv::{self, PvQueue, PvStats};
 use crate::sysmem::{DmaAlloc, DmaAllocator};
 use crate::vram::VramAllocator;
 use crate::wait::Backoff;
 use crate::Hal;
+use pv::{PvQueue, PvStats};
 
 /// Smallest VRAM the driver accepts (room for the BAR page tables, USERD and channels).
 pub const MIN_VRAM: u64 = 16 << 20;
