@@ -20,7 +20,6 @@
 //! Deterministic: injection `k` of class `c` with seed `s` always makes the same mutation.
 //! This file holds the fault classes and the mutations; `campaign` runs them and checks.
 
-
 use gf100::mmu::{Pde, PtRef, PtSize, Pte};
 use gf100::pci::Bar;
 use gf100::{gpfifo::GpEntry, inst, pbus, pfifo, pmc, userd, Target};
