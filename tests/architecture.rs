@@ -1,9 +1,21 @@
 //! The architecture test: gpuvm's layers run one way, along the data flow of a guest access.
 //!
+//! **Folders** are layers (`FOLDERS`, bottom up: `hw/`, the core at the root with `backends/`
+//! and `guest/`, `transports/`, `tools/`, `apps/`, `fuzz/`): every crate lives in one, and no
+//! crate depends (normal dependencies) on a crate in a higher folder. Tests and benches may
+//! use anything (dev-dependencies are not arrows of the architecture).
+//!
 //! **Crates** (`cargo metadata`, normal dependencies only): the device-model core `gpuvm` is what
 //! a VMM embeds, so it must not pull in the guest driver, a GPU backend, the trace tooling, the
 //! harness, or tool dependencies (compression, plotting, progress bars, CLI parsing, anyhow).
 //! Each workspace crate has a rank; a crate may depend only on crates of a lower rank.
+//!
+//! **Files of every crate** (workspace members, `guest/bin`, `fuzz`; tests excluded): the
+//! crate is read from its root through its `mod` declarations; each `use` tree and each
+//! `crate::`/`super::`/`self::`/child-module path is an edge to the file that defines what it
+//! names (through `pub use` re-exports). A file may name its ancestors (the `mod.rs` or crate
+//! root that declares it: a module's face is what its parts share); every other edge counts,
+//! and the file graph must have no circle. No non-test Rust file has more than 1,200 lines.
 //!
 //! **Modules of the core** (the `crate::` paths in `src/`, tests excluded): each top-level
 //! module has a rank along the data flow — the host (composition root) over the per-VM device
@@ -12,9 +24,10 @@
 //! module graph must have no cycle.
 //!
 //! When this test fails, its message says which file imports what against which rule; the fix
-//! is to pass a narrow view or a returned value down (as `channels::ChanCx` and
-//! `channels::Effect` do) or to invert the call through a trait the lower layer defines (as
-//! `vgpu::GpuPort` does), not to add an exception here. `docs/design.md` draws the layers.
+//! is to move a type to the file that owns it, to pass a narrow view or a returned value down
+//! (as `channels::ChanCx` and `channels::Effect` do) or to invert the call through a trait the
+//! lower layer defines (as `vgpu::GpuPort` does), not to add an exception here. `docs/design.md`
+//! draws the layers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -747,7 +760,6 @@ fn crate_files(root_file: &Path) -> Vec<ModFile> {
                 .filter(|s| {
                     before[*s..].find(']').is_some_and(|e| {
                         before[*s + e + 1..]
-                            .trim()
                             .split_whitespace()
                             .all(|w| w == "pub" || w.starts_with("pub(") || w.starts_with("#["))
                     })
