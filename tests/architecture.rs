@@ -119,19 +119,32 @@ fn allowed(ranks: &BTreeMap<String, u32>, from: &str, to: &str) -> bool {
 }
 
 /// Normal (non-dev, non-build) dependency edges between packages, by name, from `cargo metadata`.
-fn normal_deps() -> BTreeMap<String, BTreeSet<String>> {
+/// `cargo metadata` of the workspace whose manifest is `manifest`, with `args` added.
+fn cargo_metadata(manifest: &Path, args: &[&str]) -> serde_json::Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
-        .current_dir(root())
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--manifest-path",
+        ])
+        .arg(manifest)
+        .args(args)
         .output()
         .expect("run cargo metadata");
     assert!(
         out.status.success(),
-        "cargo metadata failed: {}",
+        "cargo metadata {}: {}",
+        manifest.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+    serde_json::from_slice(&out.stdout).expect("metadata JSON")
+}
+
+fn normal_deps() -> BTreeMap<String, BTreeSet<String>> {
+    let v = cargo_metadata(&root().join("Cargo.toml"), &[]);
     let mut names = BTreeMap::new();
     for p in v["packages"].as_array().expect("packages") {
         names.insert(
@@ -201,19 +214,7 @@ fn crates_depend_only_downwards() {
 
 /// Each workspace crate's layer folder (the first component of its directory; `.` for the root).
 fn crate_folders() -> BTreeMap<String, String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--no-deps",
-        ])
-        .current_dir(root())
-        .output()
-        .expect("run cargo metadata");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+    let v = cargo_metadata(&root().join("Cargo.toml"), &["--no-deps"]);
     let mut m = BTreeMap::new();
     for p in v["packages"].as_array().expect("packages") {
         let dir = Path::new(p["manifest_path"].as_str().unwrap())
@@ -1068,7 +1069,6 @@ fn describe_cycle(g: &CrateGraph, comp: &[usize], repo: &Path) -> String {
 
 /// Every crate's root files: (crate name, root file), from `cargo metadata --no-deps`.
 fn crate_roots() -> Vec<(String, PathBuf)> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut manifests = vec![root().join("Cargo.toml")];
     manifests.extend(
         OTHER_WORKSPACES
@@ -1077,25 +1077,7 @@ fn crate_roots() -> Vec<(String, PathBuf)> {
     );
     let mut out = Vec::new();
     for m in manifests {
-        let o = std::process::Command::new(&cargo)
-            .args([
-                "metadata",
-                "--format-version",
-                "1",
-                "--offline",
-                "--no-deps",
-                "--manifest-path",
-            ])
-            .arg(&m)
-            .output()
-            .expect("run cargo metadata");
-        assert!(
-            o.status.success(),
-            "cargo metadata {}: {}",
-            m.display(),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("metadata JSON");
+        let v = cargo_metadata(&m, &["--no-deps"]);
         for p in v["packages"].as_array().unwrap() {
             for t in p["targets"].as_array().unwrap() {
                 let kinds: Vec<&str> = t["kind"]
