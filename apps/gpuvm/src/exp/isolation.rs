@@ -242,7 +242,7 @@ fn isolation_kvm(a: &IsolationArgs, opts: &IsolationOptions) -> anyhow::Result<b
                 }
             });
         }
-        let r = crate::kvm::isolation::run(opts, 16, &mut |i| {
+        let r = super::isolation_kvm::run(opts, 16, &mut |i| {
             if let Some(pb) = &bar {
                 pb.set_message(opts.policies[i].name());
             }

@@ -7,6 +7,7 @@
 use clap::{Args, Subcommand};
 
 pub mod isolation;
+pub mod isolation_kvm;
 pub mod lockhold;
 pub mod migrate;
 pub mod overhead;

@@ -18,7 +18,6 @@ pub mod cpu;
 pub mod device;
 pub mod device_seam;
 pub mod ecam;
-pub mod isolation;
 pub mod kick;
 pub mod migratable;
 pub mod migrate;

@@ -26,8 +26,8 @@ use gpuvm_harness::exp_isolation::{
 };
 use serde::Serialize;
 
-use super::setup::{Sample, StreamPlan, VmSetup};
-use super::{run_kvm, KvmOptions, KvmReport};
+use crate::kvm::setup::{Sample, StreamPlan, VmSetup};
+use crate::kvm::{run_kvm, KvmOptions, KvmReport};
 
 /// How often the sampler samples, and services the host.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(2);
