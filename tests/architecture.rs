@@ -1,9 +1,21 @@
 //! The architecture test: gpuvm's layers run one way, along the data flow of a guest access.
 //!
+//! **Folders** are layers (`FOLDERS`, bottom up: `hw/`, the core at the root with `backends/`
+//! and `guest/`, `transports/`, `tools/`, `apps/`, `fuzz/`): every crate lives in one, and no
+//! crate depends (normal dependencies) on a crate in a higher folder. Tests and benches may
+//! use anything (dev-dependencies are not arrows of the architecture).
+//!
 //! **Crates** (`cargo metadata`, normal dependencies only): the device-model core `gpuvm` is what
 //! a VMM embeds, so it must not pull in the guest driver, a GPU backend, the trace tooling, the
 //! harness, or tool dependencies (compression, plotting, progress bars, CLI parsing, anyhow).
 //! Each workspace crate has a rank; a crate may depend only on crates of a lower rank.
+//!
+//! **Files of every crate** (workspace members, `guest/bin`, `fuzz`; tests excluded): the
+//! crate is read from its root through its `mod` declarations; each `use` tree and each
+//! `crate::`/`super::`/`self::`/child-module path is an edge to the file that defines what it
+//! names (through `pub use` re-exports). A file may name its ancestors (the `mod.rs` or crate
+//! root that declares it: a module's face is what its parts share); every other edge counts,
+//! and the file graph must have no circle. No non-test Rust file has more than 1,200 lines.
 //!
 //! **Modules of the core** (the `crate::` paths in `src/`, tests excluded): each top-level
 //! module has a rank along the data flow — the host (composition root) over the per-VM device
@@ -12,9 +24,10 @@
 //! module graph must have no cycle.
 //!
 //! When this test fails, its message says which file imports what against which rule; the fix
-//! is to pass a narrow view or a returned value down (as `channels::ChanCx` and
-//! `channels::Effect` do) or to invert the call through a trait the lower layer defines (as
-//! `vgpu::GpuPort` does), not to add an exception here. `docs/design.md` draws the layers.
+//! is to move a type to the file that owns it, to pass a narrow view or a returned value down
+//! (as `channels::ChanCx` and `channels::Effect` do) or to invert the call through a trait the
+//! lower layer defines (as `vgpu::GpuPort` does), not to add an exception here. `docs/design.md`
+//! draws the layers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -32,6 +45,19 @@ const CRATES: &[(&str, u32, &str)] = &[
     ("gpuvm-vfio-user", 4, "a transport"),
     ("gpuvm-vhost-user", 4, "a transport"),
     ("gpuvm-standalone", 5, "the gpuvm command and the KVM VMM"),
+];
+
+/// The layer folders, bottom (0) up. A crate lives in one of them (the core at the root) and may
+/// depend (normal dependencies) only on crates in its own folder or a lower one.
+const FOLDERS: &[(u32, &str)] = &[
+    (0, "hw"),         // hardware facts (gf100) and the PhysicalGpu boundary (phys)
+    (1, "."),          // the device-model core, package `gpuvm` at the root (src/)
+    (1, "backends"),   // what a PhysicalGpu is: the simulator, VFIO passthrough
+    (1, "guest"),      // what runs inside a VM: the driver, the bare-metal guest binary
+    (2, "transports"), // how a VMM reaches the core: vfio-user, vhost-user
+    (3, "tools"),      // trace/replay/fault injection, the in-process harness and experiments
+    (4, "apps"),       // the gpuvm command: CLI, KVM VMM, serve daemon, CLI experiments
+    (5, "fuzz"),       // cargo-fuzz targets (a workspace of their own)
 ];
 
 /// Crates the core must not depend on, directly or through anything it links.
@@ -93,19 +119,32 @@ fn allowed(ranks: &BTreeMap<String, u32>, from: &str, to: &str) -> bool {
 }
 
 /// Normal (non-dev, non-build) dependency edges between packages, by name, from `cargo metadata`.
-fn normal_deps() -> BTreeMap<String, BTreeSet<String>> {
+/// `cargo metadata` of the workspace whose manifest is `manifest`, with `args` added.
+fn cargo_metadata(manifest: &Path, args: &[&str]) -> serde_json::Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
-        .current_dir(root())
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--manifest-path",
+        ])
+        .arg(manifest)
+        .args(args)
         .output()
         .expect("run cargo metadata");
     assert!(
         out.status.success(),
-        "cargo metadata failed: {}",
+        "cargo metadata {}: {}",
+        manifest.display(),
         String::from_utf8_lossy(&out.stderr)
     );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata JSON");
+    serde_json::from_slice(&out.stdout).expect("metadata JSON")
+}
+
+fn normal_deps() -> BTreeMap<String, BTreeSet<String>> {
+    let v = cargo_metadata(&root().join("Cargo.toml"), &[]);
     let mut names = BTreeMap::new();
     for p in v["packages"].as_array().expect("packages") {
         names.insert(
@@ -170,6 +209,59 @@ fn crates_depend_only_downwards() {
             ));
         }
     }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+/// Each workspace crate's layer folder (the first component of its directory; `.` for the root).
+fn crate_folders() -> BTreeMap<String, String> {
+    let v = cargo_metadata(&root().join("Cargo.toml"), &["--no-deps"]);
+    let mut m = BTreeMap::new();
+    for p in v["packages"].as_array().expect("packages") {
+        let dir = Path::new(p["manifest_path"].as_str().unwrap())
+            .parent()
+            .unwrap()
+            .to_path_buf();
+        let rel = dir.strip_prefix(root()).unwrap();
+        let folder = rel.components().next().map_or(".".to_string(), |c| {
+            c.as_os_str().to_string_lossy().to_string()
+        });
+        m.insert(p["name"].as_str().unwrap().to_string(), folder);
+    }
+    m
+}
+
+#[test]
+fn folders_are_layers_and_no_crate_depends_on_a_higher_folder() {
+    let g = normal_deps();
+    let folders = crate_folders();
+    let rank = |f: &str| FOLDERS.iter().find(|(_, n)| *n == f).map(|(r, _)| *r);
+    let mut bad = Vec::new();
+    for (name, folder) in &folders {
+        let Some(r) = rank(folder) else {
+            bad.push(format!(
+                "crate {name} lives in {folder}/, which is no layer folder: move it (git mv) \
+                 into the folder of its layer, or add the folder to FOLDERS in \
+                 tests/architecture.rs and to the map in docs/design.md"
+            ));
+            continue;
+        };
+        for d in g.get(name).into_iter().flatten() {
+            let Some(df) = folders.get(d) else { continue };
+            let dr = rank(df).unwrap_or(u32::MAX);
+            if dr > r {
+                bad.push(format!(
+                    "crate {name} ({folder}/, layer {r}) depends on {d} ({df}/, layer {dr}): an \
+                     arrow back up. Move the code {name} needs from {d} down (into {name} or a \
+                     crate of a lower layer), or move {name} up to the layer that uses it"
+                ));
+            }
+        }
+    }
+    assert!(
+        folders.len() >= 10,
+        "found only {} crates: the scan is broken",
+        folders.len()
+    );
     assert!(bad.is_empty(), "{}", bad.join("\n"));
 }
 
@@ -366,4 +458,782 @@ fn the_checker_catches_an_upward_import_and_a_cycle() {
         "{bad:?}"
     );
     assert!(bad.iter().any(|m| m.contains("import cycle")), "{bad:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The import graph of every crate, at file granularity.
+// ---------------------------------------------------------------------------------------------
+
+/// Workspaces of their own (not members of the main one) whose sources the graph also reads.
+const OTHER_WORKSPACES: &[&str] = &["guest/bin", "fuzz"];
+
+/// Circles left on purpose, each with why and the fix: the files of the circle (exactly), and
+/// the reason. The test fails when a listed circle is gone (delete its entry) or changes.
+/// Add none: break the circle instead.
+const DEFERRED_CIRCLES: &[(&[&str], &str)] = &[(
+    &[
+        "transports/vfio-user/src/backend.rs",
+        "transports/vfio-user/src/daemon.rs",
+    ],
+    "backend.rs names daemon::Waker (the poller's wake-up) while daemon.rs drives backend's \
+     VmDevice; daemon.rs was under concurrent change when issue 27 was done. Fix: move Waker \
+     into waker.rs of its own (both use it), or hand backend a narrow `Fn(&GpuHost)` nudge",
+)];
+
+/// The most lines a non-test Rust file may have.
+const MAX_LINES: usize = 1200;
+
+/// `src` with comments, string and char literals blanked (same length, newlines kept).
+fn strip_literals(src: &str) -> String {
+    let b = src.as_bytes();
+    let mut out = b.to_vec();
+    let blank = |out: &mut Vec<u8>, from: usize, to: usize| {
+        for c in &mut out[from..to.min(b.len())] {
+            if *c != b'\n' {
+                *c = b' ';
+            }
+        }
+    };
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                let end = src[i..].find('\n').map_or(b.len(), |e| i + e);
+                blank(&mut out, i, end);
+                i = end;
+            }
+            b'/' if b.get(i + 1) == Some(&b'*') => {
+                let (mut depth, mut j) = (1, i + 2);
+                while j < b.len() && depth > 0 {
+                    if b[j] == b'/' && b.get(j + 1) == Some(&b'*') {
+                        depth += 1;
+                        j += 1;
+                    } else if b[j] == b'*' && b.get(j + 1) == Some(&b'/') {
+                        depth -= 1;
+                        j += 1;
+                    }
+                    j += 1;
+                }
+                blank(&mut out, i, j);
+                i = j;
+            }
+            b'r' if (b.get(i + 1) == Some(&b'"') || b.get(i + 1) == Some(&b'#'))
+                && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_')) =>
+            {
+                let hashes = b[i + 1..].iter().take_while(|c| **c == b'#').count();
+                if b.get(i + 1 + hashes) != Some(&b'"') {
+                    i += 1;
+                    continue;
+                }
+                let close = format!("\"{}", "#".repeat(hashes));
+                let start = i + 2 + hashes;
+                let end = src[start..]
+                    .find(&close)
+                    .map_or(b.len(), |e| start + e + close.len());
+                blank(&mut out, i, end);
+                i = end;
+            }
+            b'"' => {
+                let mut j = i + 1;
+                while j < b.len() && b[j] != b'"' {
+                    j += if b[j] == b'\\' { 2 } else { 1 };
+                }
+                blank(&mut out, i, j + 1);
+                i = j + 1;
+            }
+            b'\'' => {
+                // A char literal ('x', '\n', '\u{..}', a multi-byte char), or a lifetime.
+                let rest = &src[i + 1..];
+                let mut cs = rest.char_indices();
+                let end = match cs.next() {
+                    Some((_, '\\')) => rest.find('\'').map(|e| {
+                        let e2 = rest[e + 1..].find('\'');
+                        // '\'' : the first quote is escaped.
+                        if e == 1 {
+                            e2.map_or(e, |x| e + 1 + x)
+                        } else {
+                            e
+                        }
+                    }),
+                    Some((_, c)) => match cs.next() {
+                        Some((k, '\'')) if c != '\'' => Some(k),
+                        _ => None,
+                    },
+                    None => None,
+                };
+                match end {
+                    Some(e) => {
+                        blank(&mut out, i, i + 2 + e);
+                        i += 2 + e;
+                    }
+                    None => i += 1,
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    String::from_utf8(out).expect("blanking keeps UTF-8 (only ASCII replaced whole literals)")
+}
+
+/// The index of the `}` that closes the `{` at `open` (or the end).
+fn matching_brace(s: &[u8], open: usize) -> usize {
+    let mut depth = 0;
+    for (k, c) in s.iter().enumerate().skip(open) {
+        match c {
+            b'{' => depth += 1,
+            b'}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return k;
+                }
+            }
+            _ => {}
+        }
+    }
+    s.len()
+}
+
+/// Blanks every item under `#[cfg(test)]` (a test module, a test-only helper or import).
+fn drop_test_items(code: &str) -> String {
+    let mut out = code.as_bytes().to_vec();
+    let mut from = 0;
+    while let Some(k) = code[from..].find("#[cfg(test)]") {
+        let at = from + k;
+        let b = code.as_bytes();
+        let semi = code[at..].find(';').map(|x| at + x);
+        let brace = code[at..].find('{').map(|x| at + x);
+        let end = match (semi, brace) {
+            (Some(s), Some(br)) if s < br => s,
+            (_, Some(br)) => matching_brace(b, br),
+            (Some(s), None) => s,
+            (None, None) => b.len() - 1,
+        };
+        for c in &mut out[at..=end.min(b.len() - 1)] {
+            if *c != b'\n' {
+                *c = b' ';
+            }
+        }
+        from = end.min(b.len() - 1) + 1;
+    }
+    String::from_utf8(out).unwrap()
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Tok {
+    Id(String),
+    Path,
+    Open,
+    Close,
+    Comma,
+    Semi,
+    Star,
+    Other(char),
+}
+
+/// Tokens with their byte offsets.
+fn tokens(code: &str) -> Vec<(usize, Tok)> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_ascii_alphabetic() || c == b'_' {
+            let s = i;
+            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_') {
+                i += 1;
+            }
+            out.push((s, Tok::Id(code[s..i].to_string())));
+            continue;
+        }
+        let t = match c {
+            b':' if b.get(i + 1) == Some(&b':') => {
+                i += 1;
+                Tok::Path
+            }
+            b'{' => Tok::Open,
+            b'}' => Tok::Close,
+            b',' => Tok::Comma,
+            b';' => Tok::Semi,
+            b'*' => Tok::Star,
+            c if c.is_ascii_whitespace() => {
+                i += 1;
+                continue;
+            }
+            c => Tok::Other(c as char),
+        };
+        out.push((i, t));
+        i += 1;
+    }
+    out
+}
+
+/// Expands a use tree starting at `toks[*i]` into paths (`as` renames are kept as the last
+/// element `as:NAME`).
+fn use_tree(toks: &[(usize, Tok)], i: &mut usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let mut path = prefix;
+    loop {
+        match toks.get(*i).map(|t| &t.1) {
+            Some(Tok::Id(id)) if id == "as" => {
+                *i += 1;
+                if let Some((_, Tok::Id(n))) = toks.get(*i) {
+                    path.push(format!("as:{n}"));
+                    *i += 1;
+                }
+            }
+            Some(Tok::Id(id)) => {
+                path.push(id.clone());
+                *i += 1;
+            }
+            Some(Tok::Path) => *i += 1,
+            Some(Tok::Star) => {
+                path.push("*".into());
+                *i += 1;
+            }
+            Some(Tok::Open) => {
+                *i += 1;
+                loop {
+                    use_tree(toks, i, path.clone(), out);
+                    match toks.get(*i).map(|t| &t.1) {
+                        Some(Tok::Comma) => *i += 1,
+                        Some(Tok::Close) => {
+                            *i += 1;
+                            return;
+                        }
+                        _ => return,
+                    }
+                    if let Some((_, Tok::Close)) = toks.get(*i) {
+                        *i += 1;
+                        return;
+                    }
+                }
+            }
+            Some(Tok::Other('$')) => {
+                // `$crate` in a macro: the caller's crate, not a module edge.
+                *i += 2;
+                path.clear();
+            }
+            _ => break,
+        }
+    }
+    if !path.is_empty() {
+        out.push(path);
+    }
+}
+
+/// A file of a crate: its module path (`[]` for the root) and what it says.
+struct ModFile {
+    file: PathBuf,
+    module: Vec<String>,
+    code: String,
+}
+
+/// The files of the crate rooted at `root_file`, following `mod x;` (and `#[path]`), tests
+/// excluded (`#[cfg(test)] mod tests;` is blanked before the walk).
+fn crate_files(root_file: &Path) -> Vec<ModFile> {
+    let mut out: Vec<ModFile> = Vec::new();
+    let mut todo = vec![(root_file.to_path_buf(), Vec::<String>::new(), true)];
+    while let Some((file, module, owns_dir)) = todo.pop() {
+        let Ok(src) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let code = drop_test_items(&strip_literals(&src));
+        let dir = file.parent().unwrap().to_path_buf();
+        let child_dir = if owns_dir {
+            dir.clone()
+        } else {
+            dir.join(file.file_stem().unwrap())
+        };
+        let toks = tokens(&code);
+        let inline = inline_mod_spans(&code, &toks);
+        for (k, (at, t)) in toks.iter().enumerate() {
+            if *t != Tok::Id("mod".into()) || inline.iter().any(|(s, e)| s < at && at < e) {
+                continue;
+            }
+            let (Some((_, Tok::Id(name))), Some((_, Tok::Semi))) =
+                (toks.get(k + 1), toks.get(k + 2))
+            else {
+                continue;
+            };
+            // `#[path = "..."]` right before (read from the original text).
+            let before = &src[..*at];
+            let attr_start = before.rfind("#[path");
+            let path_attr = attr_start
+                .filter(|s| {
+                    before[*s..].find(']').is_some_and(|e| {
+                        before[*s + e + 1..]
+                            .split_whitespace()
+                            .all(|w| w == "pub" || w.starts_with("pub(") || w.starts_with("#["))
+                    })
+                })
+                .and_then(|s| {
+                    let a = &before[s..];
+                    let q1 = a.find('"')? + 1;
+                    let q2 = a[q1..].find('"')? + q1;
+                    Some(a[q1..q2].to_string())
+                });
+            let mut m = module.clone();
+            m.push(name.clone());
+            match path_attr {
+                Some(p) => todo.push((dir.join(p), m, true)),
+                None => {
+                    let flat = child_dir.join(format!("{name}.rs"));
+                    if flat.exists() {
+                        todo.push((flat, m, false));
+                    } else {
+                        todo.push((child_dir.join(name).join("mod.rs"), m, true));
+                    }
+                }
+            }
+        }
+        out.push(ModFile { file, module, code });
+    }
+    out.sort_by(|a, b| a.module.cmp(&b.module));
+    out
+}
+
+/// Byte spans of inline `mod x { ... }` blocks.
+fn inline_mod_spans(code: &str, toks: &[(usize, Tok)]) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    for (k, (at, t)) in toks.iter().enumerate() {
+        if *t == Tok::Id("mod".into()) {
+            if let (Some((_, Tok::Id(_))), Some((open, Tok::Open))) =
+                (toks.get(k + 1), toks.get(k + 2))
+            {
+                spans.push((*at, matching_brace(code.as_bytes(), *open)));
+            }
+        }
+    }
+    spans
+}
+
+/// Every module path a file names (`crate::`, `super::`, `self::`, a child module), as
+/// (path relative to the crate root, exported alias, is a `pub use`).
+fn named_paths(
+    f: &ModFile,
+    children: &BTreeSet<String>,
+) -> Vec<(Vec<String>, Option<String>, bool)> {
+    let toks = tokens(&f.code);
+    let inline = inline_mod_spans(&f.code, &toks);
+    let mut raw: Vec<(usize, Vec<String>, bool)> = Vec::new();
+    let mut k = 0;
+    while k < toks.len() {
+        let (at, t) = &toks[k];
+        if *t == Tok::Id("use".into()) {
+            let public = k > 0 && matches!(&toks[k - 1].1, Tok::Id(p) if p == "pub")
+                || (k > 3 && matches!(&toks[k - 4].1, Tok::Id(p) if p == "pub"));
+            let mut i = k + 1;
+            let mut paths = Vec::new();
+            use_tree(&toks, &mut i, Vec::new(), &mut paths);
+            for p in paths {
+                raw.push((*at, p, public));
+            }
+            k = i;
+            continue;
+        }
+        // A path expression: `a::b::c` not preceded by `::` or `$`.
+        if let Tok::Id(first) = t {
+            let preceded = k > 0 && matches!(toks[k - 1].1, Tok::Path | Tok::Other('$'));
+            if !preceded && toks.get(k + 1).map(|t| &t.1) == Some(&Tok::Path) {
+                let mut p = vec![first.clone()];
+                let mut i = k + 1;
+                while let (Some((_, Tok::Path)), Some((_, Tok::Id(n)))) =
+                    (toks.get(i), toks.get(i + 1))
+                {
+                    p.push(n.clone());
+                    i += 2;
+                }
+                raw.push((*at, p, false));
+                k = i;
+                continue;
+            }
+        }
+        k += 1;
+    }
+    let mut out = Vec::new();
+    for (at, mut p, public) in raw {
+        let alias = match p.last() {
+            Some(l) if l.starts_with("as:") => Some(p.pop().unwrap()[3..].to_string()),
+            _ => None,
+        };
+        let depth_inline = inline.iter().filter(|(s, e)| *s < at && at < *e).count();
+        let Some(first) = p.first().cloned() else {
+            continue;
+        };
+        let abs: Vec<String> = match first.as_str() {
+            "crate" => p[1..].to_vec(),
+            "self" if depth_inline == 0 => f
+                .module
+                .iter()
+                .cloned()
+                .chain(p[1..].iter().cloned())
+                .collect(),
+            "super" => {
+                let supers = p.iter().take_while(|s| *s == "super").count();
+                let up = supers.saturating_sub(depth_inline);
+                if supers > depth_inline + f.module.len() {
+                    continue;
+                }
+                let keep = f.module.len() - up;
+                f.module[..keep]
+                    .iter()
+                    .cloned()
+                    .chain(p[supers..].iter().cloned())
+                    .collect()
+            }
+            c if depth_inline == 0 && children.contains(c) => {
+                f.module.iter().cloned().chain(p.iter().cloned()).collect()
+            }
+            _ => continue,
+        };
+        out.push((abs, alias, public));
+    }
+    out
+}
+
+/// The file-level import graph of one crate.
+struct CrateGraph {
+    name: String,
+    files: Vec<ModFile>,
+    /// (from file index, to file index) -> the paths that make the edge.
+    edges: BTreeMap<(usize, usize), BTreeSet<String>>,
+}
+
+fn crate_graph(name: &str, root_file: &Path) -> CrateGraph {
+    let files = crate_files(root_file);
+    let index: BTreeMap<Vec<String>, usize> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| (f.module.clone(), i))
+        .collect();
+    let children = |m: &[String]| -> BTreeSet<String> {
+        files
+            .iter()
+            .filter(|f| f.module.len() == m.len() + 1 && f.module[..m.len()] == *m)
+            .map(|f| f.module.last().unwrap().clone())
+            .collect()
+    };
+    let named: Vec<_> = files
+        .iter()
+        .map(|f| named_paths(f, &children(&f.module)))
+        .collect();
+    // Re-exports: (module, exported name) -> the absolute path behind it.
+    let mut reexports: BTreeMap<(Vec<String>, String), Vec<String>> = BTreeMap::new();
+    for (i, f) in files.iter().enumerate() {
+        for (p, alias, public) in &named[i] {
+            if *public && p.last().is_some_and(|l| l != "*") {
+                let n = alias.clone().unwrap_or_else(|| p.last().unwrap().clone());
+                reexports.insert((f.module.clone(), n), p.clone());
+            }
+        }
+    }
+    // The file a path lands in: the deepest file module along it, through re-exports.
+    fn resolve(
+        p: &[String],
+        index: &BTreeMap<Vec<String>, usize>,
+        reexports: &BTreeMap<(Vec<String>, String), Vec<String>>,
+        hops: u32,
+    ) -> usize {
+        let mut m: Vec<String> = Vec::new();
+        for (k, s) in p.iter().enumerate() {
+            let mut next = m.clone();
+            next.push(s.clone());
+            if index.contains_key(&next) {
+                m = next;
+                continue;
+            }
+            if hops < 8 {
+                if let Some(target) = reexports.get(&(m.clone(), s.clone())) {
+                    if target.as_slice() != &p[..=k] {
+                        let mut t = target.clone();
+                        t.extend(p[k + 1..].iter().cloned());
+                        return resolve(&t, index, reexports, hops + 1);
+                    }
+                }
+            }
+            break;
+        }
+        index[&m]
+    }
+    let mut edges: BTreeMap<(usize, usize), BTreeSet<String>> = BTreeMap::new();
+    for (i, ps) in named.iter().enumerate() {
+        for (p, _, _) in ps {
+            let to = resolve(p, &index, &reexports, 0);
+            // A file may name its ancestors (the crate root, the `mod.rs` that declares it):
+            // a module's face is the vocabulary its parts share. Everything else is an edge.
+            let ancestor = files[i].module.starts_with(&files[to].module);
+            if to != i && !ancestor {
+                edges.entry((i, to)).or_default().insert(p.join("::"));
+            }
+        }
+    }
+    CrateGraph {
+        name: name.to_string(),
+        files,
+        edges,
+    }
+}
+
+/// Strongly connected components of more than one file (Tarjan).
+fn cycles(n: usize, edges: &BTreeMap<(usize, usize), BTreeSet<String>>) -> Vec<Vec<usize>> {
+    let mut adj = vec![Vec::new(); n];
+    for (a, b) in edges.keys() {
+        adj[*a].push(*b);
+    }
+    struct T<'a> {
+        adj: &'a [Vec<usize>],
+        idx: Vec<Option<usize>>,
+        low: Vec<usize>,
+        on: Vec<bool>,
+        stack: Vec<usize>,
+        next: usize,
+        out: Vec<Vec<usize>>,
+    }
+    fn visit(t: &mut T, v: usize) {
+        t.idx[v] = Some(t.next);
+        t.low[v] = t.next;
+        t.next += 1;
+        t.stack.push(v);
+        t.on[v] = true;
+        for k in 0..t.adj[v].len() {
+            let w = t.adj[v][k];
+            match t.idx[w] {
+                None => {
+                    visit(t, w);
+                    t.low[v] = t.low[v].min(t.low[w]);
+                }
+                Some(iw) if t.on[w] => t.low[v] = t.low[v].min(iw),
+                _ => {}
+            }
+        }
+        if Some(t.low[v]) == t.idx[v] {
+            let mut comp = Vec::new();
+            loop {
+                let w = t.stack.pop().unwrap();
+                t.on[w] = false;
+                comp.push(w);
+                if w == v {
+                    break;
+                }
+            }
+            if comp.len() > 1 {
+                comp.sort();
+                t.out.push(comp);
+            }
+        }
+    }
+    let mut t = T {
+        adj: &adj,
+        idx: vec![None; n],
+        low: vec![0; n],
+        on: vec![false; n],
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in 0..n {
+        if t.idx[v].is_none() {
+            visit(&mut t, v);
+        }
+    }
+    t.out
+}
+
+/// How a cycle reads in a failure message: its files and the imports that close it.
+fn describe_cycle(g: &CrateGraph, comp: &[usize], repo: &Path) -> String {
+    let rel = |i: usize| {
+        g.files[i]
+            .file
+            .strip_prefix(repo)
+            .unwrap_or(&g.files[i].file)
+            .display()
+            .to_string()
+    };
+    let mut s = format!(
+        "import circle in crate {} between {} files:\n",
+        g.name,
+        comp.len()
+    );
+    for ((a, b), paths) in &g.edges {
+        if comp.contains(a) && comp.contains(b) {
+            let shown: Vec<_> = paths.iter().take(3).cloned().collect();
+            s += &format!("    {} -> {} ({})\n", rel(*a), rel(*b), shown.join(", "));
+        }
+    }
+    s += "  Fix: decide which file is lower, then move the type or function the lower one \
+          borrows into it (or into a new file both use), pass a narrow view or a returned \
+          value down, or invert the call through a trait the lower file defines. A parent \
+          `mod.rs` that both declares children and holds code they use is a circle: move that \
+          code into a child of its own.";
+    s
+}
+
+/// Every crate's root files: (crate name, root file), from `cargo metadata --no-deps`.
+fn crate_roots() -> Vec<(String, PathBuf)> {
+    let mut manifests = vec![root().join("Cargo.toml")];
+    manifests.extend(
+        OTHER_WORKSPACES
+            .iter()
+            .map(|w| root().join(w).join("Cargo.toml")),
+    );
+    let mut out = Vec::new();
+    for m in manifests {
+        let v = cargo_metadata(&m, &["--no-deps"]);
+        for p in v["packages"].as_array().unwrap() {
+            for t in p["targets"].as_array().unwrap() {
+                let kinds: Vec<&str> = t["kind"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|k| k.as_str())
+                    .collect();
+                if kinds
+                    .iter()
+                    .any(|k| ["lib", "bin", "rlib", "proc-macro"].contains(k))
+                {
+                    out.push((
+                        format!(
+                            "{} ({})",
+                            p["name"].as_str().unwrap(),
+                            t["name"].as_str().unwrap()
+                        ),
+                        PathBuf::from(t["src_path"].as_str().unwrap()),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_import_circle_in_any_crate() {
+    let repo = root();
+    let mut bad = Vec::new();
+    let mut edges = 0;
+    let mut deferred_seen = BTreeSet::new();
+    for (name, file) in crate_roots() {
+        let g = crate_graph(&name, &file);
+        edges += g.edges.len();
+        for comp in cycles(g.files.len(), &g.edges) {
+            let files: BTreeSet<String> = comp
+                .iter()
+                .map(|i| {
+                    g.files[*i]
+                        .file
+                        .strip_prefix(&repo)
+                        .unwrap_or(&g.files[*i].file)
+                        .display()
+                        .to_string()
+                })
+                .collect();
+            let deferred = DEFERRED_CIRCLES
+                .iter()
+                .any(|(fs, _)| fs.iter().map(|f| f.to_string()).collect::<BTreeSet<_>>() == files);
+            if deferred {
+                deferred_seen.insert(files);
+            } else {
+                bad.push(describe_cycle(&g, &comp, &repo));
+            }
+        }
+    }
+    assert!(
+        edges > 200,
+        "found only {edges} file edges in the workspace: the scan is broken"
+    );
+    assert!(
+        bad.is_empty(),
+        "{} import circle(s):\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
+}
+
+/// Rust files that are tests: integration tests, `tests.rs` and `*_tests.rs` modules.
+fn is_test_file(rel: &Path) -> bool {
+    let name = rel.file_name().unwrap().to_string_lossy();
+    rel.components().any(|c| c.as_os_str() == "tests")
+        || name == "tests.rs"
+        || name.ends_with("_tests.rs")
+}
+
+#[test]
+fn no_source_file_over_the_line_limit() {
+    let repo = root();
+    let mut files = Vec::new();
+    all_rust_files(&repo, &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&repo).unwrap();
+        if is_test_file(rel) {
+            continue;
+        }
+        let lines = std::fs::read_to_string(&f).unwrap().lines().count();
+        if lines > MAX_LINES {
+            bad.push(format!(
+                "{} has {lines} lines (limit {MAX_LINES}): split it where a mechanism ends (one \
+                 file per mechanism, named after it, with a `//!` saying what it holds), or move \
+                 its tests into a `tests.rs` beside it",
+                rel.display()
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+fn all_rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let skip = p
+            .file_name()
+            .is_some_and(|n| n == "target" || n == ".git" || n == "corpus");
+        if p.is_dir() && !skip {
+            all_rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+#[test]
+fn the_graph_reads_use_trees_paths_and_test_items() {
+    let code = drop_test_items(&strip_literals(
+        "use crate::{a::X, b::{c::Y, Z as W}};\n\
+         pub use self::d::V;\n\
+         // use crate::comment::Q;\n\
+         fn f() { let s = \"crate::string::S\"; super::e::g(); c::h(); }\n\
+         #[cfg(test)]\nuse crate::t::T;\n\
+         #[cfg(test)]\nmod tests { use crate::u::U; }\n",
+    ));
+    let f = ModFile {
+        file: PathBuf::from("x/m.rs"),
+        module: vec!["x".into(), "m".into()],
+        code,
+    };
+    let kids = BTreeSet::from(["c".to_string()]);
+    let got: BTreeSet<String> = named_paths(&f, &kids)
+        .into_iter()
+        .map(|(p, _, _)| p.join("::"))
+        .collect();
+    let want: BTreeSet<String> = [
+        "a::X",
+        "b::c::Y",
+        "b::Z",
+        "x::m::d::V",
+        "x::e::g",
+        "x::m::c::h",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(got, want, "use groups, renames, super/self and child paths are read; comments, strings and test items are not");
+    let mut edges = BTreeMap::new();
+    edges.insert((0, 1), BTreeSet::from(["b::Y".to_string()]));
+    edges.insert((1, 2), BTreeSet::from(["c::Z".to_string()]));
+    edges.insert((2, 0), BTreeSet::from(["a::X".to_string()]));
+    edges.insert((2, 3), BTreeSet::from(["d::V".to_string()]));
+    assert_eq!(
+        cycles(4, &edges),
+        vec![vec![0, 1, 2]],
+        "a three-file circle is one component"
+    );
 }

@@ -3,6 +3,7 @@
 //! Each `run` panics exactly when it found something (a panic inside gpuvm, or a broken
 //! invariant asserted here). See `docs/fuzzing.md`.
 
+pub mod fuzz_op;
 pub mod pushbuf_decode;
 pub mod seeds;
 pub mod serve_control;
@@ -14,7 +15,7 @@ pub mod vgpu_mmio;
 // root, as in the `gpuvm` binary.
 use serve_control::control;
 #[allow(dead_code)]
-#[path = "../../vmm-integration/standalone/src/serve_migrate.rs"]
+#[path = "../../apps/gpuvm/src/serve_migrate.rs"]
 mod serve_migrate;
 
 /// Reads the fuzz input as a stream of little-endian values; past the end it yields zeros.

@@ -22,7 +22,7 @@ use gpuvm::phys::Bar;
 use gpuvm::profile::ShadowMode;
 use gpuvm_trace::format::{Op, Trace};
 
-use crate::vgpu_mmio::{FuzzOp, MAX_OPS};
+use crate::fuzz_op::{FuzzOp, MAX_OPS};
 
 /// The BAR0 PRAMIN window (64 KiB of VRAM at the PBUS PMEM base).
 const PRAMIN: std::ops::Range<u64> = 0x70_0000..0x80_0000;

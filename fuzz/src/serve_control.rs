@@ -2,7 +2,7 @@
 //! docs/serve.md). The input is split into lines, and each goes through the same steps as a
 //! line read from the socket: longer than `MAX_LINE` or not UTF-8 is refused before parsing
 //! (as `read_line` does); the rest is handed to the daemon's real `Control::handle_line`
-//! (the module is `vmm-integration/standalone/src/control.rs`, included by path), against an
+//! (the module is `apps/gpuvm/src/control.rs`, included by path), against an
 //! in-process vfio-user daemon serving one VM, `base`, on a small simulated GF100.
 //!
 //! Invariants: no panic; every reply is an object with a boolean `ok`, a refusal carries a
@@ -23,7 +23,7 @@ use gpuvm_sim::{CostModel, SimConfig, SimGpu};
 use gpuvm_vfio_user::{Daemon, DaemonConfig, VmSpec};
 
 #[allow(dead_code)]
-#[path = "../../vmm-integration/standalone/src/control.rs"]
+#[path = "../../apps/gpuvm/src/control.rs"]
 pub(crate) mod control;
 
 /// Lines per input at most.

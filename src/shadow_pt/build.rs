@@ -24,6 +24,7 @@ use std::fmt;
 
 use gf100::mmu::{self, PtSize, PTE_PRESENT};
 
+use super::hyp;
 use super::track::{Mem, Role, TableKind, Tracker};
 use super::translate::{self, PHYS_LIMIT};
 use super::walk::{self, GuestTable, PtKind};
@@ -118,7 +119,7 @@ pub(crate) struct Books {
     /// Tracked guest pages.
     pub tracker: Tracker,
     /// The hypervisor's table at the reserved PDE (`super::hyp`).
-    pub hyp: super::hyp::HypTable,
+    pub hyp: hyp::HypTable,
     /// Guest entries read.
     pub input: Scratch,
     /// Shadow entries to write.
@@ -398,7 +399,7 @@ pub(crate) fn set_pde(
     raw: u64,
     rewalk: bool,
 ) -> u64 {
-    if let Some(host) = super::hyp::reserved(books, pdb, idx, raw) {
+    if let Some(host) = hyp_reserved(books, pdb, idx, raw) {
         return host;
     }
     let new = mmu::Pde::decode(raw);
@@ -469,7 +470,7 @@ pub(crate) fn rebuild_step(
         if i % per_block == 0
             && gb[..] == *ZERO_BLOCK
             && space.pdes.range(ids.clone()).next().is_none()
-            && !ids.contains(&super::hyp::HYP_PDE)
+            && !ids.contains(&hyp::HYP_PDE)
         {
             i += per_block;
             continue;
@@ -479,10 +480,7 @@ pub(crate) fn rebuild_step(
             let j = i % per_block;
             i += 1;
             let raw = walk::le64(&gb[j * 8..j * 8 + 8]);
-            if raw & PDE_TABLE_BITS == 0
-                && !space.pdes.contains_key(&idx)
-                && idx != super::hyp::HYP_PDE
-            {
+            if raw & PDE_TABLE_BITS == 0 && !space.pdes.contains_key(&idx) && idx != hyp::HYP_PDE {
                 continue;
             }
             spent += 1;
@@ -620,4 +618,20 @@ pub(crate) fn rewrite_ptes(
         ),
     }
     books.input.0 = input;
+}
+
+/// The shadow value of PDE `idx` if the host owns it (`hyp::HYP_PDE`): the host's PDE, and a
+/// violation counted if the guest put a table there.
+fn hyp_reserved(books: &mut Books, pdb: GuestPdb, idx: u16, guest_raw: u64) -> Option<u64> {
+    if idx != hyp::HYP_PDE {
+        return None;
+    }
+    if guest_raw & PDE_TABLE_BITS != 0 {
+        books.stats.hyp_pde_refused += 1;
+        books.violation(
+            pdb,
+            format_args!("PDE {idx} ({guest_raw:#x}) is the hypervisor's; not shadowed"),
+        );
+    }
+    Some(books.hyp.pde())
 }

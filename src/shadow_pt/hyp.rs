@@ -15,8 +15,7 @@ use gf100::Target;
 
 use crate::addr::HostVram;
 
-use super::build::Books;
-use super::{translate, GuestPdb, ShadowCtx, ShadowPt};
+use super::{translate, ShadowCtx, ShadowPt};
 
 /// The page-directory index the host keeps in every shadow directory.
 pub const HYP_PDE: u16 = (mmu::PD_ENTRIES - 1) as u16;
@@ -38,22 +37,6 @@ impl HypTable {
     pub(crate) fn pde(&self) -> u64 {
         translate::shadow_pde(PtSize::Full, None, self.lpt)
     }
-}
-
-/// The shadow value of PDE `idx` if the host owns it: the host's PDE, and a violation counted
-/// if the guest put a table there.
-pub(crate) fn reserved(books: &mut Books, pdb: GuestPdb, idx: u16, guest_raw: u64) -> Option<u64> {
-    if idx != HYP_PDE {
-        return None;
-    }
-    if guest_raw & super::build::PDE_TABLE_BITS != 0 {
-        books.stats.hyp_pde_refused += 1;
-        books.violation(
-            pdb,
-            format_args!("PDE {idx} ({guest_raw:#x}) is the hypervisor's; not shadowed"),
-        );
-    }
-    Some(books.hyp.pde())
 }
 
 impl ShadowPt {

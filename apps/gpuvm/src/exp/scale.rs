@@ -1,0 +1,498 @@
+//! `gpuvm exp scale`: the same workload in more and more VMs at once (GPUvm's scale figure),
+//! in-process. Every VM brings its driver up and creates its channel (a `loop` warm-up), then
+//! all VMs wait at a barrier and run the workload `--repeat` times together: that part is
+//! measured.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use gpuvm::clock::ClockKind;
+use gpuvm::profile::ShadowMode;
+use gpuvm::sched::{Policy, SchedParams};
+use gpuvm_guest::workloads::Workload;
+use gpuvm_harness::exp_overhead::{run_staged, StagedOptions};
+use gpuvm_harness::mem::{slope, MemSample};
+use gpuvm_harness::VirtOptions;
+use serde::Serialize;
+
+use crate::kvm::setup::VmSetup;
+use crate::kvm::{abi, run_kvm, KvmOptions};
+use crate::table::{self, Table};
+
+/// Options of `gpuvm exp scale`.
+#[derive(Args, Debug)]
+pub struct ScaleArgs {
+    /// VM counts, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    vms: Vec<u32>,
+    /// The workload every VM runs.
+    #[arg(long, default_value = "mmul")]
+    workload: Workload,
+    /// Times each VM runs it (measured).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=15))]
+    repeat: u32,
+    /// Problem size N.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    size: u32,
+    /// Shadow mode: eager (fv-naive), lazy, incremental (fv) or pv.
+    #[arg(long, default_value = "incremental")]
+    shadow: ShadowMode,
+    /// Scheduler: fifo, credit or band.
+    #[arg(long, default_value = "fifo")]
+    sched: Policy,
+    /// Time base of the simulated GPU: `real` (default here: GPU time passes in real time, so
+    /// utilisation = GPU busy / elapsed) or `sim`.
+    #[arg(long, default_value = "real")]
+    clock: ClockKind,
+    /// Exit cost for the modeled per-VM time, ns.
+    #[arg(long, value_name = "NS", default_value_t = super::overhead::DEFAULT_EXIT_NS)]
+    exit_ns: u64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG plot of time against VMs to FILE.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Run every VM as a real KVM guest (docs/kvm.md; real clock, every BAR access a real
+    /// exit, so no modeled time). The guests meet at a start gate after the warm-up.
+    #[arg(long)]
+    kvm: bool,
+}
+
+/// One VM count.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalePoint {
+    /// VMs.
+    pub vms: u32,
+    /// Mean over VMs of each VM's measured wall time, ns.
+    pub per_vm_wall_ns: u64,
+    /// Slowest VM's measured wall time, ns.
+    pub max_vm_wall_ns: u64,
+    /// Barrier to the last VM's end, ns.
+    pub aggregate_wall_ns: u64,
+    /// per_vm_wall_ns + exits per VM x exit_ns.
+    pub per_vm_modeled_ns: u64,
+    /// GPU time of every VM's measured workloads, ns.
+    pub gpu_busy_ns: u64,
+    /// The GPU clock from the barrier to the end, ns.
+    pub gpu_clock_span_ns: u64,
+    /// gpu_busy_ns / gpu_clock_span_ns.
+    pub utilization: f64,
+    /// Exits of all VMs in the measured part.
+    pub exits: u64,
+    /// Workloads run (VMs x repeat).
+    pub runs: u32,
+    /// Every VM came up and verified every run.
+    pub verified: bool,
+    /// With --kvm: from the VMs' start to the gate (driver bring-up and the warm-up of all
+    /// VMs), ns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bring_up_ns: Option<u64>,
+    /// In-process: this process's memory with every VM of the point alive and finished (before
+    /// they are destroyed). `rss_anon` holds the device model and guest RAM, `rss_shmem` and
+    /// `vram_resident` the simulated VRAM (`gpuvm_harness::mem`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem: Option<MemSample>,
+}
+
+/// The report.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScaleReport {
+    /// "in-process" or "kvm".
+    pub backend: &'static str,
+    /// The workload.
+    pub workload: String,
+    /// Runs per VM.
+    pub repeat: u32,
+    /// Problem size.
+    pub size: u32,
+    /// Shadow mode.
+    pub shadow: ShadowMode,
+    /// Scheduler.
+    pub scheduler: String,
+    /// Clock.
+    pub clock: ClockKind,
+    /// Exit cost in the modeled time, ns.
+    pub exit_ns: u64,
+    /// One entry per VM count.
+    pub points: Vec<ScalePoint>,
+    /// Plot written, if any.
+    pub svg: Option<String>,
+    /// In-process: this process's memory before the first point.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mem_start: Option<MemSample>,
+    /// In-process: host memory per added VM excluding its VRAM, bytes — the least-squares
+    /// slope of `rss_anon` against the VM count over the points (needs two VM counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rss_anon_per_vm: Option<f64>,
+    /// The same for the simulated VRAM resident in memory, bytes per VM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vram_resident_per_vm: Option<f64>,
+}
+
+/// Measures one VM count.
+pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
+    let mut list = vec![Workload::Loop];
+    list.extend(std::iter::repeat_n(a.workload, a.repeat as usize));
+    let r = run_staged(
+        &StagedOptions {
+            virt: VirtOptions {
+                vms: vms as usize,
+                size: a.size,
+                clock: a.clock,
+                shadow: a.shadow,
+                workloads: list,
+                ..VirtOptions::default()
+            },
+            policy: Some(a.sched),
+            params: SchedParams::default(),
+            weights: Vec::new(),
+            barrier_after: Some(1),
+        },
+        &|_, _, _| {},
+    )
+    .with_context(|| format!("{vms} VMs"))?;
+    let measured = |vm: &gpuvm_harness::exp_overhead::StagedVm| -> (u64, u64, u64) {
+        vm.workloads.iter().skip(1).fold((0, 0, 0), |(w, e, g), p| {
+            (w + p.run.wall_ns, e + p.exits(), g + p.run.gpu_ns)
+        })
+    };
+    let per: Vec<(u64, u64, u64)> = r.vms.iter().map(measured).collect();
+    let n = per.len().max(1) as u64;
+    let wall_sum: u64 = per.iter().map(|p| p.0).sum();
+    let exits: u64 = per.iter().map(|p| p.1).sum();
+    let gpu: u64 = per.iter().map(|p| p.2).sum();
+    let span = r.clock_span_ns.1.saturating_sub(r.clock_span_ns.0);
+    Ok(ScalePoint {
+        vms,
+        per_vm_wall_ns: wall_sum / n,
+        max_vm_wall_ns: per.iter().map(|p| p.0).max().unwrap_or(0),
+        aggregate_wall_ns: r.measured_wall_ns,
+        per_vm_modeled_ns: wall_sum / n + exits / n * a.exit_ns,
+        gpu_busy_ns: gpu,
+        gpu_clock_span_ns: span,
+        utilization: if span == 0 {
+            0.0
+        } else {
+            gpu as f64 / span as f64
+        },
+        exits,
+        runs: vms * a.repeat,
+        verified: r.all_verified() && r.vms.len() == vms as usize,
+        bring_up_ns: None,
+        mem: Some(r.mem_loaded),
+    })
+}
+
+/// Runs the command.
+pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
+    anyhow::ensure!(!a.vms.is_empty(), "--vms needs at least one count");
+    for &v in &a.vms {
+        anyhow::ensure!((1..=64).contains(&v), "--vms: {v} is not in 1..=64");
+    }
+    let mem_start = (!a.kvm).then(|| MemSample::now(None));
+    let mut points = Vec::new();
+    for &v in &a.vms {
+        if !a.json {
+            eprintln!("gpuvm exp scale: {v} VMs ...");
+        }
+        points.push(if a.kvm {
+            point_kvm(v, a.workload, a.repeat, a.size, a.shadow, a.sched)
+                .with_context(|| format!("{v} KVM VMs"))?
+        } else {
+            point(a, v)?
+        });
+    }
+    let mut report = ScaleReport {
+        backend: if a.kvm { "kvm" } else { "in-process" },
+        workload: a.workload.name().to_string(),
+        repeat: a.repeat,
+        size: a.size,
+        shadow: a.shadow,
+        scheduler: a.sched.name().to_string(),
+        clock: if a.kvm { ClockKind::Real } else { a.clock },
+        exit_ns: a.exit_ns,
+        svg: None,
+        mem_start,
+        rss_anon_per_vm: per_vm(&points, |m| m.rss_anon),
+        vram_resident_per_vm: per_vm(&points, |m| m.vram_resident),
+        points,
+    };
+    if let Some(p) = &a.svg {
+        write_svg(&report, p).with_context(|| format!("writing {}", p.display()))?;
+        report.svg = Some(p.display().to_string());
+    }
+    let ok = report.points.iter().all(|p| p.verified);
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", render(&report));
+    }
+    Ok(ok)
+}
+
+/// Least-squares slope of a memory figure against the VM count, bytes per VM.
+fn per_vm(points: &[ScalePoint], f: fn(&MemSample) -> u64) -> Option<f64> {
+    let xy: Vec<(f64, f64)> = points
+        .iter()
+        .filter_map(|p| p.mem.as_ref().map(|m| (f64::from(p.vms), f(m) as f64)))
+        .collect();
+    slope(&xy)
+}
+
+/// The table. With KVM guests there is no modeled time (the exits are real) but a bring-up
+/// column; otherwise the columns are the same.
+pub fn render(r: &ScaleReport) -> String {
+    let kvm = r.backend == "kvm";
+    let mut out = if kvm {
+        format!(
+            "gpuvm exp scale --kvm: {} x{} per VM, size {}, shadow {}, {} scheduler, KVM guests on the real clock\nper VM = mean of each VM's measured wall time; aggregate = start gate to the last VM's end; bring-up = start to gate (all VMs)\n\n",
+            r.workload, r.repeat, r.size, r.shadow, r.scheduler,
+        )
+    } else {
+        format!(
+            "gpuvm exp scale: {} x{} per VM, size {}, shadow {}, {} scheduler, {} clock, in-process\nper VM = mean of each VM's measured wall time; aggregate = barrier to the last VM's end; modeled = per VM + exits per VM x {}\n\n",
+            r.workload,
+            r.repeat,
+            r.size,
+            r.shadow,
+            r.scheduler,
+            match r.clock {
+                ClockKind::Sim => "simulated",
+                ClockKind::Real => "real",
+            },
+            table::ns(r.exit_ns)
+        )
+    };
+    let mut head = vec!["VMs"];
+    if kvm {
+        head.push("bring-up");
+    }
+    head.extend(["per VM", "slowest VM", "aggregate"]);
+    if !kvm {
+        head.push("per VM modeled");
+    }
+    head.extend([
+        "GPU busy",
+        "utilization",
+        if kvm { "MMIO exits" } else { "exits" },
+        "verified",
+    ]);
+    if !kvm {
+        head.extend(["RssAnon", "VRAM resident"]);
+    }
+    let mut t = Table::new(head);
+    for p in &r.points {
+        let mut row = vec![p.vms.to_string()];
+        if kvm {
+            row.push(table::ns(p.bring_up_ns.unwrap_or(0)));
+        }
+        row.extend([
+            table::ns(p.per_vm_wall_ns),
+            table::ns(p.max_vm_wall_ns),
+            table::ns(p.aggregate_wall_ns),
+        ]);
+        if !kvm {
+            row.push(table::ns(p.per_vm_modeled_ns));
+        }
+        row.extend([
+            table::ns(p.gpu_busy_ns),
+            format!("{:.1} %", p.utilization * 100.0),
+            p.exits.to_string(),
+            if p.verified {
+                format!("{}/{}", p.runs, p.runs)
+            } else {
+                "NO".to_string()
+            },
+        ]);
+        if let Some(m) = &p.mem {
+            row.push(mib(m.rss_anon as f64));
+            row.push(mib(m.vram_resident as f64));
+        }
+        t.row(row);
+    }
+    out += &t.render();
+    if let (Some(a), Some(v)) = (r.rss_anon_per_vm, r.vram_resident_per_vm) {
+        out += &format!(
+            "host memory per added VM (slope over the points): {} excluding VRAM (RssAnon: device model + guest RAM touched), {} of simulated VRAM\n",
+            mib(a),
+            mib(v)
+        );
+    }
+    if let Some(p) = &r.svg {
+        out += &format!("plot: {p}\n");
+    }
+    out
+}
+
+fn mib(b: f64) -> String {
+    format!("{:.1} MiB", b / f64::from(1u32 << 20))
+}
+
+/// A value of a point to plot.
+type Metric = fn(&ScalePoint) -> u64;
+
+/// Lines of per-VM, aggregate and modeled time (ms) against VMs.
+pub fn write_svg(r: &ScaleReport, path: &Path) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(super::plot::plot_err)?;
+    let x_max = r.points.iter().map(|p| p.vms).max().unwrap_or(1) as f64;
+    let series: [(&str, Metric); 3] = [
+        ("per VM (wall)", |p| p.per_vm_wall_ns),
+        ("aggregate (wall)", |p| p.aggregate_wall_ns),
+        ("per VM modeled (wall + exits x cost)", |p| {
+            p.per_vm_modeled_ns
+        }),
+    ];
+    // Under KVM the exits are real: there is no modeled line.
+    let series = &series[..if r.backend == "kvm" { 2 } else { 3 }];
+    let y_max = r
+        .points
+        .iter()
+        .flat_map(|p| series.iter().map(move |(_, f)| f(p)))
+        .max()
+        .unwrap_or(1) as f64
+        / 1e6
+        * 1.1;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "{} x{} per VM, size {}, shadow {}: time against VMs ({})",
+                r.workload, r.repeat, r.size, r.shadow, r.backend
+            ),
+            ("sans-serif", 18),
+        )
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0f64..x_max + 1.0, 0f64..y_max.max(0.001))
+        .map_err(super::plot::plot_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("VMs")
+        .y_desc("ms")
+        .light_line_style(WHITE.mix(0.0))
+        .draw()
+        .map_err(super::plot::plot_err)?;
+    for (i, (name, f)) in series.iter().enumerate() {
+        let color = super::plot::COLORS[i];
+        chart
+            .draw_series(LineSeries::new(
+                r.points.iter().map(|p| (p.vms as f64, f(p) as f64 / 1e6)),
+                color.stroke_width(2),
+            ))
+            .map_err(super::plot::plot_err)?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(
+                r.points
+                    .iter()
+                    .map(|p| Circle::new((p.vms as f64, f(p) as f64 / 1e6), 3, color.filled())),
+            )
+            .map_err(super::plot::plot_err)?;
+    }
+    super::plot::draw_legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
+    root.present().map_err(super::plot::plot_err)?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// With --kvm
+//
+// `gpuvm exp scale --kvm`: GPUvm's scale figure with real KVM guests — the same workload in
+// 1, 2, 4, ... KVM VMs at once on one simulated GF100 (real clock).
+//
+// Each VM brings its driver up and runs a `loop` warm-up that creates its channel, then waits
+// at the start gate (`abi::PORT_GATE`) until every VM is there; the workload runs `repeat`
+// times after it, and only that part is measured: per VM the sum of its runs' wall time
+// (between the guest's phase markers, timestamped by the VMM), aggregate = from the gate's
+// opening to the last VM's last phase marker, GPU busy = the VMs' channels' busy time in their
+// runs, exits = the MMIO exits of the runs (coalesced writes included). Every exit is real, so
+// there is no modeled time: `per_vm_modeled_ns` repeats the wall time.
+
+/// Measures one VM count with real KVM guests (`--kvm`).
+fn point_kvm(
+    vms: u32,
+    workload: Workload,
+    repeat: u32,
+    size: u32,
+    shadow: ShadowMode,
+    sched: Policy,
+) -> anyhow::Result<ScalePoint> {
+    let mut list = vec![Workload::Loop];
+    list.extend(std::iter::repeat_n(workload, repeat as usize));
+    let opts = KvmOptions {
+        vms: vms as usize,
+        size,
+        shadow,
+        workloads: list,
+        echo_console: false,
+        sched: Some(sched),
+        setups: vec![
+            VmSetup {
+                gate: true,
+                ..VmSetup::default()
+            };
+            vms as usize
+        ],
+        timeout: Duration::from_secs(600),
+        ..KvmOptions::default()
+    };
+    let r = run_kvm(&opts)?;
+    for v in &r.vms {
+        if let Some(s) = &v.kvm.stopped {
+            eprintln!("gpuvm: exp scale --kvm, {vms} VMs: {s}");
+        }
+    }
+    let measured = |v: &crate::kvm::KvmVmReport| -> (u64, u64, u64) {
+        v.workloads.iter().skip(1).fold((0, 0, 0), |(w, e, g), p| {
+            (
+                w + p.wall_ns,
+                e + p.mmio_reads + p.mmio_writes,
+                g + p.gpu_ns,
+            )
+        })
+    };
+    let per: Vec<(u64, u64, u64)> = r.vms.iter().map(measured).collect();
+    let n = per.len().max(1) as u64;
+    let wall_sum: u64 = per.iter().map(|p| p.0).sum();
+    let gate = r.gate_open_ns.unwrap_or(0);
+    let last_done = r
+        .vms
+        .iter()
+        .filter_map(|v| {
+            v.kvm
+                .phases
+                .iter()
+                .rev()
+                .find(|m| m.phase == abi::PHASE_DONE)
+                .map(|m| m.at_ns)
+        })
+        .max()
+        .unwrap_or(gate);
+    let span = last_done.saturating_sub(gate);
+    let gpu: u64 = per.iter().map(|p| p.2).sum();
+    Ok(ScalePoint {
+        vms,
+        per_vm_wall_ns: wall_sum / n,
+        max_vm_wall_ns: per.iter().map(|p| p.0).max().unwrap_or(0),
+        aggregate_wall_ns: span,
+        per_vm_modeled_ns: wall_sum / n,
+        gpu_busy_ns: gpu,
+        gpu_clock_span_ns: span,
+        utilization: if span == 0 {
+            0.0
+        } else {
+            gpu as f64 / span as f64
+        },
+        exits: per.iter().map(|p| p.1).sum(),
+        runs: vms * repeat,
+        verified: r.all_verified() && r.vms.len() == vms as usize && r.gate_open_ns.is_some(),
+        bring_up_ns: r.gate_open_ns,
+        mem: None,
+    })
+}

@@ -1,0 +1,810 @@
+//! Engine operations in flight: a copy (class 0x90b5) or a compute kernel (class 0x90c0) that
+//! reads and writes memory piece by piece while the clock passes through its modeled duration.
+//!
+//! A launch only validates its arguments and builds an [`EngineOp`] that captures the address
+//! space ([`Vspace`]) and instance word of the context that launched it; every later access goes
+//! through that captured context, as the hardware keeps using the context it loaded until the
+//! engine idles or is reset. The operation is cut into pieces ([`Job`]): 64 KiB of one line of a
+//! copy, 64 KiB of a memset, 16 Ki elements of an element-wise kernel, 64 KiB of a matrix
+//! kernel's `b` operand loaded, then a block of about 64 Ki multiply-adds of one result row (a
+//! row of a 1024x1024 product is 16 pieces), the single result word of `loop`. Small pieces
+//! bound how long one piece holds the simulator's lock (`crate::worker`).
+//!
+//! **Duration.** The cost model charges memory traffic by target (VRAM or PCIe), so before the
+//! first piece runs the operation is *scanned*: every piece's address ranges are translated
+//! (through the TLB when it holds the page, else by a walk that is neither cached nor counted)
+//! and the bytes tallied per target, exactly the traffic the pieces will cause when nothing
+//! changes under them. Duration = `CostModel::copy` / `kernel` / `loop_kernel` of that, the same
+//! number the simulator computed when it did all the work at launch. A page that does not
+//! translate at scan time is tallied as VRAM (MODEL); the fault itself is raised when its piece is
+//! reached.
+//!
+//! **Pieces over time.** With [`EngineWrites::OverDuration`] piece `i` of `n` is due at
+//! `start + duration * (i + 1) / n` (the last one at the end); with [`EngineWrites::AtLaunch`] all
+//! are due at `start` (the old behaviour, kept for comparison). A piece runs at the first
+//! simulator call at or after its due time.
+//!
+//! **Budget.** Every [`super::SimGpu`] method call may do at most [`WORK_BUDGET`] units of engine
+//! work (scanning included); what is due beyond that is done by later calls, and
+//! `next_event_ns()` says "now" meanwhile. The budget changes no modeled time: due times,
+//! durations and busy accounting are fixed at launch.
+
+use std::sync::Arc;
+
+use gf100::compute::{self as cc, Kernel};
+use gf100::{fault, host, Target};
+
+use super::completion::CopyDone;
+use super::mem::Traffic;
+use super::mmu::{page_piece, VaFault, Vspace};
+use super::Core;
+
+/// How engine operations perform their memory accesses over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EngineWrites {
+    /// Pieces land progressively as the clock passes through the operation's duration; all are
+    /// done by its end (the default; how hardware behaves).
+    #[default]
+    OverDuration,
+    /// Every piece is due at launch (the simulator's earlier behaviour); still bounded per call.
+    AtLaunch,
+}
+
+/// Most units of engine work one simulator call — or, once the host batches its calls
+/// (`PhysicalGpu::begin_batch`), one batch — does (MODEL choice, `docs/sim-cost-model.md`).
+/// One unit is 4 bytes moved by a copy or memset, or one element operation of a kernel (one
+/// multiply-add of a matrix kernel); 4 Mi units is 16 MiB of copy or 4 rows of a 1024x1024
+/// matrix product (a few milliseconds of host CPU: `gpuvm exp lockhold` measures the holds).
+/// A piece larger than the whole budget runs alone in a call of its own, so that work always
+/// progresses (no piece is: the largest are 64 KiB moved or ~64 Ki multiply-adds).
+pub const WORK_BUDGET: u64 = 4 << 20;
+/// Fixed units charged per piece (bounds the number of tiny pieces per call).
+const PIECE_UNITS: u64 = 64;
+/// Units charged per page translated while scanning an operation.
+const SCAN_PAGE_UNITS: u64 = 64;
+
+/// Bytes per piece of a copy line or a memset.
+pub(crate) const STAGE: u64 = 64 * 1024;
+/// Elements per piece of the element-wise kernels.
+const ELEMS: u64 = 16 * 1024;
+
+/// Counters of engine work, for tests and diagnostics (not modeled time).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineWorkStats {
+    /// Pieces of engine operations performed.
+    pub pieces: u64,
+    /// Most units of engine work done within one simulator call.
+    pub max_call_units: u64,
+    /// Calls that stopped because the budget was used up while more work was due.
+    pub deferred_calls: u64,
+    /// Of `pieces`, those the engine worker performed (`Executor::Worker`).
+    pub worker_pieces: u64,
+}
+
+/// The per-call allowance of engine work.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    used: u64,
+    limit: u64,
+    deferred: bool,
+    worker: bool,
+    pub stats: EngineWorkStats,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Budget {
+            used: 0,
+            limit: WORK_BUDGET,
+            deferred: false,
+            worker: false,
+            stats: EngineWorkStats::default(),
+        }
+    }
+}
+
+impl Budget {
+    /// A new simulator call starts.
+    pub(crate) fn new_call(&mut self) {
+        self.used = 0;
+        self.limit = WORK_BUDGET;
+        self.deferred = false;
+        self.worker = false;
+    }
+
+    /// Counts a piece done.
+    fn count_piece(&mut self) {
+        self.stats.pieces += 1;
+        self.stats.worker_pieces += self.worker as u64;
+    }
+
+    /// A batch of the engine worker's, of at most `limit` units, starts.
+    pub(crate) fn new_worker_batch(&mut self, limit: u64) {
+        self.used = 0;
+        self.limit = limit;
+        self.deferred = false;
+        self.worker = true;
+    }
+
+    /// Takes `units` if they fit in what is left of this call's budget.
+    fn take(&mut self, units: u64) -> bool {
+        // A piece larger than the whole budget still runs, alone, so that work always
+        // progresses.
+        if self.used > 0 && self.used + units > self.limit {
+            if !self.deferred {
+                self.deferred = true;
+                self.stats.deferred_calls += 1;
+            }
+            return false;
+        }
+        self.used += units;
+        self.stats.max_call_units = self.stats.max_call_units.max(self.used);
+        true
+    }
+}
+
+/// What an operation does, cut into pieces.
+#[derive(Debug)]
+pub(crate) enum Job {
+    /// A pitch copy of `lines` lines of `len` bytes.
+    Copy {
+        src: u64,
+        dst: u64,
+        pitch_in: u64,
+        pitch_out: u64,
+        len: u64,
+        lines: u64,
+    },
+    /// `bytes` bytes of the repeated `value` at `dst`.
+    Memset { dst: u64, bytes: u64, value: u32 },
+    /// `c[i] = op(a[i], b[i])` for `n` words; `float` selects f32 add over wrapping u32 add.
+    Elementwise { abc: [u64; 3], n: u64, float: bool },
+    /// `c = a x b` for `n`x`n` matrices: first `b` is loaded (kept) in pieces of 64 KiB, then each result row is computed in blocks of columns; a row of `a` is read by
+    /// its row's first block and kept for the others.
+    Matmul {
+        abc: [u64; 3],
+        n: u64,
+        float: bool,
+        b: Arc<Vec<u32>>,
+        row_a: Arc<Vec<u32>>,
+    },
+    /// The closed-form result of `loop` written at `dst`.
+    Loop { dst: u64, value: u32 },
+}
+
+impl Job {
+    /// The job of a compute kernel.
+    pub(crate) fn kernel(k: &Kernel) -> Job {
+        match *k {
+            Kernel::Memset { dst, bytes, value } => Job::Memset {
+                dst,
+                bytes: bytes as u64,
+                value,
+            },
+            Kernel::Madd { a, b, c, n } | Kernel::Fmadd { a, b, c, n } => Job::Elementwise {
+                abc: [a, b, c],
+                n: n as u64,
+                float: matches!(k, Kernel::Fmadd { .. }),
+            },
+            Kernel::Mmul { a, b, c, n } | Kernel::Fmmul { a, b, c, n } => Job::Matmul {
+                abc: [a, b, c],
+                n: n as u64,
+                float: matches!(k, Kernel::Fmmul { .. }),
+                b: Arc::default(),
+                row_a: Arc::default(),
+            },
+            Kernel::Loop {
+                dst,
+                iterations,
+                seed,
+            } => Job::Loop {
+                dst,
+                value: cc::loop_result(seed, iterations),
+            },
+        }
+    }
+
+    /// Number of pieces.
+    fn pieces(&self) -> u64 {
+        match *self {
+            Job::Copy { len, lines, .. } => lines * len.div_ceil(STAGE),
+            Job::Memset { bytes, .. } => bytes.div_ceil(STAGE),
+            Job::Elementwise { n, .. } => n.div_ceil(ELEMS),
+            Job::Matmul { n, .. } => {
+                let m = MatmulPieces::new(n);
+                m.loads + n * m.blocks
+            }
+            Job::Loop { .. } => 1,
+        }
+    }
+
+    /// The (va, bytes) ranges piece `i` reads or writes, in access order.
+    fn ranges(&self, i: u64, out: &mut Vec<(u64, u64)>) {
+        out.clear();
+        match *self {
+            Job::Copy {
+                src,
+                dst,
+                pitch_in,
+                pitch_out,
+                len,
+                ..
+            } => {
+                let per_line = len.div_ceil(STAGE);
+                let (line, off) = (i / per_line, i % per_line * STAGE);
+                let n = (len - off).min(STAGE);
+                out.push((src.wrapping_add(line * pitch_in).wrapping_add(off), n));
+                out.push((dst.wrapping_add(line * pitch_out).wrapping_add(off), n));
+            }
+            Job::Memset { dst, bytes, .. } => {
+                let off = i * STAGE;
+                out.push((dst.wrapping_add(off), (bytes - off).min(STAGE)));
+            }
+            Job::Elementwise { abc, n, .. } => {
+                let (off, m) = (i * ELEMS, (n - i * ELEMS).min(ELEMS));
+                for base in abc {
+                    out.push((base.wrapping_add(off * 4), m * 4));
+                }
+            }
+            Job::Matmul {
+                abc: [a, b, c], n, ..
+            } => {
+                let row = n * 4;
+                match MatmulPieces::new(n).piece(i) {
+                    MatmulPiece::Load { rows } => out.push((
+                        b.wrapping_add(rows.start * row),
+                        (rows.end - rows.start) * row,
+                    )),
+                    MatmulPiece::Block { row: r, cols } => {
+                        if cols.start == 0 {
+                            out.push((a.wrapping_add(r * row), row));
+                        }
+                        out.push((
+                            c.wrapping_add(r * row + cols.start * 4),
+                            (cols.end - cols.start) * 4,
+                        ));
+                    }
+                }
+            }
+            Job::Loop { dst, .. } => out.push((dst, 4)),
+        }
+    }
+
+    /// Units of work of piece `i`.
+    fn units(&self, i: u64) -> u64 {
+        PIECE_UNITS
+            + match *self {
+                Job::Copy { len, .. } => (len - i % len.div_ceil(STAGE) * STAGE).min(STAGE) / 4,
+                Job::Memset { bytes, .. } => (bytes - i * STAGE).min(STAGE) / 4,
+                Job::Elementwise { n, .. } => (n - i * ELEMS).min(ELEMS),
+                // A load: its words; a block: n multiply-adds per column (the row's first block
+                // also reads the row of `a`).
+                Job::Matmul { n, .. } => match MatmulPieces::new(n).piece(i) {
+                    MatmulPiece::Load { rows } => (rows.end - rows.start) * n,
+                    MatmulPiece::Block { cols, .. } => {
+                        (cols.end - cols.start) * n + if cols.start == 0 { n } else { 0 }
+                    }
+                },
+                Job::Loop { .. } => 1,
+            }
+    }
+
+    /// Performs piece `i` in `vs`. A fault stops the piece where it happened.
+    fn run(&mut self, i: u64, core: &mut Core, vs: &Vspace) -> Result<(), VaFault> {
+        let mut r = Vec::with_capacity(3);
+        self.ranges(i, &mut r);
+        match self {
+            Job::Copy { .. } => {
+                let (src, n) = r[0];
+                let mut stage = vec![0u8; n as usize];
+                core.read_va(vs, src, &mut stage)?;
+                core.write_va(vs, r[1].0, &stage)
+            }
+            Job::Memset { value, .. } => {
+                let (dst, n) = r[0];
+                let data: Vec<u8> = value
+                    .to_le_bytes()
+                    .iter()
+                    .copied()
+                    .cycle()
+                    .take(n as usize)
+                    .collect();
+                core.write_va(vs, dst, &data)
+            }
+            Job::Elementwise { float, .. } => {
+                let x = read_words(core, vs, r[0].0, r[0].1 as usize / 4)?;
+                let y = read_words(core, vs, r[1].0, r[1].1 as usize / 4)?;
+                let out: Vec<u8> = x
+                    .iter()
+                    .zip(&y)
+                    .flat_map(|(&x, &y)| {
+                        if *float {
+                            (f32::from_bits(x) + f32::from_bits(y)).to_bits()
+                        } else {
+                            x.wrapping_add(y)
+                        }
+                        .to_le_bytes()
+                    })
+                    .collect();
+                core.write_va(vs, r[2].0, &out)
+            }
+            Job::Matmul { .. } => match self.gather(i, core, vs)? {
+                Some(block) => core.write_va(vs, block.dst, &block.compute()),
+                None => Ok(()),
+            },
+            Job::Loop { dst, value } => core.write_va(vs, *dst, &value.to_le_bytes()),
+        }
+    }
+
+    /// The memory reads of piece `i` of a matrix kernel: a load of `b` is done entirely; a
+    /// block of a result row reads its row of `a` (if first in its row) and returns what is left
+    /// to do, a computation on data already read (`None` for a load or another job).
+    fn gather(
+        &mut self,
+        i: u64,
+        core: &mut Core,
+        vs: &Vspace,
+    ) -> Result<Option<MatmulBlock>, VaFault> {
+        let mut r = Vec::with_capacity(3);
+        self.ranges(i, &mut r);
+        let Job::Matmul {
+            n, float, b, row_a, ..
+        } = self
+        else {
+            return Ok(None);
+        };
+        let n64 = *n;
+        let n = n64 as usize;
+        match MatmulPieces::new(n64).piece(i) {
+            MatmulPiece::Load { rows } => {
+                // `b` kept as it is in memory, row by row: a block then walks rows of it
+                // contiguously (no transposition: each load touches only its own rows).
+                if rows.start == 0 {
+                    *b = Arc::new(Vec::with_capacity(n * n));
+                }
+                let words = read_words(core, vs, r[0].0, r[0].1 as usize / 4)?;
+                Arc::make_mut(b).extend_from_slice(&words);
+                Ok(None)
+            }
+            MatmulPiece::Block { cols, .. } => {
+                if cols.start == 0 {
+                    *row_a = Arc::new(read_words(core, vs, r[0].0, n)?);
+                }
+                Ok(Some(MatmulBlock {
+                    n,
+                    float: *float,
+                    b: b.clone(),
+                    row_a: row_a.clone(),
+                    cols: cols.start as usize..cols.end as usize,
+                    dst: r[r.len() - 1].0,
+                }))
+            }
+        }
+    }
+
+    /// Modeled duration of the whole job given the traffic it causes.
+    fn duration(&self, core: &Core, traffic: Traffic) -> u64 {
+        let cost = &core.cost;
+        match *self {
+            Job::Copy { .. } => cost.copy(traffic),
+            Job::Memset { .. } => cost.kernel(traffic, 0, 0),
+            Job::Elementwise { n, float, .. } => {
+                let ops = n as u128;
+                cost.kernel(
+                    traffic,
+                    if float { ops } else { 0 },
+                    if float { 0 } else { ops },
+                )
+            }
+            Job::Matmul { n, float, .. } => {
+                let ops = 2 * (n as u128).pow(3);
+                cost.kernel(
+                    traffic,
+                    if float { ops } else { 0 },
+                    if float { 0 } else { ops },
+                )
+            }
+            Job::Loop { .. } => 0,
+        }
+    }
+}
+
+/// Multiply-adds in one block of a matrix kernel's result row (MODEL choice: ~50 us of host
+/// CPU, so that one piece never holds the simulator's lock long).
+const MATMUL_BLOCK_MACS: u64 = 64 * 1024;
+
+/// A block of a matrix kernel's result row, its operands read: pure computation, which the
+/// engine worker does outside the simulator's lock (`crate::worker`).
+#[derive(Debug)]
+pub(crate) struct MatmulBlock {
+    n: usize,
+    float: bool,
+    b: Arc<Vec<u32>>,
+    row_a: Arc<Vec<u32>>,
+    cols: std::ops::Range<usize>,
+    /// Where the block's results go (GPU VA).
+    dst: u64,
+}
+
+impl MatmulBlock {
+    /// The block's results, little-endian words. Each result sums `k` in increasing order
+    /// with a separate multiply and add (`fmmul` results are bit-exact and reproducible).
+    pub(crate) fn compute(&self) -> Vec<u8> {
+        let n = self.n;
+        let (c0, c1) = (self.cols.start, self.cols.end);
+        let rows = self.b.chunks_exact(n).map(|row| &row[c0..c1]);
+        let out: Vec<u32> = if self.float {
+            let mut acc = vec![0f32; c1 - c0];
+            for (&a, row) in self.row_a.iter().zip(rows) {
+                let a = f32::from_bits(a);
+                for (o, &b) in acc.iter_mut().zip(row) {
+                    *o += a * f32::from_bits(b);
+                }
+            }
+            acc.into_iter().map(f32::to_bits).collect()
+        } else {
+            let mut acc = vec![0u32; c1 - c0];
+            for (&a, row) in self.row_a.iter().zip(rows) {
+                for (o, &b) in acc.iter_mut().zip(row) {
+                    *o = o.wrapping_add(a.wrapping_mul(b));
+                }
+            }
+            acc
+        };
+        out.into_iter().flat_map(u32::to_le_bytes).collect()
+    }
+}
+
+/// A piece's computation taken out of the simulator's lock by the engine worker: the block,
+/// and which operation and piece it belongs to (its results are written only if that
+/// operation is still in flight at that piece).
+#[derive(Debug)]
+pub(crate) struct Offload {
+    pub serial: u64,
+    piece: u64,
+    /// When the piece was due.
+    pub due: u64,
+    pub block: MatmulBlock,
+}
+
+/// How a matrix kernel of order `n` is cut: `loads` pieces loading `b`, then `blocks` pieces
+/// per result row.
+#[derive(Debug, Clone, Copy)]
+struct MatmulPieces {
+    n: u64,
+    rows_per_load: u64,
+    loads: u64,
+    cols_per_block: u64,
+    blocks: u64,
+}
+
+/// One piece of a matrix kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum MatmulPiece {
+    /// Load rows `rows` of `b`.
+    Load { rows: std::ops::Range<u64> },
+    /// Compute columns `cols` of result row `row`.
+    Block {
+        row: u64,
+        cols: std::ops::Range<u64>,
+    },
+}
+
+impl MatmulPieces {
+    fn new(n: u64) -> MatmulPieces {
+        let n1 = n.max(1);
+        let rows_per_load = (STAGE / (n1 * 4)).max(1);
+        let cols_per_block = (MATMUL_BLOCK_MACS / n1).clamp(1, n1);
+        MatmulPieces {
+            n,
+            rows_per_load,
+            loads: n.div_ceil(rows_per_load),
+            cols_per_block,
+            blocks: n.div_ceil(cols_per_block),
+        }
+    }
+
+    fn piece(&self, i: u64) -> MatmulPiece {
+        if i < self.loads {
+            let start = i * self.rows_per_load;
+            return MatmulPiece::Load {
+                rows: start..(start + self.rows_per_load).min(self.n),
+            };
+        }
+        let k = i - self.loads;
+        let (row, blk) = (k / self.blocks, k % self.blocks);
+        let start = blk * self.cols_per_block;
+        MatmulPiece::Block {
+            row,
+            cols: start..(start + self.cols_per_block).min(self.n),
+        }
+    }
+}
+
+fn read_words(core: &mut Core, vs: &Vspace, va: u64, count: usize) -> Result<Vec<u32>, VaFault> {
+    let mut bytes = vec![0u8; count * 4];
+    core.read_va(vs, va, &mut bytes)?;
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
+}
+
+/// Where an operation stands after a call to [`EngineOp::progress`].
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Every piece is done.
+    Complete,
+    /// The next piece is not due yet.
+    Waiting,
+    /// Work is due but this call's budget is used up.
+    Deferred,
+    /// The piece due at `at` faulted; the operation ends there.
+    Fault { at: u64, fault: VaFault },
+    /// The next piece's computation is for the caller to do outside the lock, then
+    /// [`EngineOp::commit`] (the engine worker's matrix blocks).
+    Offload(Offload),
+}
+
+/// An engine operation in flight.
+#[derive(Debug)]
+pub(crate) struct EngineOp {
+    /// PFIFO engine index (`host::ENGINE_PCOPY0` or `host::ENGINE_PGRAPH`).
+    pub engine: u32,
+    /// The address space of the context that launched it.
+    pub vspace: Vspace,
+    /// The instance word (CHAN word, low 30 bits) of that context, for fault reports.
+    pub inst_word: u32,
+    /// The channel's binding generation at launch.
+    pub epoch: u64,
+    /// Which launch this is (set by PFIFO when it starts the operation).
+    pub serial: u64,
+    /// A copy's completion actions.
+    pub done: Option<CopyDone>,
+    /// Extra fixed duration (the `loop` kernel's closed-form time).
+    fixed: Option<u64>,
+    job: Job,
+    pieces: u64,
+    next: u64,
+    scanned: u64,
+    traffic: Traffic,
+    duration: Option<u64>,
+    /// (next piece, time by which one budget's worth of work is due) as last computed.
+    horizon: Option<(u64, u64)>,
+}
+
+impl EngineOp {
+    /// An operation of `job` run by `engine` in the captured context.
+    pub(crate) fn new(
+        engine: u32,
+        job: Job,
+        vspace: Vspace,
+        inst_word: u32,
+        epoch: u64,
+        done: Option<CopyDone>,
+    ) -> EngineOp {
+        EngineOp {
+            engine,
+            vspace,
+            inst_word,
+            epoch,
+            serial: 0,
+            done,
+            fixed: None,
+            pieces: job.pieces(),
+            job,
+            next: 0,
+            scanned: 0,
+            traffic: Traffic::default(),
+            duration: None,
+            horizon: None,
+        }
+    }
+
+    /// A compute kernel.
+    pub(crate) fn kernel(
+        core: &Core,
+        k: &Kernel,
+        vspace: Vspace,
+        inst_word: u32,
+        epoch: u64,
+    ) -> EngineOp {
+        let mut op = EngineOp::new(
+            host::ENGINE_PGRAPH,
+            Job::kernel(k),
+            vspace,
+            inst_word,
+            epoch,
+            None,
+        );
+        if let Kernel::Loop { iterations, .. } = *k {
+            op.fixed = Some(core.cost.loop_kernel(iterations));
+        }
+        op
+    }
+
+    /// The modeled duration, once the scan is done.
+    pub(crate) fn duration(&self) -> Option<u64> {
+        self.duration
+    }
+
+    /// The traffic the launch-time scan predicted.
+    #[cfg(test)]
+    pub(crate) fn scanned_traffic(&self) -> Traffic {
+        self.traffic
+    }
+
+    /// MMU fault unit, client and hub flag of this engine.
+    pub(crate) fn fault_source(&self) -> (u32, u32, bool) {
+        if self.engine == host::ENGINE_PCOPY0 {
+            (fault::UNIT_PCOPY0, fault::HUB_CLIENT_PCOPY0, true)
+        } else {
+            (fault::UNIT_PGRAPH, fault::GPC_CLIENT_CTXCTL, false)
+        }
+    }
+
+    /// When piece `i` is due.
+    fn due(&self, i: u64, start: u64, mode: EngineWrites) -> u64 {
+        let d = self.duration.unwrap_or(0);
+        match mode {
+            EngineWrites::AtLaunch => start,
+            EngineWrites::OverDuration => {
+                let part = (d as u128 * (i as u128 + 1)) / self.pieces.max(1) as u128;
+                start.saturating_add(part as u64)
+            }
+        }
+    }
+
+    /// Scans what is left to scan within the budget; true when the duration is known.
+    fn scan(&mut self, core: &mut Core, budget: &mut Budget) -> bool {
+        let mut ranges = Vec::with_capacity(3);
+        while self.scanned < self.pieces {
+            self.job.ranges(self.scanned, &mut ranges);
+            let pages: u64 = ranges
+                .iter()
+                .map(|&(va, len)| (va % 4096 + len).div_ceil(4096))
+                .sum();
+            if !budget.take(pages * SCAN_PAGE_UNITS) {
+                return false;
+            }
+            for &(va, len) in &ranges {
+                let mut done = 0u64;
+                while done < len {
+                    let a = va.wrapping_add(done);
+                    let n = page_piece(a, (len - done) as usize) as u64;
+                    match core.peek_target(&self.vspace, a) {
+                        Some(t) if t != Target::Vram => self.traffic.sys += n,
+                        _ => self.traffic.vram += n,
+                    }
+                    done += n;
+                }
+            }
+            self.scanned += 1;
+        }
+        self.duration = Some(
+            self.fixed
+                .unwrap_or_else(|| self.job.duration(core, self.traffic)),
+        );
+        true
+    }
+
+    /// Runs the pieces due at `now` (the operation started at `start`) within the budget.
+    pub(crate) fn progress(
+        &mut self,
+        core: &mut Core,
+        start: u64,
+        now: u64,
+        mode: EngineWrites,
+        budget: &mut Budget,
+    ) -> Step {
+        if self.duration.is_none() && !self.scan(core, budget) {
+            return Step::Deferred;
+        }
+        while self.next < self.pieces {
+            let at = self.due(self.next, start, mode);
+            if at > now {
+                return Step::Waiting;
+            }
+            if !budget.take(self.job.units(self.next)) {
+                return Step::Deferred;
+            }
+            let i = self.next;
+            if budget.worker && matches!(self.job, Job::Matmul { .. }) {
+                match self.job.gather(i, core, &self.vspace) {
+                    Err(fault) => {
+                        self.next += 1;
+                        return Step::Fault { at, fault };
+                    }
+                    Ok(Some(block)) => {
+                        return Step::Offload(Offload {
+                            serial: self.serial,
+                            piece: i,
+                            due: at,
+                            block,
+                        })
+                    }
+                    Ok(None) => {
+                        self.next += 1;
+                        budget.count_piece();
+                        continue;
+                    }
+                }
+            }
+            self.next += 1;
+            budget.count_piece();
+            if let Err(fault) = self.job.run(i, core, &self.vspace) {
+                return Step::Fault { at, fault };
+            }
+        }
+        Step::Complete
+    }
+
+    /// Writes the results of an offloaded piece (computed outside the lock), if this operation
+    /// is still at that piece.
+    pub(crate) fn commit(
+        &mut self,
+        core: &mut Core,
+        o: &Offload,
+        data: &[u8],
+        budget: &mut Budget,
+    ) -> Result<(), VaFault> {
+        if o.serial != self.serial || o.piece != self.next {
+            return Ok(());
+        }
+        self.next += 1;
+        budget.count_piece();
+        core.write_va(&self.vspace, o.block.dst, data)
+    }
+
+    /// When the next piece is due (the end once every piece is done; `start` while scanning).
+    pub(crate) fn next_due(&self, start: u64, mode: EngineWrites) -> u64 {
+        if self.duration.is_none() {
+            return start;
+        }
+        if self.next < self.pieces {
+            self.due(self.next, start, mode)
+        } else {
+            start.saturating_add(self.duration.unwrap_or(0))
+        }
+    }
+
+    /// The time by which one budget's worth of the remaining work is due (a poller that comes
+    /// back then finds no more work than one call may do); the end if all of it fits.
+    pub(crate) fn horizon(&mut self, start: u64, mode: EngineWrites) -> u64 {
+        let end = start.saturating_add(self.duration.unwrap_or(0));
+        if let Some((next, t)) = self.horizon {
+            if next == self.next {
+                return t;
+            }
+        }
+        let mut units = 0u64;
+        let mut t = end;
+        for i in self.next..self.pieces {
+            units += self.job.units(i);
+            if units > WORK_BUDGET {
+                t = if i > self.next {
+                    self.due(i - 1, start, mode)
+                } else {
+                    self.due(i, start, mode)
+                };
+                break;
+            }
+        }
+        self.horizon = Some((self.next, t));
+        t
+    }
+}
+
+/// Runs `op` to its end at once (unit tests of the engines): its duration, or its fault.
+#[cfg(test)]
+pub(crate) fn run_to_end(core: &mut Core, op: &mut EngineOp) -> Result<u64, VaFault> {
+    loop {
+        let mut b = Budget::default();
+        match op.progress(core, 0, u64::MAX, EngineWrites::OverDuration, &mut b) {
+            Step::Complete => return Ok(op.duration.unwrap_or(0)),
+            Step::Fault { fault, .. } => return Err(fault),
+            Step::Offload(o) => op.commit(core, &o, &o.block.compute(), &mut b)?,
+            Step::Waiting | Step::Deferred => {}
+        }
+    }
+}

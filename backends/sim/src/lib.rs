@@ -1,0 +1,649 @@
+//! A simulated GF100 (Quadro 6000): the embedded default [`PhysicalGpu`], used by every test.
+//!
+//! It speaks the register interface nouveau speaks (see `docs/registers.md` for every register
+//! it implements and how) and really executes work: PFIFO fetches GPFIFO entries and pushbuffers
+//! through the channel's page tables, the copy engine and the compute class's fixed kernels move
+//! and compute data through GPU virtual addresses, faults and errors are reported the way the
+//! hardware reports them. Each operation takes modeled time ([`CostModel`],
+//! `docs/sim-cost-model.md`) on one GPU timeline, driven by a [`Clock`].
+//!
+//! Modules, one per mechanism: `vram` sparse VRAM, `dma` system memory windows, `mem`
+//! physical memory by target, `mmu` page walk and TLB, `bar` PRAMIN / BAR1 / BAR3, `regs` PMC /
+//! PTIMER / PFB / PFFB, `intr` interrupt sources and the interrupt line, `pfifo` channel table /
+//! runlist / doorbell / scheduler, `channel` per-channel state, `pbdma` command processing,
+//! `copy` and `compute` the engines, `cost` the cost model.
+//!
+//! Locking: one mutex around the whole state. Every [`PhysicalGpu`] method takes it, first lets
+//! the GPU catch up with the clock (a comparison when nothing is due), does its work, lets newly
+//! submitted work start, and finally updates the interrupt line outside the lock.
+//!
+//! **Who runs the engines** ([`Executor`], `worker`): with a real clock the copy and compute
+//! engines' pieces run on a worker thread of the GPU's own, as a real GPU computes beside its
+//! driver: a [`PhysicalGpu`] call never performs engine work, it waits at most for the one piece
+//! (≤ 64 KiB moved or ~64 Ki multiply-adds) the worker is doing. With a simulated clock the
+//! caller runs them inline, within its call's budget ([`WORK_BUDGET`]), so that runs stay
+//! deterministic.
+
+mod bar;
+mod channel;
+mod completion;
+mod compute;
+mod copy;
+mod cost;
+mod dma;
+mod engine;
+mod intr;
+mod m2mf;
+mod mem;
+mod mmu;
+mod pbdma;
+mod pfifo;
+mod regs;
+mod vram;
+mod worker;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use vm_memory::GuestMemoryMmap;
+
+use gpuvm_phys::addr::{Gpa, HostVram, Iova};
+use gpuvm_phys::clock::{Clock, SimClock};
+use gpuvm_phys::irq::IrqLine;
+use gpuvm_phys::{Bar, ChannelStateError, DmaError, GpuStats, PhysicalGpu};
+
+pub use cost::CostModel;
+pub use engine::{EngineWorkStats, EngineWrites, WORK_BUDGET};
+
+use bar::Bars;
+use intr::Interrupts;
+use mem::Memory;
+use mmu::Tlb;
+use pfifo::Fifo;
+use regs::{RegWrite, Regs, TlbFlush};
+
+/// Configuration of a simulated GPU.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// VRAM size in bytes (default 6 GiB, a Quadro 6000). Rounded down to a whole MiB, at least
+    /// 1 MiB, because the sizing registers report MiB per partition. Allocated lazily.
+    pub vram_size: u64,
+    /// The clock the GPU models time against (default: a new [`SimClock`]).
+    pub clock: Arc<dyn Clock>,
+    /// Durations of the GPU's operations (default: [`CostModel::quadro_6000`]).
+    pub cost: CostModel,
+    /// When engine operations read and write memory (default: progressively over their
+    /// modeled duration, [`EngineWrites::OverDuration`]).
+    pub engine_writes: EngineWrites,
+    /// Who performs the engines' work (default [`Executor::Auto`]).
+    pub executor: Executor,
+}
+
+/// Who performs the copy and compute engines' pieces of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Executor {
+    /// A worker thread with a real clock, the caller with a simulated one.
+    #[default]
+    Auto,
+    /// The thread of the [`PhysicalGpu`] call that finds work due, within the call's budget:
+    /// deterministic, and the only choice that is with a simulated clock (nothing else moves it).
+    Inline,
+    /// A worker thread of the GPU's own: calls never perform engine work.
+    Worker,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            vram_size: 6 << 30,
+            clock: Arc::new(SimClock::new()),
+            cost: CostModel::default(),
+            engine_writes: EngineWrites::default(),
+            executor: Executor::default(),
+        }
+    }
+}
+
+/// The parts of the GPU every mechanism touches: memory, TLB, interrupts, counters, costs.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub mem: Memory,
+    pub tlb: Tlb,
+    pub intr: Interrupts,
+    pub stats: GpuStats,
+    pub cost: CostModel,
+    /// Incremented by every TLB flush (BAR bindings reload their VM when it changes).
+    pub flush_epoch: u64,
+}
+
+impl Core {
+    pub(crate) fn new(vram_size: u64, cost: CostModel) -> Core {
+        Core {
+            mem: Memory::new(vram_size),
+            tlb: Tlb::default(),
+            intr: Interrupts::default(),
+            stats: GpuStats::default(),
+            cost,
+            flush_epoch: 0,
+        }
+    }
+
+    /// Performs a TLB flush (register or MEM_OP) and counts it.
+    pub(crate) fn flush_tlb(&mut self, f: TlbFlush) {
+        match f {
+            TlbFlush::All => self.tlb.flush_all(),
+            TlbFlush::Pd { pd, target } => self.tlb.flush_pd(pd, target),
+            TlbFlush::Page { pd, target, va } => self.tlb.flush_page(pd, target, va),
+            TlbFlush::PageAllPd { va } => self.tlb.flush_va(va),
+        }
+        self.stats.tlb_flushes += 1;
+        self.flush_epoch += 1;
+    }
+}
+
+/// Everything behind the lock.
+struct State {
+    core: Core,
+    regs: Regs,
+    bars: Bars,
+    fifo: Fifo,
+    /// Interrupt line level last computed, and a sequence number of its changes.
+    line: bool,
+    line_seq: u64,
+    /// The engine-work budget is per batch (`PhysicalGpu::begin_batch`) instead of per call.
+    batched: bool,
+    /// Calls perform due engine work themselves ([`Executor::Inline`]).
+    engines_inline: bool,
+    /// The worker waits for engine work to be launched.
+    worker_idle: bool,
+}
+
+impl State {
+    fn read_reg(&mut self, offset: u32, now: u64) -> u32 {
+        let pramin = gf100::pbus::PRAMIN_BASE..gf100::pbus::PRAMIN_BASE + gf100::pbus::PRAMIN_SIZE;
+        let known = if offset & 3 != 0 {
+            None
+        } else if pramin.contains(&offset) {
+            Some(self.bars.pramin_read(&mut self.core, offset - pramin.start))
+        } else {
+            self.regs
+                .read(offset, now)
+                .or_else(|| self.core.intr.read(offset))
+                .or_else(|| self.bars.read_reg(offset))
+                .or_else(|| self.fifo.read_reg(offset))
+        };
+        known.unwrap_or_else(|| {
+            self.core.stats.bad_register_reads += 1;
+            gf100::BAD_REGISTER
+        })
+    }
+
+    fn write_reg(&mut self, offset: u32, value: u32, now: u64) {
+        if offset == gf100::pmc::ENABLE {
+            let before = self.regs.read(offset, now).unwrap_or(0);
+            self.fifo
+                .reset_engines(&mut self.core, before & !value, now);
+        }
+        let pramin = gf100::pbus::PRAMIN_BASE..gf100::pbus::PRAMIN_BASE + gf100::pbus::PRAMIN_SIZE;
+        let known = if offset & 3 != 0 {
+            false
+        } else if pramin.contains(&offset) {
+            if let Some(w) = self
+                .bars
+                .pramin_write(&mut self.core, offset - pramin.start, value)
+            {
+                self.fifo.snoop(w);
+            }
+            true
+        } else {
+            match self.regs.write(offset, value) {
+                RegWrite::Done => true,
+                RegWrite::Flush(f) => {
+                    self.core.flush_tlb(f);
+                    true
+                }
+                RegWrite::Unknown => {
+                    let intr = self.core.intr.write(offset, value);
+                    if intr && !self.core.intr.pbdma_pending() {
+                        // The PBDMA's interrupt is cleared: it goes on.
+                        self.fifo.release_halted();
+                    }
+                    intr || self.bars.write_reg(&mut self.core, offset, value)
+                        || self.fifo.write_reg(&mut self.core, offset, value, now)
+                }
+            }
+        };
+        if !known {
+            self.core.stats.bad_register_writes += 1;
+        }
+    }
+
+    /// Recomputes the interrupt line; returns `(sequence, level)` if it changed.
+    fn line_change(&mut self) -> Option<(u64, bool)> {
+        let level = self.core.intr.line_level();
+        if level == self.line {
+            return None;
+        }
+        self.line = level;
+        self.line_seq += 1;
+        Some((self.line_seq, level))
+    }
+}
+
+/// The interrupt line and the sequence number of the last level applied to it.
+#[derive(Default)]
+struct LineOut {
+    line: Option<Arc<dyn IrqLine>>,
+    applied: u64,
+}
+
+/// What the GPU's callers and its engine worker share.
+struct Shared {
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    line: Mutex<LineOut>,
+    /// Wakes the engine worker (`worker`).
+    wake: Condvar,
+    /// Ends the engine worker.
+    stop: AtomicBool,
+    /// Since when (clock ns + 1; 0: not) the engine worker waits for the lock: a call that ends
+    /// after it has waited [`worker::HANDOFF_AFTER_NS`] hands it over (`unlock_fair`) instead
+    /// of letting a polling caller take it straight back, so that pollers cannot starve the
+    /// engines; sooner, the lock is released as usual (a hand-off at every call would queue
+    /// every caller behind a thread wake-up).
+    worker_wants: AtomicU64,
+    /// The clock is simulated.
+    simulated: bool,
+}
+
+impl Shared {
+    fn apply_line(&self, seq: u64, level: bool) {
+        let mut out = self.line.lock();
+        if seq > out.applied {
+            out.applied = seq;
+            if let Some(line) = &out.line {
+                line.set_level(level);
+            }
+        }
+    }
+}
+
+/// A simulated GF100.
+pub struct SimGpu {
+    vram_size: u64,
+    shared: Arc<Shared>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SimGpu {
+    /// A GPU in its reset state.
+    pub fn new(config: SimConfig) -> SimGpu {
+        let vram_size = (config.vram_size & !((1 << 20) - 1)).max(1 << 20);
+        let mut fifo = Fifo::default();
+        fifo.mode = config.engine_writes;
+        let worker = match config.executor {
+            Executor::Auto => !config.clock.is_simulated(),
+            Executor::Inline => false,
+            Executor::Worker => true,
+        };
+        let state = State {
+            core: Core::new(vram_size, config.cost),
+            regs: Regs::new(vram_size),
+            bars: Bars::default(),
+            fifo,
+            line: false,
+            line_seq: 0,
+            batched: false,
+            engines_inline: !worker,
+            worker_idle: false,
+        };
+        let shared = Arc::new(Shared {
+            simulated: config.clock.is_simulated(),
+            clock: config.clock,
+            state: Mutex::new(state),
+            line: Mutex::new(LineOut::default()),
+            wake: Condvar::new(),
+            stop: AtomicBool::new(false),
+            worker_wants: AtomicU64::new(0),
+        });
+        let worker = worker.then(|| worker::spawn(shared.clone()));
+        SimGpu {
+            vram_size,
+            shared,
+            worker,
+        }
+    }
+
+    /// True when the engines' work runs on the GPU's worker thread.
+    pub fn has_engine_worker(&self) -> bool {
+        self.worker.is_some()
+    }
+
+    /// The clock the GPU runs against.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.shared.clock.clone()
+    }
+
+    /// Modeled GPU time channel `chid` has occupied so far (command fetch and engine work), in
+    /// ns, including the elapsed part of its work in flight; `None` for `chid >= 128`.
+    pub fn channel_busy_ns(&self, chid: u32) -> Option<u64> {
+        self.with_state(|s, now| s.fifo.channel_busy_ns(chid as usize, now))
+    }
+
+    /// Counters of the engine work done in pieces (how much per call), for tests of the
+    /// per-call bound ([`WORK_BUDGET`]); they say nothing about modeled time.
+    pub fn engine_work(&self) -> EngineWorkStats {
+        self.with_state(|s, _| s.fifo.budget.stats)
+    }
+
+    /// Bytes of host memory the VRAM currently occupies (VRAM is allocated lazily in 64 KiB
+    /// chunks).
+    pub fn vram_resident_bytes(&self) -> u64 {
+        self.with_state(|s, _| s.core.mem.vram.allocated_chunks() as u64 * 64 * 1024)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared.state.lock()
+    }
+
+    /// Runs `f` on the state after letting the GPU catch up with the clock, then lets new work
+    /// start and updates the interrupt line.
+    fn with_state<R>(&self, f: impl FnOnce(&mut State, u64) -> R) -> R {
+        let now = self.shared.clock.now_ns();
+        let (r, change, wake) = {
+            let mut guard = self.lock();
+            let s = &mut *guard;
+            if !s.batched {
+                s.fifo.budget.new_call();
+            }
+            let inline = s.engines_inline;
+            s.fifo.advance(&mut s.core, now, inline);
+            let r = f(s, now);
+            s.fifo.advance(&mut s.core, now, inline);
+            // A simulated clock moves only with calls: the worker is woken by each.
+            let wake = (s.worker_idle || self.shared.simulated) && s.fifo.engine_in_flight();
+            if wake {
+                s.worker_idle = false;
+            }
+            let change = s.line_change();
+            let since = self.shared.worker_wants.load(Ordering::Relaxed);
+            if since != 0 && now.saturating_sub(since - 1) >= worker::HANDOFF_AFTER_NS {
+                MutexGuard::unlock_fair(guard);
+            } else {
+                drop(guard);
+            }
+            (r, change, wake)
+        };
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        if let Some((seq, level)) = change {
+            self.shared.apply_line(seq, level);
+        }
+        r
+    }
+}
+
+impl SimGpu {
+    /// With a simulated clock and the engine worker: waits (in host time) until the worker has
+    /// done the engine work due at the clock's time, since a simulated clock only moves when a
+    /// caller moves it and the next event is only known once that work is done.
+    fn wait_for_worker(&self) {
+        loop {
+            let now = self.shared.clock.now_ns();
+            let mut guard = self.lock();
+            let behind = guard.fifo.engine_due(now).is_some_and(|t| t <= now);
+            if !behind {
+                return;
+            }
+            guard.worker_idle = false;
+            self.shared.wake.notify_one();
+            MutexGuard::unlock_fair(guard);
+            std::thread::yield_now();
+        }
+    }
+}
+
+impl Drop for SimGpu {
+    fn drop(&mut self) {
+        if let Some(w) = self.worker.take() {
+            self.shared.stop.store(true, Ordering::SeqCst);
+            {
+                // Under the lock, so that the worker is either waiting (and woken) or will see
+                // the flag before it waits.
+                let _s = self.lock();
+                self.shared.wake.notify_all();
+            }
+            let _ = w.join();
+        }
+    }
+}
+
+impl Default for SimGpu {
+    fn default() -> Self {
+        SimGpu::new(SimConfig::default())
+    }
+}
+
+impl std::fmt::Debug for SimGpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimGpu")
+            .field("vram_size", &self.vram_size)
+            .field("clock", &self.shared.clock)
+            .field("engine_worker", &self.worker.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PhysicalGpu for SimGpu {
+    fn read_reg(&self, offset: u32) -> u32 {
+        if self.worker.is_some() && regs::is_ptimer_time(offset) {
+            // The clock, without the lock: the worker keeps the GPU up to date by itself, so a
+            // driver polling the timer does not queue behind everyone else's GPU calls. Not
+            // counted in `GpuStats::mmio_reads` (a counter all callers write would be the
+            // shared cache line the lock was).
+            return regs::ptimer_time(offset, self.shared.clock.now_ns());
+        }
+        self.with_state(|s, now| {
+            s.core.stats.mmio_reads += 1;
+            s.read_reg(offset, now)
+        })
+    }
+
+    fn write_reg(&self, offset: u32, value: u32) {
+        self.with_state(|s, now| {
+            s.core.stats.mmio_writes += 1;
+            s.write_reg(offset, value, now);
+        })
+    }
+
+    fn read_aperture(&self, bar: Bar, offset: u64, data: &mut [u8]) {
+        self.with_state(|s, _| {
+            s.core.stats.aperture_reads += 1;
+            s.bars.sync(&mut s.core);
+            s.bars.aperture_read(&mut s.core, bar, offset, data);
+        })
+    }
+
+    fn write_aperture(&self, bar: Bar, offset: u64, data: &[u8]) {
+        self.with_state(|s, _| {
+            s.core.stats.aperture_writes += 1;
+            s.bars.sync(&mut s.core);
+            let fifo = &mut s.fifo;
+            s.bars
+                .aperture_write(&mut s.core, bar, offset, data, &mut |w| fifo.snoop(w));
+        })
+    }
+
+    fn vram_size(&self) -> u64 {
+        self.vram_size
+    }
+
+    fn read_vram(&self, addr: HostVram, data: &mut [u8]) {
+        self.with_state(|s, _| {
+            s.core.mem.vram.read(addr.raw(), data);
+        })
+    }
+
+    fn write_vram(&self, addr: HostVram, data: &[u8]) {
+        self.with_state(|s, _| {
+            s.core.mem.vram.write(addr.raw(), data);
+        })
+    }
+
+    fn vram_backing(&self) -> Option<gpuvm_phys::VramBacking> {
+        let b = self.with_state(|s, _| s.core.mem.vram.backing());
+        Some(gpuvm_phys::VramBacking {
+            file: Some(b.file),
+            file_offset: 0,
+            host_addr: b.host_addr,
+            len: b.len,
+        })
+    }
+
+    fn vram_resident_bytes(&self, addr: HostVram, len: u64) -> Option<u64> {
+        // A pure read of the backing file's extents: the GPU is not advanced.
+        Some(self.lock().core.mem.vram.resident_bytes(addr.raw(), len))
+    }
+
+    fn vram_resident_ranges(&self, addr: HostVram, len: u64) -> Option<Vec<(u64, u64)>> {
+        Some(self.lock().core.mem.vram.resident_ranges(addr.raw(), len))
+    }
+
+    fn channel_acquire(&self, chid: u32) -> gpuvm_phys::AcquireState {
+        self.with_state(|s, _| s.fifo.channel_acquire(chid))
+    }
+
+    fn save_channel(&self, chid: u32) -> Result<Vec<u8>, ChannelStateError> {
+        self.with_state(|s, _| s.fifo.save_channel(chid))
+    }
+
+    fn restore_channel(&self, chid: u32, state: &[u8]) -> Result<(), ChannelStateError> {
+        self.with_state(|s, _| s.fifo.restore_channel(chid, state))
+    }
+
+    fn fill_vram(&self, addr: HostVram, len: u64, byte: u8) {
+        self.with_state(|s, _| s.core.mem.vram.fill(addr.raw(), len, byte));
+    }
+
+    fn map_dma(
+        &self,
+        iova: Iova,
+        len: u64,
+        mem: GuestMemoryMmap,
+        gpa: Gpa,
+    ) -> Result<(), DmaError> {
+        self.with_state(|s, _| s.core.mem.dma.map(iova, len, mem, gpa))
+    }
+
+    fn unmap_dma(&self, iova: Iova) -> Result<(), DmaError> {
+        self.with_state(|s, _| s.core.mem.dma.unmap(iova))
+    }
+
+    fn set_irq_line(&self, line: Arc<dyn IrqLine>) {
+        self.shared.line.lock().line = Some(line);
+        // Re-send the current level under a new sequence number; a concurrent change gets a
+        // later number and wins.
+        let (seq, level) = self.with_state(|s, _| {
+            s.line_seq += 1;
+            (s.line_seq, s.line)
+        });
+        self.shared.apply_line(seq, level);
+    }
+
+    fn poll(&self) {
+        self.with_state(|_, _| ());
+    }
+
+    fn next_event_ns(&self) -> Option<u64> {
+        if self.worker.is_some() && self.shared.simulated {
+            self.wait_for_worker();
+        }
+        self.with_state(|s, now| s.fifo.next_event(now, s.engines_inline))
+    }
+
+    fn channel_busy_ns(&self, chid: u32) -> Option<u64> {
+        SimGpu::channel_busy_ns(self, chid)
+    }
+
+    fn begin_batch(&self) {
+        let mut s = self.lock();
+        s.batched = true;
+        s.fifo.budget.new_call();
+    }
+
+    fn stats(&self) -> GpuStats {
+        self.with_state(|s, _| GpuStats {
+            dma_errors: s.core.mem.errors,
+            ..s.core.stats.clone()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gf100::{pfifo, pmc};
+    use gpuvm_phys::irq::IrqFlag;
+
+    fn gpu() -> SimGpu {
+        SimGpu::new(SimConfig::default())
+    }
+
+    #[test]
+    fn is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<SimGpu>();
+    }
+
+    #[test]
+    fn reset_values_and_unknown_registers() {
+        let g = gpu();
+        assert_eq!(g.read_reg(pmc::BOOT_0), 0x0c0c_00a3);
+        assert_eq!(g.read_reg(0x123450), gf100::BAD_REGISTER);
+        assert_eq!(
+            g.read_reg(pmc::BOOT_0 + 1),
+            gf100::BAD_REGISTER,
+            "unaligned"
+        );
+        g.write_reg(0x123450, 1);
+        let st = g.stats();
+        assert_eq!((st.bad_register_reads, st.bad_register_writes), (2, 1));
+        assert_eq!((st.mmio_reads, st.mmio_writes), (3, 1));
+        assert_eq!(g.vram_size(), 6 << 30);
+        assert_eq!(g.vram_resident_bytes(), 0);
+    }
+
+    #[test]
+    fn irq_line_follows_pmc() {
+        let g = gpu();
+        let flag = Arc::new(IrqFlag::new());
+        g.set_irq_line(flag.clone());
+        assert!(!flag.is_asserted());
+        g.write_reg(pfifo::INTR_EN, u32::MAX);
+        g.write_reg(pfifo::RUNLIST_SUBMIT, 0);
+        assert!(!flag.is_asserted(), "PMC INTR_EN still off");
+        g.write_reg(pmc::INTR_EN_HOST, pmc::INTR_EN_HARDWARE);
+        assert!(flag.is_asserted());
+        assert_eq!(g.read_reg(pmc::INTR_HOST), pmc::INTR_PFIFO);
+        g.write_reg(pfifo::INTR_RUNLIST, pfifo::INTR_RUNLIST_EVENT);
+        assert!(!flag.is_asserted());
+        assert_eq!(flag.rising_edges(), 1);
+    }
+
+    #[test]
+    fn vram_size_is_rounded_to_mib() {
+        let g = SimGpu::new(SimConfig {
+            vram_size: (3 << 20) + 5,
+            ..SimConfig::default()
+        });
+        assert_eq!(g.vram_size(), 3 << 20);
+        let g = SimGpu::new(SimConfig {
+            vram_size: 0,
+            ..SimConfig::default()
+        });
+        assert_eq!(g.vram_size(), 1 << 20);
+    }
+}
