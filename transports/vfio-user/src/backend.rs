@@ -132,7 +132,7 @@ pub struct VmDevice {
     name: String,
     profile: Mutex<VgpuProfile>,
     cap_ppm: Mutex<Option<u32>>,
-    waker: std::sync::OnceLock<Arc<crate::daemon::Waker>>,
+    waker: std::sync::OnceLock<Arc<crate::waker::Waker>>,
     host: Arc<GpuHost>,
     vgpu: Mutex<Option<Arc<Vgpu>>>,
     line: Arc<VgpuIrq>,
@@ -387,7 +387,7 @@ impl VmDevice {
         &self.host
     }
 
-    pub(crate) fn set_waker(&self, w: Arc<crate::daemon::Waker>) {
+    pub(crate) fn set_waker(&self, w: Arc<crate::waker::Waker>) {
         let _ = self.waker.set(w);
     }
 

@@ -22,11 +22,12 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+pub use crate::waker::Waker;
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use gpuvm::clock::Clock;
 use gpuvm::host::GpuHost;
@@ -91,63 +92,6 @@ impl SocketAccess {
             })?;
         }
         Ok(())
-    }
-}
-
-/// Wakes the poller when an access made something due earlier than it will wake by itself.
-#[derive(Debug)]
-pub struct Waker {
-    kick: EventFd,
-    /// The time the poller's timer is armed for (`u64::MAX`: disarmed).
-    armed: AtomicU64,
-    stop: AtomicBool,
-    wakeups: AtomicU64,
-    polls: AtomicU64,
-    nudges: AtomicU64,
-}
-
-impl Waker {
-    fn new() -> io::Result<Waker> {
-        Ok(Waker {
-            kick: EventFd::new(libc::EFD_NONBLOCK)?,
-            armed: AtomicU64::new(u64::MAX),
-            stop: AtomicBool::new(false),
-            wakeups: AtomicU64::new(0),
-            polls: AtomicU64::new(0),
-            nudges: AtomicU64::new(0),
-        })
-    }
-
-    /// After an access: wakes the poller if the host's next event is now earlier than the time
-    /// its timer is armed for. Costs one lookup of `next_event_ns` (the host lock).
-    pub fn nudge(&self, host: &GpuHost) {
-        if let Some(t) = host.next_event_ns() {
-            if t < self.armed.load(Ordering::SeqCst) {
-                self.kick();
-            }
-        }
-    }
-
-    /// Wakes the poller unconditionally (after a control change: a new weight or cap may let
-    /// queued work run).
-    pub fn kick(&self) {
-        self.nudges.fetch_add(1, Ordering::Relaxed);
-        let _ = self.kick.write(1);
-    }
-
-    /// Times the poller woke up.
-    pub fn wakeups(&self) -> u64 {
-        self.wakeups.load(Ordering::Relaxed)
-    }
-
-    /// Times the poller called `GpuHost::poll`.
-    pub fn polls(&self) -> u64 {
-        self.polls.load(Ordering::Relaxed)
-    }
-
-    /// Times a VM thread or the control socket woke the poller.
-    pub fn nudges(&self) -> u64 {
-        self.nudges.load(Ordering::Relaxed)
     }
 }
 

@@ -28,6 +28,7 @@ pub mod peer;
 pub mod regions;
 pub mod say;
 pub mod traffic;
+pub mod waker;
 pub mod wire;
 
 pub use backend::{Holder, VmDevice, VmTotals, UNSEALED_DMA_FIX};
