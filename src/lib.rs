@@ -28,7 +28,7 @@ pub mod host;
 mod layout;
 pub mod migrate;
 pub mod mmio;
-mod phys_seq;
+mod phys_driver;
 pub mod profile;
 pub mod sched;
 pub mod shadow_pt;

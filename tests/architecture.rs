@@ -98,7 +98,7 @@ const MODULES: &[(&str, u32, &str)] = &[
     ("guest_mem", 6, "guest memory views"),
     ("vram_alloc", 6, "VRAM allocators"),
     ("layout", 6, "the host's structures in VRAM"),
-    ("phys_seq", 6, "register sequences on the physical GPU"),
+    ("phys_driver", 6, "register sequences on the physical GPU"),
     ("profile", 6, "vGPU profiles"),
     ("phys", 7, "the PhysicalGpu boundary (gpuvm-phys)"),
     ("addr", 7, "address newtypes (gpuvm-phys)"),

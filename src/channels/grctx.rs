@@ -31,7 +31,7 @@ use std::sync::OnceLock;
 
 use gf100::{inst, mmu};
 
-use super::cx::ChanCx;
+use super::view::ChanCx;
 use crate::addr::HostVram;
 use crate::mmio::vpgraph::CONTEXT_SIZE;
 

@@ -35,7 +35,7 @@
 //! the submission path in [`cmdscan`].
 
 pub mod cmdscan;
-mod cx;
+mod view;
 pub(crate) mod grctx;
 pub(crate) mod preempt;
 pub(crate) mod runlist;
@@ -49,7 +49,7 @@ use crate::stats::ViolationKind;
 
 use cmdscan::ScanState;
 
-pub(crate) use cx::{ChanCx, ChanVm, Effect};
+pub(crate) use view::{ChanCx, ChanVm, Effect};
 
 /// A guest channel bound to its physical channel.
 #[derive(Debug, Clone)]

@@ -12,7 +12,7 @@
 
 use gf100::pfifo;
 
-use super::cx::{ChanCx, Effect};
+use super::view::{ChanCx, Effect};
 use crate::stats::ViolationKind;
 
 /// A guest write of RUNLIST_SUBMIT.

@@ -9,7 +9,7 @@
 
 use gf100::{pfifo, userd};
 
-use super::cx::{ChanCx, Effect};
+use super::view::{ChanCx, Effect};
 use crate::stats::ViolationKind;
 
 /// The guest channel and page offset of BAR1 offset `offset`, if it lies in the poll area.

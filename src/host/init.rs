@@ -22,7 +22,7 @@ use crate::addr::HostVram;
 use crate::host::HostError;
 use crate::layout::HostLayout;
 use crate::phys::PhysicalGpu;
-use crate::phys_seq::{phys_tlb_flush, wait_runlist};
+use crate::phys_driver::{phys_tlb_flush, wait_runlist};
 use crate::vram_alloc::HypVram;
 
 /// Bytes of one runlist buffer (128 entries of 8 bytes fit in one page).

@@ -18,6 +18,6 @@ pub(crate) fn submit_physical(st: &mut HostState, phys: &dyn PhysicalGpu) {
     }
     let buf = st.layout.runlists[st.runlist_next & 1];
     st.runlist_next ^= 1;
-    crate::phys_seq::submit_runlist(phys, buf, &entries);
+    crate::phys_driver::submit_runlist(phys, buf, &entries);
     st.counters.runlist_submits += 1;
 }
