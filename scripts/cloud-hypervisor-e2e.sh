@@ -6,7 +6,7 @@
 #
 # CH_BINARY is a cloud-hypervisor binary (v53.0 was used; it is in no package registry, see
 # docs/cloud-hypervisor.md for building it). The gpuvm binary and the guest ELF are taken from
-# $GPUVM and $GUEST, or else built with `cargo build --release -p gpuvm-standalone` into
+# $GPUVM and $GUEST, or else built with `cargo build --release -p gpuvm-app` into
 # $CARGO_TARGET_DIR (or target/). Environment knobs: SIZE (problem size, default 16: every BAR
 # access is a message, so larger sizes take minutes), WORKLOADS (comma-separated, default every
 # workload), CH_TIMEOUT (seconds per CH VM, 600).
@@ -41,7 +41,7 @@ workloads="${WORKLOADS:-madd,mmul,fmadd,fmmul,memcpy_htod,memcpy_dtoh,loop}"
 ch_timeout="${CH_TIMEOUT:-600}"
 
 if [ -z "${GPUVM:-}" ]; then
-    (cd "$repo" && cargo build --release -p gpuvm-standalone) || exit 1
+    (cd "$repo" && cargo build --release -p gpuvm-app) || exit 1
     GPUVM="$target/release/gpuvm"
 fi
 GUEST="${GUEST:-$target/gpuvm-guest-bin/x86_64-unknown-linux-gnu/release/gpuvm-guest-bin}"

@@ -44,7 +44,7 @@ const CRATES: &[(&str, u32, &str)] = &[
     ("gpuvm-harness", 4, "in-process harness and experiments"),
     ("gpuvm-vfio-user", 4, "a transport"),
     ("gpuvm-vhost-user", 4, "a transport"),
-    ("gpuvm-standalone", 5, "the gpuvm command and the KVM VMM"),
+    ("gpuvm-app", 5, "the gpuvm command and the KVM VMM"),
 ];
 
 /// The layer folders, bottom (0) up. A crate lives in one of them (the core at the root) and may
@@ -67,7 +67,7 @@ const NOT_IN_CORE: &[&str] = &[
     "gpuvm-vfio",
     "gpuvm-trace",
     "gpuvm-harness",
-    "gpuvm-standalone",
+    "gpuvm-app",
     "flate2",
     "lzma-rs",
     "plotters",

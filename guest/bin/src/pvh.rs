@@ -69,7 +69,7 @@ const TSS_LIMIT: u64 = IOPB_OFFSET + 65536 / 8;
 //   permission bitmap right after the 104-byte TSS, all zeros = every port allowed, and the
 //   all-ones terminator byte. PVM runs ring 3 with the hardware IOPL forced to 0, so every
 //   `in`/`out` from ring 3 faults into KVM's emulator, which allows it by this bitmap (the KVM
-//   VMM's TSS is built the same way, `standalone/src/kvm/cpu.rs`).
+//   VMM's TSS is built the same way, `apps/gpuvm/src/kvm/cpu.rs`).
 // * IDT (`.bss`): 256 empty gates; the Rust code installs the device's gate (DPL 3, ring-3 code
 //   selector, IST1) at [`idt_base`].
 // * Page tables (`.bss`): identity map of the first 4 GiB with 2 MiB pages, the user bit set at

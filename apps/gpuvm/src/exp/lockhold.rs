@@ -42,17 +42,7 @@ pub fn run(a: &LockholdArgs) -> anyhow::Result<bool> {
         mmul_n: a.mmul_n,
         clock: a.clock,
     });
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-    } else {
-        println!("{}", render(&r));
-    }
-    if let Some(p) = &a.svg {
-        write_svg(&r, p)?;
-        if !a.json {
-            println!("plot: {}", p.display());
-        }
-    }
+    super::plot::emit(&r, a.json, render, a.svg.as_deref(), write_svg)?;
     Ok(r.scenarios.iter().all(|s| s.verified == s.workloads))
 }
 

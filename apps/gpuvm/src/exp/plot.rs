@@ -14,6 +14,29 @@ pub(crate) const COLORS: [plotters::style::RGBColor; 8] = [
 ];
 
 /// A plotting backend's error as this command's error.
+/// Prints report `r` (as JSON with `json`, else as `render` lays it out) and writes its plot to
+/// `svg` if one is asked for (saying where, unless the output is JSON).
+pub(crate) fn emit<R: serde::Serialize>(
+    r: &R,
+    json: bool,
+    render: impl Fn(&R) -> String,
+    svg: Option<&std::path::Path>,
+    write_svg: impl Fn(&R, &std::path::Path) -> anyhow::Result<()>,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+    } else {
+        println!("{}", render(r));
+    }
+    if let Some(p) = svg {
+        write_svg(r, p)?;
+        if !json {
+            println!("plot: {}", p.display());
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plot: {e:?}")
 }

@@ -42,17 +42,7 @@ pub fn run(a: &TrapsArgs) -> anyhow::Result<bool> {
         duration_ms: a.duration_ms,
         fast_path: !a.no_fast_path,
     })?;
-    if a.json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
-    } else {
-        println!("{}", render(&r));
-    }
-    if let Some(p) = &a.svg {
-        write_svg(&r, p)?;
-        if !a.json {
-            println!("plot: {}", p.display());
-        }
-    }
+    super::plot::emit(&r, a.json, render, a.svg.as_deref(), write_svg)?;
     Ok(r.points.iter().all(|p| p.gpu_failures == 0))
 }
 
