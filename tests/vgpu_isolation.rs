@@ -13,7 +13,7 @@ use gpuvm::gf100::gpfifo::GpEntry;
 use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
 use gpuvm::gf100::{fault, host as hm, inst, pbus, pffb, pfifo, userd, Target};
 use gpuvm::host::HostConfig;
-use gpuvm::phys::Bar;
+use gpuvm::phys::{Bar, PhysicalGpu};
 use gpuvm::profile::ShadowMode;
 use gpuvm::vgpu::VgpuStats;
 use gpuvm_guest::hal::Mmio;
@@ -570,4 +570,43 @@ fn a_new_vm_reads_zeros_where_a_destroyed_vm_left_data() {
     run_suite(&mut new);
     let h = w.host.stats();
     assert_eq!(h.vms, 1);
+}
+
+/// Reads of BAR1 memory (what a guest polls a fence or reads results with) run beside the host
+/// lock while the host is quiet, through the VM's BAR TLB into its own slice: the value is
+/// the memory's as it is now (translations are cached, data is not), and a guest flush of its
+/// BAR TLB is followed (an unmapped page then faults on the usual path, not on stale state).
+#[test]
+fn bar1_memory_reads_run_beside_the_host_lock_and_follow_the_bar_tlb() {
+    let w = world();
+    let mut vm = w.vm(ShadowMode::Lazy);
+    let mut ch = vm.drv.channel_new().unwrap();
+    let buf = vm
+        .drv
+        .buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, true)
+        .unwrap();
+    let off = buf.bar1().expect("mapped in BAR1");
+    vm.drv.buffer_wr32(&buf, 16, 0x1234_5678).unwrap();
+    let read = |vm: &Vm| {
+        let mut b = [0u8; 4];
+        vm.vgpu.bar_read(Bar::Bar1, off + 16, &mut b);
+        u32::from_le_bytes(b)
+    };
+    // `stats` is a host call (it charges running work): the read after it services the host
+    // on the usual path; the others run beside the lock.
+    let fast = w.host.stats().fast_path_accesses;
+    for _ in 0..101 {
+        assert_eq!(read(&vm), 0x1234_5678);
+    }
+    assert_eq!(w.host.stats().fast_path_accesses - fast, 100);
+    // The memory changes underneath (the GPU writes it): the next read sees it.
+    let host_addr = vm.vgpu.vram_slice().base.raw() + buf.phys() + 16;
+    w.gpu
+        .write_vram(gpuvm::addr::HostVram(host_addr), &7u32.to_le_bytes());
+    assert_eq!(read(&vm), 7);
+    // The guest unmaps the page from BAR1 and flushes its BAR TLB: the read goes the usual
+    // way and faults (all ones), it does not use the old translation.
+    vm.drv.buffer_free(ch.vm_mut(), buf).unwrap();
+    assert_eq!(read(&vm), u32::MAX);
+    assert!(vm.vgpu.stats().bar_faults > 0);
 }

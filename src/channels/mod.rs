@@ -35,11 +35,11 @@
 //! the submission path in [`cmdscan`].
 
 pub mod cmdscan;
-mod view;
 pub(crate) mod grctx;
 pub(crate) mod preempt;
 pub(crate) mod runlist;
 pub(crate) mod userd;
+mod view;
 
 use gf100::{inst, mmu, pfifo, userd as ud, Target};
 

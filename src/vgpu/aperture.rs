@@ -407,6 +407,41 @@ pub(crate) fn userd_read_fast(
     true
 }
 
+/// A BAR1 read of memory (not USERD) with only the VM's state (the fast path): a guest polling
+/// a fence or reading results through BAR1. Only within one page whose translation the VM's
+/// software TLB holds (validated against its slice and RAM when it was filled; dropped when the
+/// guest flushes its BAR TLB), and read through the VM's memory view, which checks the range
+/// again. False, nothing done, for anything else (the usual path walks, faults, counts).
+pub(crate) fn aperture_read_fast(
+    phys: &dyn PhysicalGpu,
+    vm: &mut VmState,
+    offset: u64,
+    data: &mut [u8],
+) -> bool {
+    let len = data.len() as u64;
+    let last = offset.checked_add(len - 1);
+    if userd::locate_in(vm.regs.poll_area(), offset).is_some()
+        || !matches!(last, Some(l) if l < Bar::Bar1.size()
+            && l >> gf100::PAGE_SHIFT == offset >> gf100::PAGE_SHIFT)
+    {
+        return false;
+    }
+    let Some(tr) = vm
+        .bars
+        .tlb
+        .get(&(false, offset >> gf100::PAGE_SHIFT))
+        .copied()
+    else {
+        return false;
+    };
+    let addr = tr.page + (offset & (gf100::PAGE_SIZE - 1));
+    if vm.mem.view(phys).read(tr.target, addr, data).is_err() {
+        return false;
+    }
+    vm.stats.by_class.aperture.count(false);
+    true
+}
+
 /// A doorbell that announces nothing, with only the VM's state (the fast path): GP_PUT written
 /// with the value it holds, on a bound channel whose every entry the GPU has already been given
 /// (`phys_put`) and run (the host saw that submission complete: `done_put`), not parked, held

@@ -459,7 +459,8 @@ impl Vgpu {
                             }
                             Bar::Bar1 if aperture::valid_width(data.len()) => {
                                 let done =
-                                    aperture::userd_read_fast(phys, layout, vm, offset, data);
+                                    aperture::userd_read_fast(phys, layout, vm, offset, data)
+                                        || aperture::aperture_read_fast(phys, vm, offset, data);
                                 if done {
                                     vm.stats.exits.bar1.count(false);
                                 }
