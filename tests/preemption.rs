@@ -472,3 +472,55 @@ fn work_after_a_refused_method_waits_for_the_guest() {
     );
     vm.drv.fence_wait(&mut ch, second).unwrap();
 }
+
+/// The GPU stops a channel on an error, and before the host has serviced the interrupt the
+/// channel's RUNNABLE is set again (what a submission dispatched in that window does). The
+/// host's acknowledgement of the error lets the PBDMA go on, so the host takes RUNNABLE off
+/// first: nothing after the error runs until the guest, having seen it, enables the channel.
+#[test]
+fn an_error_acknowledged_by_the_host_does_not_restart_a_channel_set_runnable_meanwhile() {
+    let w = rig_world(HostConfig::default());
+    let mut vm = w.vm_with("tenant", ShadowMode::Lazy, 10_000 * MS);
+    let mut ch = vm.drv.channel_new().unwrap();
+    let g = ch.chid();
+    let p = vm.vgpu.phys_channels().start + g;
+    let mut bind_3d = PushBuf::new();
+    bind_3d.method(3, gpuvm::gf100::host::SET_OBJECT, &[0x9097]);
+    let fence = vm.drv.submit(&mut ch, &bind_3d).unwrap();
+    // The GPU runs the entry with no call into the host: it stops the channel on the error.
+    w.clock.advance(MS);
+    w.gpu.poll();
+    assert_ne!(
+        w.gpu.read_reg(pfifo::pbdma(0, pfifo::PBDMA_INTR)) & pfifo::PBDMA_INTR_ILLEGAL_MTHD,
+        0,
+        "the error is pending, not yet serviced"
+    );
+    assert_eq!(phys_state(&w, &vm, g) & pfifo::STATE_RUNNABLE, 0);
+    // RUNNABLE set again behind the host's back, as a dispatch in that window would.
+    let state = w.gpu.read_reg(pfifo::chan_state(p));
+    w.gpu
+        .write_reg(pfifo::chan_state(p), state | pfifo::STATE_RUNNABLE);
+    pass(&w, 20 * MS);
+    assert!(
+        !vm.drv.fence_done(&ch, fence).unwrap(),
+        "the release after the error ran"
+    );
+    assert_eq!(phys_state(&w, &vm, g) & pfifo::STATE_RUNNABLE, 0);
+    assert_eq!(vm.vgpu.stats().pbdma_errors_delivered, 1);
+    // The guest acknowledges and enables: the rest runs, through the scheduler.
+    let intr = vm
+        .drv
+        .hal_mut()
+        .read32(Bar::Bar0, u64::from(pfifo::pbdma(0, pfifo::PBDMA_INTR)));
+    vm.drv.hal_mut().write32(
+        Bar::Bar0,
+        u64::from(pfifo::pbdma(0, pfifo::PBDMA_INTR)),
+        intr,
+    );
+    vm.drv.hal_mut().write32(
+        Bar::Bar0,
+        u64::from(pfifo::chan_state(g)),
+        pfifo::STATE_RUNNABLE,
+    );
+    vm.drv.fence_wait(&mut ch, fence).unwrap();
+}

@@ -443,6 +443,13 @@ fn switch_out(st: &mut HostState, phys: &dyn PhysicalGpu, i: usize) {
     st.inflight[i].preempting = true;
 }
 
+/// The host's RUNNABLE of physical channel `p` off (the engine field stays): the channel may not
+/// run until the host dispatches to it again.
+pub(crate) fn runnable_off(phys: &dyn PhysicalGpu, p: u32) {
+    let state = phys.read_reg(pfifo::chan_state(p));
+    phys.write_reg(pfifo::chan_state(p), state & pfifo::STATE_ENGINE_MASK);
+}
+
 /// True when no engine runs an operation of physical channel `p`.
 fn off_engines(phys: &dyn PhysicalGpu, p: u32) -> bool {
     !crate::channels::preempt::busy_channels(phys).contains(&Some(p))
@@ -458,9 +465,7 @@ fn check_completions(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
             }
             Status::Done => {
                 // Nothing left to run: the host's RUNNABLE goes off.
-                let p = st.inflight[i].sub.phys_chid;
-                let state = phys.read_reg(pfifo::chan_state(p));
-                phys.write_reg(pfifo::chan_state(p), state & pfifo::STATE_ENGINE_MASK);
+                runnable_off(phys, st.inflight[i].sub.phys_chid);
                 true
             }
             Status::Ended => {

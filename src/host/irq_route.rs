@@ -129,9 +129,12 @@ fn faults(st: &mut HostState, phys: &dyn PhysicalGpu) {
                     vm.stats.faults_delivered += 1;
                 }
                 // The GPU stopped the channel (RUNNABLE cleared); the guest's view follows, even
-                // when the fault came after the host had switched the channel out.
+                // when the fault came after the host had switched the channel out. The physical
+                // RUNNABLE goes off too: a submission dispatched between the fault and now set
+                // it again, and the work after the fault must not run before the guest saw it.
                 if let Some(ch) = vm.chans.get_mut(g as usize).filter(|c| c.chan_word == word) {
                     ch.enabled = false;
+                    crate::host::dispatch::runnable_off(phys, vm.phys_chid(g));
                 }
                 if vm.log.hit() {
                     log::info!(
@@ -160,6 +163,13 @@ fn pbdma(st: &mut HostState, phys: &dyn PhysicalGpu) {
         let chid = phys.read_reg(pfifo::pbdma(i, pfifo::PBDMA_CHID)) & pfifo::PBDMA_CHID_MASK;
         let method = phys.read_reg(pfifo::pbdma(i, pfifo::PBDMA_METHOD0));
         let data = phys.read_reg(pfifo::pbdma(i, pfifo::PBDMA_DATA0));
+        if intr != 0 {
+            // Before the acknowledgement lets the PBDMA go on: the channel may not run again
+            // until the host dispatches to it, which it does once the guest, having seen the
+            // error, enables the channel (a submission dispatched between the error and now
+            // set RUNNABLE again).
+            crate::host::dispatch::runnable_off(phys, chid);
+        }
         phys.write_reg(pfifo::pbdma(i, pfifo::PBDMA_INTR), intr);
         if intr == 0 {
             continue;

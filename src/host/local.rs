@@ -41,10 +41,14 @@ impl HostShared {
         cell: &VmCell,
         f: &mut dyn FnMut(&dyn PhysicalGpu, &HostLayout, &mut VmState) -> bool,
     ) -> bool {
-        if !self.cfg.local_fast_path || self.irq.is_asserted() {
+        if !self.cfg.local_fast_path {
             return false;
         }
         for attempt in 0..2 {
+            // Looked at again after waiting out a hold: the hold may have left one pending.
+            if self.irq.is_asserted() {
+                return false;
+            }
             let mut vm = cell.lock();
             // Read with the VM's lock held: a write-locked hold in progress has set it to 0.
             let quiet_until = self.quiet_until.load(Ordering::Acquire);

@@ -129,6 +129,11 @@ impl Interrupts {
         self.pbdma.iter().any(|p| p.intr != 0)
     }
 
+    /// True if `offset` is a PBDMA's INTR register (writing it acknowledges errors).
+    pub(crate) fn is_pbdma_intr(offset: u32) -> bool {
+        pbdma_index(offset).is_some_and(|(_, reg)| reg == pfifo::PBDMA_INTR)
+    }
+
     fn subfifo_source(&self) -> u32 {
         pfifo::source_mask(self.pbdma.iter().map(|p| p.intr))
     }

@@ -206,7 +206,8 @@ impl State {
                 }
                 RegWrite::Unknown => {
                     let intr = self.core.intr.write(offset, value);
-                    if intr && !self.core.intr.pbdma_pending() {
+                    if intr && Interrupts::is_pbdma_intr(offset) && !self.core.intr.pbdma_pending()
+                    {
                         // The PBDMA's interrupt is cleared: it goes on.
                         self.fifo.release_halted();
                     }
