@@ -57,6 +57,9 @@ use gpuvm_phys::{Bar, ChannelStateError, DmaError, GpuStats, PhysicalGpu};
 pub use cost::CostModel;
 pub use engine::{EngineWorkStats, EngineWrites, WORK_BUDGET};
 
+/// Name of the engine worker's thread (`Executor::Worker`), as profilers and `/proc` show it.
+pub const ENGINE_THREAD_NAME: &str = "gpuvm-sim-engines";
+
 use bar::Bars;
 use intr::Interrupts;
 use mem::Memory;

@@ -51,7 +51,7 @@ const MAX_WAIT_NS: u64 = 1_000_000;
 /// Starts the worker of `shared`.
 pub(crate) fn spawn(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
-        .name("gpuvm-sim-engines".into())
+        .name(crate::ENGINE_THREAD_NAME.into())
         .spawn(move || run(&shared))
         .expect("spawning the simulated GPU's engine worker")
 }

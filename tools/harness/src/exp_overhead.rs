@@ -12,7 +12,7 @@ use gpuvm_guest::{DriverConfig, Gpu};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use gpuvm::clock::Clock;
-use gpuvm::host::{GpuHost, HostStats};
+use gpuvm::host::{GpuHost, HostStats, LockHolds};
 use gpuvm::phys::PhysicalGpu;
 use gpuvm::profile::VgpuProfile;
 use gpuvm::sched::{Policy, SchedParams};
@@ -20,6 +20,7 @@ use gpuvm::shadow_pt::ShadowStats;
 use gpuvm::vgpu::{Vgpu, VgpuStats};
 use gpuvm_sim::{SimConfig, SimGpu};
 
+use crate::cpu::SpanCpu;
 use crate::native::{MmioCounts, WorkloadRun};
 use crate::virt::{VirtError, VirtHal, VirtOptions};
 
@@ -128,6 +129,10 @@ pub struct StagedReport {
     pub clock_span_ns: (u64, u64),
     /// Wall time from the barrier (or the start) to the last VM's end, ns.
     pub measured_wall_ns: u64,
+    /// Host-lock write holds from the barrier (or the start) to the last VM's end.
+    pub measured_holds: LockHolds,
+    /// CPU time from the barrier (or the start) to the last VM's end.
+    pub measured_cpu: SpanCpu,
     /// Host counters after every VM was destroyed.
     pub host: HostStats,
     /// Host memory right after every VM finished (threads joined, VMs not yet destroyed).
@@ -203,7 +208,7 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
         ..v.driver.clone()
     };
     let barrier = Barrier::new(v.vms);
-    let mark = std::sync::Mutex::new(None::<(Instant, u64)>);
+    let mark = std::sync::Mutex::new(None::<(Instant, u64, LockHolds, SpanCpu)>);
     let reports: Vec<StagedVm> = std::thread::scope(|s| {
         let handles: Vec<_> = vms
             .iter()
@@ -221,6 +226,7 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
                     opts,
                     barrier: &barrier,
                     mark: &mark,
+                    host: &host,
                     on_phase,
                 };
                 s.spawn(move || drive(ctx))
@@ -231,19 +237,31 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
             .map(|h| h.join().unwrap_or_else(|_| panic!("a VM thread panicked")))
             .collect()
     });
+    // The measured span ends with the last VM's thread, before the memory sample and the VMs'
+    // destruction (which are not the workload's).
+    let end = Instant::now();
     let end_clock = clock.now_ns();
+    let end_cpu = SpanCpu::now();
+    let end_holds = host.stats().lock_holds;
     let mem_loaded = crate::mem::MemSample::now(Some(&sim));
     for (vgpu, _, _) in &vms {
         host.destroy_vgpu(vgpu)?;
     }
     drop(vms);
-    let (from, from_clock) = mark.into_inner().unwrap_or(None).unwrap_or((wall, 0));
+    let (from, from_clock, from_holds, from_cpu) = mark.into_inner().unwrap_or(None).unwrap_or((
+        wall,
+        0,
+        LockHolds::default(),
+        SpanCpu::default(),
+    ));
     Ok(StagedReport {
         scheduler: opts.policy.unwrap_or(Policy::Fifo).name().to_string(),
         vms: reports,
         wall_ns: wall.elapsed().as_nanos() as u64,
         clock_span_ns: (from_clock, end_clock),
-        measured_wall_ns: from.elapsed().as_nanos() as u64,
+        measured_wall_ns: end.saturating_duration_since(from).as_nanos() as u64,
+        measured_holds: end_holds.since(&from_holds),
+        measured_cpu: end_cpu.since(&from_cpu),
         host: host.stats(),
         mem_loaded,
     })
@@ -260,7 +278,8 @@ struct Ctx<'a> {
     cfg: DriverConfig,
     opts: &'a StagedOptions,
     barrier: &'a Barrier,
-    mark: &'a std::sync::Mutex<Option<(Instant, u64)>>,
+    mark: &'a std::sync::Mutex<Option<(Instant, u64, LockHolds, SpanCpu)>>,
+    host: &'a GpuHost,
     on_phase: &'a OnPhase<'a>,
 }
 
@@ -324,8 +343,12 @@ fn drive(c: Ctx<'_>) -> StagedVm {
     for (i, &w) in workloads.iter().enumerate() {
         if c.opts.barrier_after == Some(i) {
             if c.barrier.wait().is_leader() {
-                *c.mark.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some((Instant::now(), c.clock.now_ns()));
+                *c.mark.lock().unwrap_or_else(|e| e.into_inner()) = Some((
+                    Instant::now(),
+                    c.clock.now_ns(),
+                    c.host.stats().lock_holds,
+                    SpanCpu::now(),
+                ));
             }
             c.barrier.wait();
         }

@@ -5,6 +5,7 @@
 
 #![deny(missing_docs)]
 
+pub mod cpu;
 pub mod exp_isolation;
 pub mod exp_lockhold;
 pub mod exp_overhead;

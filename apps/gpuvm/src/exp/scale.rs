@@ -90,11 +90,32 @@ pub struct ScalePoint {
     /// VMs), ns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bring_up_ns: Option<u64>,
+    /// In-process: host-lock write holds in the measured part (`gpuvm::host::LockHolds`): how
+    /// many, their total and the longest, ns. The total over the aggregate wall time is the
+    /// share of the run during which every other VM's slow-path access had to wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_lock: Option<HostLockUse>,
+    /// In-process: CPU time in the measured part: the whole process's and the simulated GPU's
+    /// engine worker's (one thread computes every engine operation; at ~100 % of the aggregate
+    /// it bounds the run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<gpuvm_harness::cpu::SpanCpu>,
     /// In-process: this process's memory with every VM of the point alive and finished (before
     /// they are destroyed). `rss_anon` holds the device model and guest RAM, `rss_shmem` and
     /// `vram_resident` the simulated VRAM (`gpuvm_harness::mem`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mem: Option<MemSample>,
+}
+
+/// Host-lock write holds over a point's measured part.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostLockUse {
+    /// Holds.
+    pub holds: u64,
+    /// Their total, ns.
+    pub held_ns: u64,
+    /// The longest, ns.
+    pub max_ns: u64,
 }
 
 /// The report.
@@ -182,6 +203,12 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
         runs: vms * a.repeat,
         verified: r.all_verified() && r.vms.len() == vms as usize,
         bring_up_ns: None,
+        cpu: Some(r.measured_cpu),
+        host_lock: Some(HostLockUse {
+            holds: r.measured_holds.count,
+            held_ns: r.measured_holds.total_ns,
+            max_ns: r.measured_holds.max_ns,
+        }),
         mem: Some(r.mem_loaded),
     })
 }
@@ -281,7 +308,13 @@ pub fn render(r: &ScaleReport) -> String {
         "verified",
     ]);
     if !kvm {
-        head.extend(["RssAnon", "VRAM resident"]);
+        head.extend([
+            "host lock held",
+            "cores used",
+            "engine worker",
+            "RssAnon",
+            "VRAM resident",
+        ]);
     }
     let mut t = Table::new(head);
     for p in &r.points {
@@ -307,6 +340,18 @@ pub fn render(r: &ScaleReport) -> String {
                 "NO".to_string()
             },
         ]);
+        if let Some(h) = &p.host_lock {
+            row.push(format!(
+                "{} ({:.0} %)",
+                table::ns(h.held_ns),
+                h.held_ns as f64 * 100.0 / p.aggregate_wall_ns.max(1) as f64
+            ));
+        }
+        if let Some(c) = &p.cpu {
+            let agg = p.aggregate_wall_ns.max(1) as f64;
+            row.push(format!("{:.1}", c.process_ns as f64 / agg));
+            row.push(format!("{:.0} %", c.engine_worker_ns as f64 * 100.0 / agg));
+        }
         if let Some(m) = &p.mem {
             row.push(mib(m.rss_anon as f64));
             row.push(mib(m.vram_resident as f64));
@@ -493,6 +538,8 @@ fn point_kvm(
         runs: vms * repeat,
         verified: r.all_verified() && r.vms.len() == vms as usize && r.gate_open_ns.is_some(),
         bring_up_ns: r.gate_open_ns,
+        host_lock: None,
+        cpu: None,
         mem: None,
     })
 }
