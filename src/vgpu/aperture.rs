@@ -107,6 +107,40 @@ pub(crate) fn flushes_bar_tables(cx: &VmCx, pd: Option<(u64, gf100::Target)>) ->
         .any(|b| matches!(b, BarVm::Vm { pd: Some(p), .. } if *p == pd))
 }
 
+/// The guest tables BAR1's and BAR3's translations read: each VM-mode BAR's page directory and
+/// the page tables its PDEs (up to the BAR's size and limit) point to. A write to any other
+/// table cannot change what the BARs translate to (a para-virtual batch that writes none of
+/// these leaves the direct-map plans alone).
+pub(crate) fn bar_tables(cx: &VmCx) -> Vec<(u64, Target)> {
+    let mut out = Vec::new();
+    for (bar, vm) in [(Bar::Bar1, cx.vm.bars.bar1), (Bar::Bar3, cx.vm.bars.bar3)] {
+        let BarVm::Vm {
+            pd: Some((pd, target)),
+            limit,
+        } = vm
+        else {
+            continue;
+        };
+        out.push((pd, target));
+        let end = bar.size().min(limit.saturating_add(1));
+        let mut base = 0u64;
+        while base < end {
+            let at = pd + mmu::pde_index(base) * mmu::ENTRY_SIZE;
+            if let Ok(raw) = cx.gmem().read_u64(target, at) {
+                let pde = Pde::decode(raw);
+                out.extend(
+                    pde.small
+                        .iter()
+                        .chain(&pde.large)
+                        .map(|t| (t.addr, t.target)),
+                );
+            }
+            base += mmu::PDE_COVERAGE;
+        }
+    }
+    out
+}
+
 fn load_binding(cx: &mut VmCx, reg: u32, name: &str) -> BarVm {
     if reg & pbus::BAR_INST_VM_MODE == 0 {
         return BarVm::Direct;

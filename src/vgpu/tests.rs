@@ -1303,3 +1303,71 @@ fn direct_map_generation_moves_when_the_plan_may() {
 
 mod grctx;
 mod pci;
+
+/// Submits `ops` as one para-virtual batch from guest RAM at 0x1000; (applied, error).
+fn pv_batch(v: &Vgpu, mem: &GuestMemoryMmap, ops: &[pv::Op]) -> (u32, u32) {
+    use vm_memory::Bytes;
+    let bytes: Vec<u8> = ops.iter().flat_map(|o| o.to_bytes()).collect();
+    mem.write_slice(&bytes, GuestAddress(0x1000)).unwrap();
+    wr(v, pv::BATCH_LO, 0x1000);
+    wr(v, pv::BATCH_HI, 0);
+    wr(v, pv::BATCH_COUNT, ops.len() as u32);
+    wr(v, pv::SUBMIT, 1);
+    (rd(v, pv::STATUS), rd(v, pv::ERROR))
+}
+
+#[test]
+fn a_pv_batch_moves_the_direct_map_generation_only_when_it_names_a_bar_table() {
+    let r = rig();
+    let v = r.host.create_vgpu(&profile(ShadowMode::Pv)).unwrap();
+    let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), GUEST_RAM as usize)]).unwrap();
+    v.attach_guest_memory(mem.clone()).unwrap();
+    // A channel whose VM is at PD 0x2_0000 / PT 0x10_0000, and BAR1 through PD 0x6_0000 /
+    // PT 0x20_0000.
+    guest_channel(&v, 0, None);
+    bind_bar_vm(
+        &v,
+        Bar::Bar1,
+        0x5_0000,
+        0x6_0000,
+        0x20_0000,
+        &[(0, 0x80_0000, Target::Vram)],
+    );
+    let g = v.direct_map_generation();
+    let pte = |table: u64, op: u32| pv::Op {
+        op,
+        target: Target::Vram.bits(),
+        table,
+        index: 3,
+        value: Pte::new(0x81_0000, Target::Vram).encode(),
+    };
+    // The channel's own page table: applied, and the BAR plans cannot have changed.
+    assert_eq!(
+        pv_batch(&v, &mem, &[pte(0x10_0000, pv::OP_WRITE_PTE)]),
+        (1, pv::ERR_NONE)
+    );
+    assert_eq!(
+        v.direct_map_generation(),
+        g,
+        "a channel's table is no BAR's"
+    );
+    // BAR1's page table, its page directory (a flush of it), or a table of an unknown target:
+    // the plan may have changed.
+    let mut last = g;
+    for op in [
+        pte(0x20_0000, pv::OP_WRITE_PTE),
+        pte(0x6_0000, pv::OP_FLUSH),
+        pv::Op {
+            target: 1,
+            ..pte(0x10_0000, pv::OP_WRITE_PTE)
+        },
+    ] {
+        pv_batch(&v, &mem, &[op]);
+        let now = v.direct_map_generation();
+        assert_ne!(
+            now, last,
+            "{op:?} names a BAR table (or cannot be told apart)"
+        );
+        last = now;
+    }
+}
