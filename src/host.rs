@@ -46,6 +46,7 @@ mod report;
 pub(crate) mod runlist;
 pub(crate) mod runtime;
 mod vm_map;
+mod window;
 
 pub use hold::{LockHolds, HOLD_BUCKETS};
 pub(crate) use report::Counters;
@@ -203,6 +204,31 @@ pub enum HostError {
         free: u64,
         /// VMs alive.
         vms: usize,
+    },
+    /// The IOVA space has no aligned free range for the larger DMA window a VM's RAM needs
+    /// ([`GpuHost::resize_dma_window`]); the VM keeps its window.
+    #[error("no DMA window left: {vm} needs a {window:#x}-byte IOVA window for guest RAM ending at {ram_end:#x} (it has {current:#x} bytes), but the 2^40-byte IOVA space has no free aligned range that large ({free:#x} bytes free in all, {vms} VMs hold the rest)")]
+    NoLargerDmaWindow {
+        /// The VM.
+        vm: VmId,
+        /// Where its RAM ends.
+        ram_end: u64,
+        /// Window size wanted.
+        window: u64,
+        /// Its window now.
+        current: u64,
+        /// IOVA bytes free in total, its own window included.
+        free: u64,
+        /// VMs alive.
+        vms: usize,
+    },
+    /// A VM's DMA window cannot be moved: something may hold an address inside it.
+    #[error("{vm}'s DMA window cannot be resized: {why}")]
+    DmaWindowInUse {
+        /// The VM.
+        vm: VmId,
+        /// What may use the window.
+        why: &'static str,
     },
     /// No room in the physical BAR1/BAR3 for the VM's arena.
     #[error("no room left in the physical {bar} for the VM's arena")]
@@ -706,6 +732,23 @@ const IOVA_BASE: u64 = 1 << 20;
 /// The smallest DMA window.
 pub const MIN_DMA_WINDOW: u64 = 1 << 20;
 
+/// The largest DMA window: half the IOVA space below 2^40 (the reach of a SYSRAM page-table
+/// entry), so that one VM can never take all of it.
+pub const MAX_DMA_WINDOW: u64 = gf100::mmu::VA_LIMIT / 2;
+
+/// [`dma_window_for`]`(ram_end)`, refused above [`MAX_DMA_WINDOW`].
+fn ram_window(ram_end: u64) -> Result<u64, HostError> {
+    let window = dma_window_for(ram_end);
+    if window > MAX_DMA_WINDOW {
+        return Err(HostError::Config(format!(
+            "guest RAM ending at {ram_end:#x} needs a DMA window above the largest, \
+             {MAX_DMA_WINDOW:#x} bytes (2^39: half the 40-bit IOVA space of SYSRAM page-table \
+             entries)"
+        )));
+    }
+    Ok(window)
+}
+
 /// The DMA window [`GpuHost::create_vgpu_for_ram`] gives a VM whose RAM ends at guest-physical
 /// address `ram_end`: the next power of two, at least [`MIN_DMA_WINDOW`].
 pub fn dma_window_for(ram_end: u64) -> u64 {
@@ -862,13 +905,7 @@ impl GpuHost {
         profile: &VgpuProfile,
         ram_end: u64,
     ) -> Result<Arc<Vgpu>, HostError> {
-        let window = dma_window_for(ram_end);
-        if window > gf100::mmu::VA_LIMIT / 2 {
-            return Err(HostError::Config(format!(
-                "guest RAM ending at {ram_end:#x} needs a DMA window above 2^39"
-            )));
-        }
-        self.create_vgpu_with_window(profile, window)
+        self.create_vgpu_with_window(profile, ram_window(ram_end)?)
     }
 
     fn create_vgpu_with_window(

@@ -18,7 +18,7 @@ use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::sched::{Policy, SchedParams};
 use gpuvm_sim::{SimConfig, SimGpu};
 use gpuvm_vfio_user::say::say;
-use gpuvm_vfio_user::{Daemon, DaemonConfig, SocketAccess, VmSpec};
+use gpuvm_vfio_user::{Daemon, DaemonConfig, DmaWindows, SocketAccess, VmSpec};
 
 /// Options of `gpuvm serve`.
 #[derive(Args, Debug)]
@@ -59,12 +59,19 @@ pub struct ServeArgs {
     /// VRAM of the simulated GPU, MiB.
     #[arg(long, default_value_t = 6144)]
     phys_vram_mib: u64,
-    /// IOVA (DMA) window of each VM, MiB: a power of two from 1 MiB, at least the end of the
-    /// guest RAM a client maps. The 2^40-byte IOVA space holds 31 windows of the default
-    /// 32 GiB; 64 VMs of up to 8 GiB of RAM need 8192 or less. A client whose RAM does not fit
-    /// its window gets its DMA_MAP refused.
-    #[arg(long, default_value_t = 32 << 10)]
-    dma_window_mib: u64,
+    /// A fixed IOVA (DMA) window for every VM, MiB: a power of two from 1 to 262144, at least
+    /// the end of the guest RAM a client maps. Without it each VM's window is sized from the
+    /// RAM its client maps (the next power of two of where the RAM ends, grown at the client's
+    /// DMA_MAPs before the guest uses the GPU), so 64 VMs of a few GiB fit the 2^40-byte IOVA
+    /// space; with it the space holds 2^20 / N windows (31 of 32768). A client whose RAM does
+    /// not fit gets its DMA_MAP refused.
+    #[arg(long, value_name = "MIB", conflicts_with = "dma_window_max_mib")]
+    dma_window_mib: Option<u64>,
+    /// Without --dma-window-mib: the largest window a VM's RAM may make it grow to, MiB (a
+    /// power of two from 1 to 524288). It bounds the IOVA space one client can claim; a
+    /// client mapping RAM that ends beyond it gets its DMA_MAP refused.
+    #[arg(long, value_name = "MIB", default_value_t = gpuvm_vfio_user::DEFAULT_MAX_WINDOW >> 20)]
+    dma_window_max_mib: u64,
     /// Accept DMA map files that are not sealed against shrinking (F_SEAL_SHRINK), as Cloud
     /// Hypervisor's guest memory is. Unsafe against a hostile VMM: one that truncates a mapped
     /// file makes this daemon die of SIGBUS on its next access, taking every VM's vGPU with it.
@@ -278,9 +285,18 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
     let phys: Arc<dyn PhysicalGpu> = sim;
     // Enough hypervisor VRAM for the VMs given at start (each reserves its shadow tables);
     // VMs added later over the control socket are refused with a clear error if it runs out.
+    let (iova_window, windows) = match args.dma_window_mib {
+        Some(mib) => (mib.saturating_mul(1 << 20), DmaWindows::Fixed),
+        None => (
+            HostConfig::default().iova_window,
+            DmaWindows::FromRam {
+                max: args.dma_window_max_mib.saturating_mul(1 << 20),
+            },
+        ),
+    };
     let host_cfg = gpuvm_harness::virt::host_config_for(
         &HostConfig {
-            iova_window: args.dma_window_mib.saturating_mul(1 << 20),
+            iova_window,
             ..HostConfig::default()
         },
         vms.len(),
@@ -289,7 +305,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
     host.set_scheduler(args.sched.create(&SchedParams::default()))
         .context("setting the scheduler")?;
     host.set_clock(clock.clone());
-    let daemon = Daemon::start_with_access(
+    let daemon = Daemon::start_with(
         host.clone(),
         clock,
         DaemonConfig {
@@ -301,6 +317,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
             mode: args.socket_mode,
             gid: args.socket_group,
         },
+        windows,
     )
     .context("starting the vfio-user server")?;
     let daemon = Arc::new(daemon);
@@ -320,7 +337,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
     }
     let n = daemon.devices().len();
     say(format_args!(
-        "ready: {n} VM{} on the simulated GF100, {} scheduler, sockets in {}{}, control {}{}",
+        "ready: {n} VM{} on the simulated GF100, {} scheduler, sockets in {}{}, control {}, DMA windows {}{}",
         if n == 1 { "" } else { "s" },
         args.sched.name(),
         args.socket_dir.display(),
@@ -333,6 +350,13 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<bool> {
             ),
         },
         control_path.display(),
+        match args.dma_window_mib {
+            Some(mib) => format!("fixed at {mib} MiB"),
+            None => format!(
+                "sized from each VM's RAM (at most {} MiB)",
+                args.dma_window_max_mib
+            ),
+        },
         if args.allow_unsealed_dma {
             ", unsealed DMA maps accepted"
         } else {

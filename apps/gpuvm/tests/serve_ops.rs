@@ -693,9 +693,11 @@ fn a_second_daemon_on_the_same_directory_refuses_and_sigterm_exits_zero() {
     assert!(!s.dir.join("control.sock").exists());
 }
 
-/// More VMs than 32 GiB DMA windows fit in the 2^40-byte IOVA space (31) are served once the
-/// windows are sized for the VMs' RAM (64 VMs here); with the default the daemon says what to
-/// change.
+/// More VMs than fixed 32 GiB DMA windows fit in the 2^40-byte IOVA space (31): by default each
+/// VM's window is sized from the RAM its client maps, so 64 VMs are served and a client's
+/// guest driver runs GPU work (madd copies its inputs from guest RAM and its result back)
+/// through a window grown at its DMA_MAP; a second session of the same VM does too. A fixed
+/// `--dma-window-mib` still stops at 31 with the reason named; bad sizes are refused.
 #[test]
 fn sixty_four_vms_with_dma_windows_sized_for_them() {
     let dir = std::env::temp_dir().join(format!("gpuvm-ops-window-{}", std::process::id()));
@@ -708,49 +710,69 @@ fn sixty_four_vms_with_dma_windows_sized_for_them() {
             "64",
             "--channels",
             "2",
+            "--dma-window-mib",
+            "32768",
         ])
         .arg("--socket-dir")
         .arg(&dir)
         .output()
         .unwrap();
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(!out.status.success(), "40 x 32 GiB windows cannot fit");
+    assert!(!out.status.success(), "40 fixed 32 GiB windows cannot fit");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no DMA window left"), "{err}");
-    let bad = gpuvm()
-        .args([
-            "serve",
-            "--vms",
-            "1",
-            "--dma-window-mib",
-            "3000",
-            "--socket-dir",
-        ])
-        .arg(&dir)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(!bad.status.success());
-    assert!(
-        String::from_utf8_lossy(&bad.stderr).contains("power of two"),
-        "{bad:?}"
-    );
+    for flag in ["--dma-window-mib", "--dma-window-max-mib"] {
+        let bad = gpuvm()
+            .args(["serve", "--vms", "1", flag, "3000", "--socket-dir"])
+            .arg(&dir)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(!bad.status.success(), "{flag} 3000");
+        assert!(
+            String::from_utf8_lossy(&bad.stderr).contains("power of two"),
+            "{flag}: {bad:?}"
+        );
+    }
     let s = Serve::start(
         "window",
-        &[
-            "--vms",
-            "64",
-            "--vram-mib",
-            "64",
-            "--channels",
-            "1",
-            "--dma-window-mib",
-            "8192",
-        ],
+        &["--vms", "64", "--vram-mib", "64", "--channels", "1"],
     );
+    s.wait_line("the window mode", |l| {
+        l.contains("ready: 64 VMs") && l.contains("DMA windows sized from each VM's RAM")
+    });
     let list = s.ctl_json(&["list"]);
     assert_eq!(names(&list).len(), 64);
-    assert!(s.dir.join("vm63.sock").exists());
+    // Each session ends with its vGPU torn down and a fresh one made (the next client's).
+    for (vm, generation) in [("vm0", 2), ("vm63", 2), ("vm0", 3)] {
+        let sock = s.dir.join(format!("{vm}.sock"));
+        assert_eq!(support::vfio_guest::session(&sock, 1), 1, "{vm}");
+        let fresh = format!("fresh vGPU generation {generation} ");
+        s.wait_line("the session's end", |l| {
+            l.contains(&format!("[{vm}] ")) && l.contains(&fresh)
+        });
+    }
+    // The guest RAM of the test client is 32 MiB at GPA 0: each session's vGPU grew from the
+    // smallest window to 32 MiB before the driver touched the GPU.
+    let grown = |vm: &str| {
+        let g = s.lines.0.lock().unwrap();
+        g.iter()
+            .filter(|l| {
+                l.contains(&format!(
+                    "[{vm}] DMA window grown from 0x100000 to 0x2000000 bytes"
+                ))
+            })
+            .count()
+    };
+    assert_eq!((grown("vm0"), grown("vm63"), grown("vm1")), (2, 1, 0));
+    let stat = s.stat();
+    let refused: Vec<_> = stat["vms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["rejected"].as_u64() != Some(0))
+        .collect();
+    assert!(refused.is_empty(), "{refused:?}");
 }
 
 /// Sends `input` on a fresh control connection, closes the writing half, returns the reply.

@@ -4,9 +4,10 @@
 //! the shared `GpuHost` and its interrupt line. [`VgpuBackend`] is one connection's view: the
 //! client's DMA maps and the checks on every request. Region accesses go to
 //! `Vgpu::config_read/write` and `Vgpu::bar_read/write` after [`crate::regions::check`]; DMA maps
-//! become the vGPU's guest memory ([`crate::dma`]); SET_IRQS connects the INTx eventfd
+//! become the vGPU's guest memory ([`crate::dma`]), its DMA window grown to hold them when
+//! windows are sized from the RAM ([`crate::dma::DmaWindows`]); SET_IRQS connects the INTx eventfd
 //! ([`crate::irq`]: INTx or MSI); DEVICE_RESET destroys the vGPU (its VRAM slice scrubbed) and
-//! creates a fresh one from the same profile, keeping the DMA maps and the eventfd as a function-level
+//! creates a fresh one from the same profile (with the window the maps need), keeping the DMA maps and the eventfd as a function-level
 //! reset keeps the IOMMU and the VMM's interrupt routing. When the connection ends, however it
 //! ends, the daemon tears the vGPU down the same way and the next client gets a fresh one.
 //!
@@ -44,9 +45,9 @@ use vfio_bindings::bindings::vfio::{
     VFIO_IRQ_SET_DATA_TYPE_MASK,
 };
 use vfio_user::{DmaMapFlags, DmaUnmapFlags, ServerBackend};
-use vm_memory::GuestMemoryMmap;
+use vm_memory::{GuestMemory, GuestMemoryMmap};
 
-use crate::dma::DmaMaps;
+use crate::dma::{DmaMaps, DmaWindows};
 use crate::irq::{adopt_eventfd, VgpuIrq};
 use crate::peer::{self, Peer};
 use crate::regions::{self, Target};
@@ -134,6 +135,8 @@ pub struct VmDevice {
     cap_ppm: Mutex<Option<u32>>,
     waker: std::sync::OnceLock<Arc<crate::waker::Waker>>,
     host: Arc<GpuHost>,
+    /// How its vGPUs' DMA windows are sized.
+    windows: DmaWindows,
     vgpu: Mutex<Option<Arc<Vgpu>>>,
     line: Arc<VgpuIrq>,
     stopping: AtomicBool,
@@ -165,11 +168,13 @@ pub struct VmDevice {
 }
 
 impl VmDevice {
-    /// Creates the VM's first vGPU.
+    /// Creates the VM's first vGPU, with a DMA window as `windows` says (the smallest one when
+    /// sized from the RAM: no client has mapped any yet).
     pub fn new(
         name: &str,
         profile: VgpuProfile,
         host: Arc<GpuHost>,
+        windows: DmaWindows,
     ) -> Result<Arc<VmDevice>, HostError> {
         let dev = VmDevice {
             name: name.to_string(),
@@ -177,6 +182,7 @@ impl VmDevice {
             cap_ppm: Mutex::new(None),
             waker: std::sync::OnceLock::new(),
             host,
+            windows,
             vgpu: Mutex::new(None),
             line: Arc::new(VgpuIrq::new()),
             stopping: AtomicBool::new(false),
@@ -211,7 +217,16 @@ impl VmDevice {
     }
 
     fn create(&self) -> Result<Arc<Vgpu>, HostError> {
-        let v = self.host.create_vgpu(&self.profile())?;
+        let p = self.profile();
+        let v = match self.windows {
+            DmaWindows::Fixed => self.host.create_vgpu(&p)?,
+            // The window the client's maps need (kept across a device reset), else the
+            // smallest: a DMA_MAP grows it.
+            DmaWindows::FromRam { .. } => {
+                let end = self.ram().map_or(0, |m| m.last_addr().0 + 1);
+                self.host.create_vgpu_for_ram(&p, end)?
+            }
+        };
         self.line.reset();
         self.configure(&v);
         self.vgpus.fetch_add(1, Ordering::SeqCst);
@@ -365,6 +380,36 @@ impl VmDevice {
 
     pub(crate) fn set_ram(&self, ram: Option<GuestMemoryMmap>) {
         *Self::lock(&self.ram) = ram;
+    }
+
+    /// How the VM's DMA windows are sized.
+    pub fn windows(&self) -> DmaWindows {
+        self.windows
+    }
+
+    /// Makes `v`'s DMA window hold guest RAM that ends at `end` (its RAM detached): a window
+    /// too small is grown to the next power of two of `end` if the host allows it (nothing
+    /// can use the window yet: no channel bound); otherwise the refusal names both sizes and
+    /// the window stays as it was.
+    fn fit_window(&self, v: &Vgpu, end: u64) -> io::Result<()> {
+        let (_, size) = self
+            .host
+            .dma_window(v)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        if end <= size {
+            return Ok(());
+        }
+        match self.host.resize_dma_window(v, end) {
+            Ok((base, grown)) => {
+                self.event(&format!(
+                    "DMA window grown from {size:#x} to {grown:#x} bytes (IOVA {base:#x}) for guest RAM ending at {end:#x}"
+                ));
+                Ok(())
+            }
+            Err(e) => Err(einval(format!(
+                "guest RAM ending at {end:#x} does not fit the vGPU's {size:#x}-byte DMA window, which cannot grow: {e}"
+            ))),
+        }
     }
 
     /// The VM's name.
@@ -562,12 +607,23 @@ impl VgpuBackend {
     /// `require_sealed_dma`, DMA map files must be sealed against shrinking.
     pub fn new(dev: Arc<VmDevice>, require_sealed_dma: bool) -> Option<VgpuBackend> {
         let vgpu = dev.vgpu()?;
-        let window = dev.host.config().iova_window;
+        let dma = match dev.windows {
+            DmaWindows::Fixed => DmaMaps::with_fix(
+                dev.host.config().iova_window,
+                require_sealed_dma,
+                ": start gpuvm serve with a larger --dma-window-mib, or without it to size each VM's window from its RAM",
+            ),
+            DmaWindows::FromRam { max } => DmaMaps::with_fix(
+                max,
+                require_sealed_dma,
+                ": start gpuvm serve with a larger --dma-window-max-mib",
+            ),
+        };
         let generation = dev.generation();
         Some(VgpuBackend {
             dev,
             vgpu,
-            dma: DmaMaps::new(window, require_sealed_dma),
+            dma,
             accesses: 0,
             submitting: false,
             traffic: Traffic::default(),
@@ -698,7 +754,8 @@ impl VgpuBackend {
         Some(target)
     }
 
-    /// Gives the vGPU the current set of DMA maps.
+    /// Gives the vGPU the current set of DMA maps (its window grown first if they end beyond
+    /// it and it may grow).
     fn reattach(&mut self) -> io::Result<()> {
         self.sync();
         self.vgpu
@@ -706,6 +763,7 @@ impl VgpuBackend {
             .map_err(|e| io::Error::other(e.to_string()))?;
         self.dev.set_ram(None);
         if let Some(mem) = self.dma.guest_memory() {
+            self.dev.fit_window(&self.vgpu, self.dma.end())?;
             self.vgpu
                 .attach_guest_memory(mem.clone())
                 .map_err(|e| einval(format!("attaching guest RAM: {e}")))?;

@@ -30,13 +30,14 @@ use std::time::Duration;
 pub use crate::waker::Waker;
 use event_manager::{EventManager, EventOps, EventSet, Events, MutEventSubscriber, SubscriberOps};
 use gpuvm::clock::Clock;
-use gpuvm::host::GpuHost;
+use gpuvm::host::{GpuHost, MAX_DMA_WINDOW, MIN_DMA_WINDOW};
 use gpuvm::profile::VgpuProfile;
 use vfio_user::Server;
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::timerfd::TimerFd;
 
 use crate::backend::{VgpuBackend, VmDevice};
+use crate::dma::DmaWindows;
 use crate::regions;
 
 /// One VM the daemon serves.
@@ -192,6 +193,7 @@ pub struct Daemon {
     socket_dir: PathBuf,
     require_sealed_dma: bool,
     access: SocketAccess,
+    windows: DmaWindows,
     vms: Mutex<Vec<VmEntry>>,
     waker: Arc<Waker>,
     poller: Mutex<Option<JoinHandle<()>>>,
@@ -493,6 +495,26 @@ impl Daemon {
         cfg: DaemonConfig,
         access: SocketAccess,
     ) -> io::Result<Daemon> {
+        Self::start_with(host, clock, cfg, access, DmaWindows::default())
+    }
+
+    /// [`Daemon::start_with_access`], with each VM's DMA window sized as `windows` says
+    /// (the other constructors size them from the RAM, up to
+    /// [`crate::dma::DEFAULT_MAX_WINDOW`]).
+    pub fn start_with(
+        host: Arc<GpuHost>,
+        clock: Arc<dyn Clock>,
+        cfg: DaemonConfig,
+        access: SocketAccess,
+        windows: DmaWindows,
+    ) -> io::Result<Daemon> {
+        if let DmaWindows::FromRam { max } = windows {
+            if !max.is_power_of_two() || !(MIN_DMA_WINDOW..=MAX_DMA_WINDOW).contains(&max) {
+                return Err(bad(format!(
+                    "the largest DMA window, {max:#x} bytes, must be a power of two from {MIN_DMA_WINDOW:#x} to {MAX_DMA_WINDOW:#x}"
+                )));
+            }
+        }
         if cfg.vms.is_empty() {
             return Err(bad("no VMs to serve".into()));
         }
@@ -509,6 +531,7 @@ impl Daemon {
             socket_dir: cfg.socket_dir.clone(),
             require_sealed_dma: cfg.require_sealed_dma,
             access,
+            windows,
             vms: Mutex::new(Vec::new()),
             waker: waker.clone(),
             poller: Mutex::new(None),
@@ -557,8 +580,13 @@ impl Daemon {
         }
         let path = self.socket_dir.join(format!("{}.sock", vm.name));
         clear_stale_socket(&path)?;
-        let dev = VmDevice::new(&vm.name, vm.profile.clone(), self.host.clone())
-            .map_err(|e| bad(format!("VM '{}': {e}", vm.name)))?;
+        let dev = VmDevice::new(
+            &vm.name,
+            vm.profile.clone(),
+            self.host.clone(),
+            self.windows,
+        )
+        .map_err(|e| bad(format!("VM '{}': {e}", vm.name)))?;
         dev.set_waker(self.waker.clone());
         if vm.cap_ppm.is_some() {
             if let Err(e) = dev.set_cap(vm.cap_ppm) {

@@ -4,10 +4,19 @@
 //! server maps it `MAP_SHARED` (vm-memory's `MmapRegion::from_file`) and gives the vGPU the
 //! whole set as one `GuestMemoryMmap`, whose GPA `g` the vGPU's DMA window puts at IOVA
 //! `window base + g`. Every map is checked first: a file descriptor must come with it, address,
-//! offset and size are page-aligned and non-zero and do not wrap, the region lies inside the
-//! vGPU's DMA window, overlaps no earlier map, stays below a count limit, lies inside the file
-//! and (by default) the file is sealed against shrinking: a client that truncated a mapped file
-//! would otherwise make the server's next access to it raise SIGBUS and kill every VM's vGPU.
+//! offset and size are page-aligned and non-zero and do not wrap, the region ends at or below
+//! the limit ([`DmaWindows`]: the largest window a VM may have, or the fixed window), overlaps
+//! no earlier map, stays below a count limit, lies inside the file and (by default) the file is
+//! sealed against shrinking: a client that truncated a mapped file would otherwise make the
+//! server's next access to it raise SIGBUS and kill every VM's vGPU.
+//!
+//! **Windows sized from the RAM** ([`DmaWindows::FromRam`], the default): a VM's vGPU starts
+//! with the smallest window (1 MiB), or the one the maps already need (a device reset keeps
+//! them); a map that ends beyond the current window grows it to the next power of two of the
+//! maps' end (`GpuHost::resize_dma_window`), which the host allows only while nothing can hold
+//! an address in the old window (no channel bound: a VMM maps the guest's RAM before the guest
+//! boots). Otherwise, or when the IOVA space has no room, the map is refused naming the limit
+//! and the VM keeps its window and its earlier maps.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -44,12 +53,41 @@ fn sealed_against_shrink(file: &File) -> bool {
     seals >= 0 && seals & libc::F_SEAL_SHRINK != 0
 }
 
+/// The largest DMA window a VM gets by default when windows are sized from its RAM: 32 GiB,
+/// the fixed window every VM had before (`gpuvm serve --dma-window-max-mib` changes it). It
+/// bounds the IOVA space one client can claim by mapping a page at a high address.
+pub const DEFAULT_MAX_WINDOW: u64 = 32 << 30;
+
+/// How a daemon sizes each VM's DMA (IOVA) window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DmaWindows {
+    /// From the guest RAM the client maps (see the module doc), up to `max` bytes (a power of
+    /// two from 1 MiB to `gpuvm::host::MAX_DMA_WINDOW`).
+    FromRam {
+        /// The largest window a VM may grow to.
+        max: u64,
+    },
+    /// Every vGPU gets the host's `HostConfig::iova_window` at creation, whatever its RAM
+    /// (`gpuvm serve --dma-window-mib`).
+    Fixed,
+}
+
+impl Default for DmaWindows {
+    fn default() -> Self {
+        DmaWindows::FromRam {
+            max: DEFAULT_MAX_WINDOW,
+        }
+    }
+}
+
 /// The client's DMA maps: GPA start -> (size, mapping).
 #[derive(Default)]
 pub struct DmaMaps {
     maps: BTreeMap<u64, Arc<GuestRegionMmap>>,
-    /// GPAs must end at or below this (the vGPU's DMA window).
+    /// GPAs must end at or below this (the largest or the fixed DMA window).
     limit: u64,
+    /// What to change to map beyond `limit` (part of the refusal).
+    fix: &'static str,
     /// Refuse files that are not sealed against shrinking.
     require_sealed: bool,
 }
@@ -65,11 +103,25 @@ impl std::fmt::Debug for DmaMaps {
 impl DmaMaps {
     /// No maps; GPAs up to `limit`.
     pub fn new(limit: u64, require_sealed: bool) -> DmaMaps {
+        DmaMaps::with_fix(limit, require_sealed, "")
+    }
+
+    /// No maps; GPAs up to `limit`; a map beyond it is refused with `fix` (what to change).
+    pub fn with_fix(limit: u64, require_sealed: bool, fix: &'static str) -> DmaMaps {
         DmaMaps {
             maps: BTreeMap::new(),
             limit,
+            fix,
             require_sealed,
         }
+    }
+
+    /// One past the highest GPA mapped (0 without maps): where the guest's RAM ends.
+    pub fn end(&self) -> u64 {
+        self.maps
+            .iter()
+            .next_back()
+            .map_or(0, |(&a, r)| a + r.len())
     }
 
     /// Number of maps.
@@ -104,8 +156,8 @@ impl DmaMaps {
             .filter(|&e| e <= self.limit)
             .ok_or_else(|| {
                 einval(format!(
-                    "DMA map {address:#x}+{size:#x} does not fit in the {:#x}-byte DMA window (the guest's RAM must end inside it: start gpuvm serve with a larger --dma-window-mib)",
-                    self.limit
+                    "DMA map {address:#x}+{size:#x} ends beyond {:#x} bytes, the largest DMA window this VM may have (the guest's RAM must end inside it){}",
+                    self.limit, self.fix
                 ))
             })?;
         offset

@@ -33,4 +33,5 @@ pub mod wire;
 
 pub use backend::{Holder, VmDevice, VmTotals, UNSEALED_DMA_FIX};
 pub use daemon::{Daemon, DaemonConfig, SocketAccess, VmSpec, Waker};
+pub use dma::{DmaWindows, DEFAULT_MAX_WINDOW};
 pub use migration::MigrationOut;
