@@ -260,6 +260,10 @@ struct Shared {
     worker_wants: AtomicU64,
     /// The clock is simulated.
     simulated: bool,
+    /// Calls that found the lock taken, and how long they waited for it, ns
+    /// ([`SimGpu::lock_waits`]).
+    waits: AtomicU64,
+    waited_ns: AtomicU64,
 }
 
 impl Shared {
@@ -311,6 +315,8 @@ impl SimGpu {
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             worker_wants: AtomicU64::new(0),
+            waits: AtomicU64::new(0),
+            waited_ns: AtomicU64::new(0),
         });
         let worker = worker.then(|| worker::spawn(shared.clone()));
         SimGpu {
@@ -348,8 +354,27 @@ impl SimGpu {
         self.with_state(|s, _| s.core.mem.vram.allocated_chunks() as u64 * 64 * 1024)
     }
 
+    /// Calls into the GPU that found its lock taken (by the engine worker or another caller)
+    /// and the total time they waited for it, ns: what a caller — the host, under its own lock —
+    /// pays for the engines and the other callers.
+    pub fn lock_waits(&self) -> (u64, u64) {
+        (
+            self.shared.waits.load(Ordering::Relaxed),
+            self.shared.waited_ns.load(Ordering::Relaxed),
+        )
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.shared.state.lock()
+        if let Some(g) = self.shared.state.try_lock() {
+            return g;
+        }
+        let t = std::time::Instant::now();
+        let g = self.shared.state.lock();
+        self.shared.waits.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .waited_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        g
     }
 
     /// Runs `f` on the state after letting the GPU catch up with the clock, then lets new work

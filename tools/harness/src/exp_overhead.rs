@@ -133,6 +133,9 @@ pub struct StagedReport {
     pub measured_holds: LockHolds,
     /// CPU time from the barrier (or the start) to the last VM's end.
     pub measured_cpu: SpanCpu,
+    /// Calls into the simulated GPU that waited for its lock, and how long in all (ns), from
+    /// the barrier (or the start) to the last VM's end (`SimGpu::lock_waits`).
+    pub measured_sim_lock_waits: (u64, u64),
     /// Host counters after every VM was destroyed.
     pub host: HostStats,
     /// Host memory right after every VM finished (threads joined, VMs not yet destroyed).
@@ -208,7 +211,7 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
         ..v.driver.clone()
     };
     let barrier = Barrier::new(v.vms);
-    let mark = std::sync::Mutex::new(None::<(Instant, u64, LockHolds, SpanCpu)>);
+    let mark = std::sync::Mutex::new(None::<SpanMark>);
     let reports: Vec<StagedVm> = std::thread::scope(|s| {
         let handles: Vec<_> = vms
             .iter()
@@ -239,32 +242,55 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
     });
     // The measured span ends with the last VM's thread, before the memory sample and the VMs'
     // destruction (which are not the workload's).
-    let end = Instant::now();
-    let end_clock = clock.now_ns();
-    let end_cpu = SpanCpu::now();
-    let end_holds = host.stats().lock_holds;
+    let end = SpanMark::now(Instant::now(), &*clock, &host, &sim);
     let mem_loaded = crate::mem::MemSample::now(Some(&sim));
     for (vgpu, _, _) in &vms {
         host.destroy_vgpu(vgpu)?;
     }
     drop(vms);
-    let (from, from_clock, from_holds, from_cpu) = mark.into_inner().unwrap_or(None).unwrap_or((
-        wall,
-        0,
-        LockHolds::default(),
-        SpanCpu::default(),
-    ));
+    let from = mark.into_inner().unwrap_or(None).unwrap_or(SpanMark {
+        at: wall,
+        clock: 0,
+        holds: LockHolds::default(),
+        cpu: SpanCpu::default(),
+        sim_waits: (0, 0),
+    });
     Ok(StagedReport {
         scheduler: opts.policy.unwrap_or(Policy::Fifo).name().to_string(),
         vms: reports,
         wall_ns: wall.elapsed().as_nanos() as u64,
-        clock_span_ns: (from_clock, end_clock),
-        measured_wall_ns: end.saturating_duration_since(from).as_nanos() as u64,
-        measured_holds: end_holds.since(&from_holds),
-        measured_cpu: end_cpu.since(&from_cpu),
+        clock_span_ns: (from.clock, end.clock),
+        measured_wall_ns: end.at.saturating_duration_since(from.at).as_nanos() as u64,
+        measured_holds: end.holds.since(&from.holds),
+        measured_cpu: end.cpu.since(&from.cpu),
+        measured_sim_lock_waits: (
+            end.sim_waits.0.saturating_sub(from.sim_waits.0),
+            end.sim_waits.1.saturating_sub(from.sim_waits.1),
+        ),
         host: host.stats(),
         mem_loaded,
     })
+}
+
+/// Where a run stood at the start or the end of its measured part.
+struct SpanMark {
+    at: Instant,
+    clock: u64,
+    holds: LockHolds,
+    cpu: SpanCpu,
+    sim_waits: (u64, u64),
+}
+
+impl SpanMark {
+    fn now(at: Instant, clock: &dyn Clock, host: &GpuHost, sim: &SimGpu) -> SpanMark {
+        SpanMark {
+            at,
+            clock: clock.now_ns(),
+            holds: host.stats().lock_holds,
+            cpu: SpanCpu::now(),
+            sim_waits: sim.lock_waits(),
+        }
+    }
 }
 
 struct Ctx<'a> {
@@ -278,7 +304,7 @@ struct Ctx<'a> {
     cfg: DriverConfig,
     opts: &'a StagedOptions,
     barrier: &'a Barrier,
-    mark: &'a std::sync::Mutex<Option<(Instant, u64, LockHolds, SpanCpu)>>,
+    mark: &'a std::sync::Mutex<Option<SpanMark>>,
     host: &'a GpuHost,
     on_phase: &'a OnPhase<'a>,
 }
@@ -343,12 +369,8 @@ fn drive(c: Ctx<'_>) -> StagedVm {
     for (i, &w) in workloads.iter().enumerate() {
         if c.opts.barrier_after == Some(i) {
             if c.barrier.wait().is_leader() {
-                *c.mark.lock().unwrap_or_else(|e| e.into_inner()) = Some((
-                    Instant::now(),
-                    c.clock.now_ns(),
-                    c.host.stats().lock_holds,
-                    SpanCpu::now(),
-                ));
+                *c.mark.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(SpanMark::now(Instant::now(), &*c.clock, c.host, c.sim));
             }
             c.barrier.wait();
         }

@@ -116,6 +116,11 @@ pub struct HostLockUse {
     pub held_ns: u64,
     /// The longest, ns.
     pub max_ns: u64,
+    /// Calls into the simulated GPU (from the host and the fast path) that found its lock
+    /// taken — by the engine worker or another caller — and waited.
+    pub sim_lock_waits: u64,
+    /// How long they waited in all, ns.
+    pub sim_lock_waited_ns: u64,
 }
 
 /// The report.
@@ -208,6 +213,8 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
             holds: r.measured_holds.count,
             held_ns: r.measured_holds.total_ns,
             max_ns: r.measured_holds.max_ns,
+            sim_lock_waits: r.measured_sim_lock_waits.0,
+            sim_lock_waited_ns: r.measured_sim_lock_waits.1,
         }),
         mem: Some(r.mem_loaded),
     })
@@ -310,6 +317,7 @@ pub fn render(r: &ScaleReport) -> String {
     if !kvm {
         head.extend([
             "host lock held",
+            "GPU lock waited",
             "cores used",
             "engine worker",
             "RssAnon",
@@ -346,6 +354,7 @@ pub fn render(r: &ScaleReport) -> String {
                 table::ns(h.held_ns),
                 h.held_ns as f64 * 100.0 / p.aggregate_wall_ns.max(1) as f64
             ));
+            row.push(table::ns(h.sim_lock_waited_ns));
         }
         if let Some(c) = &p.cpu {
             let agg = p.aggregate_wall_ns.max(1) as f64;
