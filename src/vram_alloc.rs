@@ -241,18 +241,36 @@ impl HypVram {
     /// now. Ranges no channel can reach any more are returned to the allocator and listed in the
     /// result (the caller scrubs them before anything else can allocate: it holds `&mut self`).
     pub fn channel_off(&mut self, chid: u32) -> Vec<(u64, u64)> {
+        self.strike(chid);
+        self.release_unreachable(u64::MAX)
+    }
+
+    /// Physical channel `chid` was seen off the GPU: strikes it from every quarantined range
+    /// (releases nothing: see [`HypVram::release_unreachable`]).
+    pub fn strike(&mut self, chid: u32) {
         for r in &mut self.retired {
             r.chans.retain(|&c| c != chid);
         }
-        self.release_unreachable()
     }
 
-    /// Returns the ranges no channel can reach to the allocator; lists them.
-    pub fn release_unreachable(&mut self) -> Vec<(u64, u64)> {
+    /// True if some quarantined range is reachable by no channel (waiting for its release).
+    pub fn has_unreachable(&self) -> bool {
+        self.retired.iter().any(|r| r.chans.is_empty())
+    }
+
+    /// Returns ranges no channel can reach to the allocator, about `budget` bytes of them (at
+    /// least one range if there is any; the rest stays quarantined for a later call); lists
+    /// them.
+    pub fn release_unreachable(&mut self, budget: u64) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
+        let mut taken = 0u64;
         let mut i = 0;
         while i < self.retired.len() {
+            if taken >= budget && !out.is_empty() {
+                break;
+            }
             if self.retired[i].chans.is_empty() {
+                taken = taken.saturating_add(self.retired[i].size);
                 let r = self.retired.swap_remove(i);
                 self.retired_bytes -= r.size;
                 if self.alloc.free(r.addr, r.size) {
@@ -339,6 +357,35 @@ mod tests {
         assert_eq!(h.held_by(7), 0);
         assert_eq!(h.retired_bytes(), 0);
         assert_eq!(h.used(), 0x1000, "only the other allocation is left");
+    }
+
+    #[test]
+    fn releases_are_bounded_per_call_and_the_rest_waits_for_the_next() {
+        let mut h = HypVram::quarantined(0, 0x10_0000);
+        h.set_owner(Some((1, 3..4)));
+        let ranges: Vec<u64> = (0..10).map(|_| h.alloc(0x4000, 0x1000).unwrap()).collect();
+        for &a in &ranges {
+            assert!(h.free(a, 0x4000));
+        }
+        assert!(!h.has_unreachable(), "channel 3 may still use them");
+        h.strike(3);
+        assert!(h.has_unreachable());
+        // 3 ranges' worth of budget (the range that crosses it is the last one taken).
+        let first = h.release_unreachable(0x9000);
+        assert_eq!(first.len(), 3);
+        assert_eq!(h.retired_bytes(), 7 * 0x4000, "the rest stays quarantined");
+        assert_eq!(h.used(), 7 * 0x4000, "released ranges are free again");
+        assert_eq!(h.release_unreachable(0).len(), 1, "at least one per call");
+        let rest = h.release_unreachable(u64::MAX);
+        assert_eq!(rest.len(), 6);
+        assert!(!h.has_unreachable());
+        assert_eq!(h.retired_bytes(), 0);
+        let mut all: Vec<u64> = first.iter().chain(&rest).map(|r| r.0).collect();
+        all.sort_unstable();
+        let mut want = ranges.clone();
+        want.retain(|a| all.contains(a));
+        assert_eq!(all.len() + 1, ranges.len(), "each released once");
+        assert_eq!(want, all);
     }
 
     #[test]
