@@ -97,16 +97,16 @@ fn submit(cx: &mut VmCx) {
     cx.phys_tlb_flush(&outcome.flush);
     cx.vm.regs.pv.status = outcome.applied;
     cx.vm.regs.pv.error = outcome.error;
-    // The ops wrote guest memory: instance blocks may have changed.
+    // The ops wrote guest memory: instance blocks and BAR page tables may have changed.
     crate::channels::refresh_all(&mut cx.chan());
-    // The BAR translations (and with them the direct-map plans a VMM maps) only if a BAR's own
-    // tables were written. Moving the plan's generation for every batch made a KVM VMM re-plan
-    // after each one (pv ran 88 remaps per run against fv's 24, and came out slower than fv).
+    cx.vm.bars.flush();
+    // The direct-map plans a VMM maps change only if a BAR's own tables were written. Moving
+    // their generation for every batch made a KVM VMM re-plan after each one (pv ran 88
+    // remaps per run against fv's 24, and came out slower than fv).
     let hits_bars = ops
         .iter()
         .any(|o| Target::from_bits(o.target).is_none_or(|t| bar_tables.contains(&(o.table, t))));
     if hits_bars {
-        cx.vm.bars.flush();
         cx.vm.map_gen += 1;
     }
 }
