@@ -243,20 +243,20 @@ fn exp_overhead_kvm_runs_every_scheme_in_a_real_guest() {
         assert!(r["exits"].as_u64().unwrap() > 0, "{r}");
     }
     assert_eq!(results[0]["relative_to_native"].as_f64().unwrap(), 1.0);
-    let exits = |i: usize| results[i]["exits"].as_u64().unwrap();
-    assert!(
-        exits(2) < exits(1),
-        "fv {} exits, fv-naive {}",
-        exits(2),
-        exits(1)
-    );
-    assert!(
-        exits(3) < exits(1),
-        "pv {} exits, fv-naive {}",
-        exits(3),
-        exits(1)
-    );
+    // BAR remap takes the aperture exits away. Compared over bring-up (tens of thousands of
+    // instance-memory writes), not per workload: a workload's total includes the guest's fence
+    // polls, whose number follows the machine's load (measured: pv 74 exits against fv-naive's
+    // 90 on a quiet machine, 114 against 90 while a CI build ran beside it).
     let bringup = v["bringup"].as_array().unwrap();
+    let exits = |i: usize| bringup[i]["exits"].as_u64().unwrap();
+    for (i, scheme) in [(2, "fv"), (3, "pv")] {
+        assert!(
+            exits(i) < exits(1),
+            "bring-up: {scheme} {} exits, fv-naive {}",
+            exits(i),
+            exits(1)
+        );
+    }
     assert!(
         bringup[1]["shadow"]["rebuilds"].as_u64().unwrap() > 0,
         "eager rebuilds"
