@@ -121,15 +121,7 @@ fn pramin_rd(v: &Vgpu, addr: u64) -> u32 {
 /// A guest VM (page directory + one small-page table for the first 128 MiB) built through
 /// PRAMIN at `pd`, `pt`; `maps` are (VA, guest address, target) of 4 KiB pages.
 fn guest_vm(v: &Vgpu, pd: u64, pt: u64, maps: &[(u64, u64, Target)]) {
-    let pde = Pde {
-        large: None,
-        small: Some(PtRef {
-            addr: pt,
-            target: Target::Vram,
-            vol: false,
-        }),
-        size: PtSize::Full,
-    };
+    let pde = Pde::small_table(pt, Target::Vram);
     pramin_wr64(v, pd, pde.encode());
     for &(va, addr, t) in maps {
         pramin_wr64(

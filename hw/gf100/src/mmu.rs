@@ -167,6 +167,20 @@ impl Pde {
         size: PtSize::Full,
     };
 
+    /// An entry pointing to one full-size small-page table at `addr` in `target` (not
+    /// volatile), no large-page table: what a driver writes for a 4 KiB-page address space.
+    pub const fn small_table(addr: u64, target: Target) -> Pde {
+        Pde {
+            large: None,
+            small: Some(PtRef {
+                addr,
+                target,
+                vol: false,
+            }),
+            size: PtSize::Full,
+        }
+    }
+
     /// Encodes the entry as the 64-bit little-endian value stored in the page directory.
     pub const fn encode(&self) -> u64 {
         let mut v = (self.size.bits() as u64) << 2;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use gf100::mmu::{self, Pde, PtRef, PtSize};
+use gf100::mmu::{self, Pde};
 use gf100::{inst, pbus, pfifo, Target};
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
@@ -66,15 +66,7 @@ fn pramin_wr64(v: &Vgpu, addr: u64, val: u64) {
 /// table, an instance block naming it, the channel table entry.
 fn bind_channel(v: &Vgpu) {
     let (inst_a, pd, pt, userd_a) = (0x1_0000, 0x2_0000, 0x10_0000, 0x3_0000);
-    let pde = Pde {
-        large: None,
-        small: Some(PtRef {
-            addr: pt,
-            target: Target::Vram,
-            vol: false,
-        }),
-        size: PtSize::Full,
-    };
+    let pde = Pde::small_table(pt, Target::Vram);
     pramin_wr64(v, pd, pde.encode());
     pramin_wr64(
         v,

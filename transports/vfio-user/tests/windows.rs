@@ -11,7 +11,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use gf100::mmu::{self, Pde, PtRef, PtSize};
+use gf100::mmu::{self, Pde};
 use gf100::{inst, pbus, pfifo, Target};
 use gpuvm::clock::ClockKind;
 use gpuvm::host::{GpuHost, HostConfig, MAX_DMA_WINDOW};
@@ -252,15 +252,7 @@ fn a_guest_with_a_bound_channel_cannot_move_its_window_and_a_reset_sizes_the_new
         .unwrap()
         .is_error());
     let (inst_a, pd, pt, userd_a) = (0x1_0000, 0x2_0000, 0x10_0000, 0x3_0000);
-    let pde = Pde {
-        large: None,
-        small: Some(PtRef {
-            addr: pt,
-            target: Target::Vram,
-            vol: false,
-        }),
-        size: PtSize::Full,
-    };
+    let pde = Pde::small_table(pt, Target::Vram);
     pramin_wr64(&mut c, pd, pde.encode());
     pramin_wr64(
         &mut c,
