@@ -617,13 +617,27 @@ const MOVING: [&str; 6] = [
 ];
 
 fn moving_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    moving_args_times(1, extra)
+}
+
+/// [`moving_args`] with the workloads `times` over (`MOVING` repeated).
+fn moving_args_times<'a>(times: usize, extra: &[&'a str]) -> Vec<&'a str> {
     let mut a = vec!["--size", "256", "--quiet-console"];
-    for w in MOVING {
-        a.extend(["--workload", w]);
+    for _ in 0..times {
+        for w in MOVING {
+            a.extend(["--workload", w]);
+        }
     }
     a.extend(extra);
     a
 }
+
+/// How many times over the live-migrated guest runs [`MOVING`] (a run takes at most 16
+/// workloads): its work must outlast the pre-copy rounds, which run beside it. Once over,
+/// under CI's load (the other tests of this file running at once on 2 cores) the guest
+/// sometimes finished first and the migration was refused with "the guest ended before it
+/// could be paused".
+const LIVE_TIMES: usize = 2;
 
 #[test]
 fn a_guest_moves_live_between_two_daemons_with_its_vmm_and_finishes_there() {
@@ -665,12 +679,15 @@ fn a_guest_moves_live_between_two_daemons_with_its_vmm_and_finishes_there() {
     let src = Vmm::start(
         &a.socket("vm0"),
         "[src vmm] ",
-        &moving_args(&[
-            "--migrate-to",
-            msock.to_str().unwrap(),
-            "--migrate-after-exits",
-            "3000",
-        ]),
+        &moving_args_times(
+            LIVE_TIMES,
+            &[
+                "--migrate-to",
+                msock.to_str().unwrap(),
+                "--migrate-after-exits",
+                "3000",
+            ],
+        ),
     );
     let (sout, s) = src.finish();
     let (dout, d) = dst.finish();
@@ -689,9 +706,10 @@ fn a_guest_moves_live_between_two_daemons_with_its_vmm_and_finishes_there() {
         .iter()
         .filter(|w| w["verified"] == true)
         .count();
-    assert!(done_here < MOVING.len(), "moved mid-run: {s:#}");
+    let all: Vec<&str> = MOVING.repeat(LIVE_TIMES);
+    assert!(done_here < all.len(), "moved mid-run: {s:#}");
     // Every workload verified on the destination, its vGPU in daemon B.
-    assert_verified(&dout, &d, &MOVING);
+    assert_verified(&dout, &d, &all);
     assert!(d["vms"][0]["kvm"]["restored"]["from"]
         .as_str()
         .unwrap()
