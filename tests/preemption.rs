@@ -460,16 +460,7 @@ fn work_after_a_refused_method_waits_for_the_guest() {
     assert_eq!(phys_state(&w, &vm, g) & pfifo::STATE_RUNNABLE, 0);
     // The guest acknowledges the error and enables the channel: the rest runs (the illegal
     // method is skipped, as after nouveau's METHOD0 rewrite to a NOP).
-    vm.drv.hal_mut().write32(
-        Bar::Bar0,
-        u64::from(pfifo::pbdma(0, pfifo::PBDMA_INTR)),
-        intr,
-    );
-    vm.drv.hal_mut().write32(
-        Bar::Bar0,
-        u64::from(pfifo::chan_state(g)),
-        pfifo::STATE_RUNNABLE,
-    );
+    ack_and_enable(&mut vm, intr, g);
     vm.drv.fence_wait(&mut ch, second).unwrap();
 }
 
@@ -512,6 +503,13 @@ fn an_error_acknowledged_by_the_host_does_not_restart_a_channel_set_runnable_mea
         .drv
         .hal_mut()
         .read32(Bar::Bar0, u64::from(pfifo::pbdma(0, pfifo::PBDMA_INTR)));
+    ack_and_enable(&mut vm, intr, g);
+    vm.drv.fence_wait(&mut ch, fence).unwrap();
+}
+
+/// The guest's answer to a PBDMA error, as nouveau gives it: acknowledges `intr` on PBDMA 0 and
+/// enables its channel `g` again.
+fn ack_and_enable(vm: &mut Vm, intr: u32, g: u32) {
     vm.drv.hal_mut().write32(
         Bar::Bar0,
         u64::from(pfifo::pbdma(0, pfifo::PBDMA_INTR)),
@@ -522,5 +520,4 @@ fn an_error_acknowledged_by_the_host_does_not_restart_a_channel_set_runnable_mea
         u64::from(pfifo::chan_state(g)),
         pfifo::STATE_RUNNABLE,
     );
-    vm.drv.fence_wait(&mut ch, fence).unwrap();
 }

@@ -452,8 +452,9 @@ pub(crate) fn aperture_read_fast(
     offset: u64,
     data: &mut [u8],
 ) -> bool {
-    let len = data.len() as u64;
-    let last = offset.checked_add(len - 1);
+    let last = (data.len() as u64)
+        .checked_sub(1)
+        .and_then(|n| offset.checked_add(n));
     if userd::locate_in(vm.regs.poll_area(), offset).is_some()
         || !matches!(last, Some(l) if l < Bar::Bar1.size()
             && l >> gf100::PAGE_SHIFT == offset >> gf100::PAGE_SHIFT)

@@ -802,4 +802,4 @@ fn detach_memory(cx: &mut VmCx) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -86,7 +86,7 @@ fn rd(v: &Vgpu, off: u32) -> u32 {
     u32::from_le_bytes(b)
 }
 
-fn wr(v: &Vgpu, off: u32, val: u32) {
+pub(crate) fn wr(v: &Vgpu, off: u32, val: u32) {
     v.bar_write(Bar::Bar0, u64::from(off), &val.to_le_bytes());
 }
 
@@ -373,7 +373,9 @@ fn bar3_is_walked_through_the_guest_tables() {
 /// A guest channel: instance block at 0x10000, PD at 0x20000 (its first PDE's small table at
 /// 0x100000), USERD at 0x30000, GPFIFO ring at VA 0x4000_0000 (not mapped unless `ring` names
 /// the guest page it lives in).
-fn guest_channel(v: &Vgpu, g: u32, ring: Option<u64>) {
+/// Binds and starts guest channel `g` as a guest driver does (page directory, instance block,
+/// USERD poll area, channel table), its ring at `ring` if given.
+pub(crate) fn guest_channel(v: &Vgpu, g: u32, ring: Option<u64>) {
     let (inst_a, pd, pt, userd_a) = (0x1_0000, 0x2_0000, 0x10_0000, 0x3_0000);
     let ib_va = 0x0400_0000;
     let maps: Vec<(u64, u64, Target)> =

@@ -3,14 +3,13 @@
 
 use std::sync::Arc;
 
-use gf100::mmu::{self, Pde};
-use gf100::{inst, pbus, pfifo, Target};
+use gf100::pfifo;
 use vm_memory::{GuestAddress, GuestMemoryMmap};
 
 use crate::host::{dma_window_for, GpuHost, HostConfig, HostError, MAX_DMA_WINDOW};
-use crate::phys::Bar;
 use crate::profile::{ShadowMode, VgpuProfile};
-use crate::vgpu::{Vgpu, VgpuError};
+use crate::vgpu::tests::{guest_channel, wr};
+use crate::vgpu::VgpuError;
 use gpuvm_sim::{SimConfig, SimGpu};
 
 const MIB: u64 = 1 << 20;
@@ -44,47 +43,6 @@ fn profile() -> VgpuProfile {
 
 fn ram(len: u64) -> GuestMemoryMmap {
     GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), len as usize)]).unwrap()
-}
-
-fn wr(v: &Vgpu, off: u32, val: u32) {
-    v.bar_write(Bar::Bar0, u64::from(off), &val.to_le_bytes());
-}
-
-fn pramin_wr64(v: &Vgpu, addr: u64, val: u64) {
-    for (i, w) in [val as u32, (val >> 32) as u32].into_iter().enumerate() {
-        let a = addr + 4 * i as u64;
-        wr(
-            v,
-            pbus::PMEM,
-            pbus::pmem_encode(a & !0xf_ffff, Target::Vram),
-        );
-        wr(v, pbus::PRAMIN_BASE + (a & 0xf_ffff) as u32, w);
-    }
-}
-
-/// Binds guest channel 0 as a guest driver does: a page directory with one empty small-page
-/// table, an instance block naming it, the channel table entry.
-fn bind_channel(v: &Vgpu) {
-    let (inst_a, pd, pt, userd_a) = (0x1_0000, 0x2_0000, 0x10_0000, 0x3_0000);
-    let pde = Pde::small_table(pt, Target::Vram);
-    pramin_wr64(v, pd, pde.encode());
-    pramin_wr64(
-        v,
-        inst_a + inst::RAMFC_USERD_LO,
-        inst::userd_encode(userd_a, Target::Vram),
-    );
-    pramin_wr64(v, inst_a + inst::PDB_LO, inst::pdb_encode(pd, Target::Vram));
-    pramin_wr64(v, inst_a + inst::LIMIT_LO, mmu::VA_LIMIT - 1);
-    wr(
-        v,
-        pfifo::USERD_POLL_BASE,
-        pfifo::userd_poll_encode(0x4_0000),
-    );
-    wr(
-        v,
-        pfifo::chan_table(0),
-        pfifo::chan_encode(inst_a, Target::Vram),
-    );
 }
 
 #[test]
@@ -137,7 +95,7 @@ fn a_fresh_vgpu_grows_its_window_and_its_ram_then_fits() {
 fn a_window_with_a_bound_channel_does_not_move_until_the_channel_is_gone() {
     let h = host();
     let v = h.create_vgpu_for_ram(&profile(), 0).unwrap();
-    bind_channel(&v);
+    guest_channel(&v, 0, None);
     let w = h.dma_window(&v).unwrap();
     let e = h.resize_dma_window(&v, 4 * MIB).unwrap_err();
     assert!(

@@ -242,7 +242,7 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
     });
     // The measured span ends with the last VM's thread, before the memory sample and the VMs'
     // destruction (which are not the workload's).
-    let end = SpanMark::now(Instant::now(), &*clock, &host, &sim);
+    let end = SpanMark::now(&*clock, &host, &sim);
     let mem_loaded = crate::mem::MemSample::now(Some(&sim));
     for (vgpu, _, _) in &vms {
         host.destroy_vgpu(vgpu)?;
@@ -282,9 +282,9 @@ struct SpanMark {
 }
 
 impl SpanMark {
-    fn now(at: Instant, clock: &dyn Clock, host: &GpuHost, sim: &SimGpu) -> SpanMark {
+    fn now(clock: &dyn Clock, host: &GpuHost, sim: &SimGpu) -> SpanMark {
         SpanMark {
-            at,
+            at: Instant::now(),
             clock: clock.now_ns(),
             holds: host.stats().lock_holds,
             cpu: SpanCpu::now(),
@@ -370,7 +370,7 @@ fn drive(c: Ctx<'_>) -> StagedVm {
         if c.opts.barrier_after == Some(i) {
             if c.barrier.wait().is_leader() {
                 *c.mark.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(SpanMark::now(Instant::now(), &*c.clock, c.host, c.sim));
+                    Some(SpanMark::now(&*c.clock, c.host, c.sim));
             }
             c.barrier.wait();
         }

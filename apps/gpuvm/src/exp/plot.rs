@@ -13,7 +13,6 @@ pub(crate) const COLORS: [plotters::style::RGBColor; 8] = [
     plotters::style::RGBColor(0x17, 0xbe, 0xcf),
 ];
 
-/// A plotting backend's error as this command's error.
 /// Prints report `r` (as JSON with `json`, else as `render` lays it out) and writes its plot to
 /// `svg` if one is asked for (saying where, unless the output is JSON).
 pub(crate) fn emit<R: serde::Serialize>(
@@ -37,6 +36,7 @@ pub(crate) fn emit<R: serde::Serialize>(
     Ok(())
 }
 
+/// A plotting backend's error as this command's error.
 pub(crate) fn plot_err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plot: {e:?}")
 }
