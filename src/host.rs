@@ -594,10 +594,15 @@ impl HostState {
             .stats(now, self.sched.name(), self.sched.snapshot())
     }
 
-    /// Recomputes every VM's interrupt line; returns the changes.
+    /// Recomputes the interrupt line of every VM that may have changed it; returns the
+    /// changes. Only the VMs unlocked with their level differing from the one last applied
+    /// are looked at (`vgpu::cell::LineDirty`), not every VM after every access.
     fn line_changes(&mut self) -> Vec<LineChange> {
         let mut out = Vec::new();
-        for mut vm in self.vms.values_mut() {
+        for id in self.vms.take_line_dirty() {
+            let Some(mut vm) = self.vms.get_mut(&id) else {
+                continue;
+            };
             let level = vm.regs.line_level();
             if level != vm.line_level {
                 vm.line_level = level;

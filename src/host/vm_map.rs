@@ -14,12 +14,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::sched::VmId;
-use crate::vgpu::cell::{VmCell, VmGuard};
+use crate::vgpu::cell::{LineDirty, VmCell, VmGuard};
 use crate::vgpu::VmState;
 
-/// The VMs by id, each behind its own lock.
+/// The VMs by id, each behind its own lock, and the VMs whose interrupt line may have to
+/// change.
 #[derive(Default)]
-pub(crate) struct VmMap(BTreeMap<VmId, Arc<VmCell>>);
+pub(crate) struct VmMap(BTreeMap<VmId, Arc<VmCell>>, Arc<LineDirty>);
 
 impl VmMap {
     /// VM `id`, locked (`&mut self`: the borrow checker keeps a second guard of the map from
@@ -63,9 +64,17 @@ impl VmMap {
 
     /// Adds VM `id`; returns its cell (for its vGPU).
     pub(crate) fn insert(&mut self, id: VmId, vm: VmState) -> Arc<VmCell> {
-        let cell = Arc::new(VmCell::new(id, vm));
+        let cell = Arc::new(VmCell::new(id, vm, self.1.clone()));
+        // A VM that starts with its line to raise (a restored one) is recorded as any change.
+        drop(cell.lock());
         self.0.insert(id, cell.clone());
         cell
+    }
+
+    /// The VMs whose interrupt line may differ from the level last applied (each was
+    /// unlocked with its registers' level differing from it), taken.
+    pub(crate) fn take_line_dirty(&self) -> Vec<VmId> {
+        self.1.take()
     }
 
     /// Removes VM `id` from the map; its vGPU may still hold the cell (marked gone by the

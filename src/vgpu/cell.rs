@@ -8,6 +8,7 @@
 //! every path at once under that check.
 
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use parking_lot::{Mutex, MutexGuard};
 
@@ -20,15 +21,40 @@ pub(crate) struct VmCell {
     state: Mutex<VmState>,
     /// Accesses done on the fast path (`host::local`).
     pub fast_accesses: AtomicU64,
+    /// Where a guard that leaves the VM's interrupt line differing from the level last
+    /// applied records the VM (shared by every cell of one host: [`LineDirty`]).
+    dirty: Arc<LineDirty>,
+}
+
+/// The VMs whose interrupt line may have to change: every guard dropped with the virtual
+/// registers' level differing from the level last applied adds its VM. The host takes the list
+/// at the end of each hold and recomputes those VMs' lines only (`HostState::line_changes`),
+/// instead of locking every VM after every access.
+#[derive(Default)]
+pub(crate) struct LineDirty(Mutex<Vec<VmId>>);
+
+impl LineDirty {
+    /// The VMs recorded since the last call (in no particular order, without repeats).
+    pub(crate) fn take(&self) -> Vec<VmId> {
+        let mut v = std::mem::take(&mut *self.0.lock());
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    fn add(&self, id: VmId) {
+        self.0.lock().push(id);
+    }
 }
 
 impl VmCell {
-    /// A cell holding `vm`.
-    pub(crate) fn new(id: VmId, vm: VmState) -> VmCell {
+    /// A cell holding `vm`, recording line changes in `dirty`.
+    pub(crate) fn new(id: VmId, vm: VmState, dirty: Arc<LineDirty>) -> VmCell {
         VmCell {
             id,
             state: Mutex::new(vm),
             fast_accesses: AtomicU64::new(0),
+            dirty,
         }
     }
 
@@ -38,6 +64,7 @@ impl VmCell {
         VmGuard {
             guard: self.state.lock(),
             id: self.id,
+            dirty: &self.dirty,
         }
     }
 }
@@ -46,6 +73,7 @@ impl VmCell {
 pub(crate) struct VmGuard<'a> {
     guard: MutexGuard<'a, VmState>,
     id: VmId,
+    dirty: &'a LineDirty,
 }
 
 impl std::ops::Deref for VmGuard<'_> {
@@ -63,6 +91,9 @@ impl std::ops::DerefMut for VmGuard<'_> {
 
 impl Drop for VmGuard<'_> {
     fn drop(&mut self) {
+        if self.guard.regs.line_level() != self.guard.line_level {
+            self.dirty.add(self.id);
+        }
         order::released_vm(self.id);
     }
 }
