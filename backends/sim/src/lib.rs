@@ -64,7 +64,7 @@ use bar::Bars;
 use intr::Interrupts;
 use mem::Memory;
 use mmu::Tlb;
-use pfifo::Fifo;
+use pfifo::{Fifo, NextEvent};
 use regs::{RegWrite, Regs, TlbFlush};
 
 /// Configuration of a simulated GPU.
@@ -264,9 +264,44 @@ struct Shared {
     /// ([`SimGpu::lock_waits`]).
     waits: AtomicU64,
     waited_ns: AtomicU64,
+    /// The GPU's next event as of the end of the last hold of the state's lock that could change
+    /// it, with the engine worker (`NEXT_*` encoding; 0: not known): lets
+    /// [`PhysicalGpu::next_event_ns`] answer without the lock when the answer is in the future
+    /// (a locked call would have done nothing then).
+    next_event: AtomicU64,
 }
 
+/// [`Shared::next_event`]: nothing in flight.
+const NEXT_IDLE: u64 = u64::MAX;
+/// [`Shared::next_event`]: the worker is behind an engine operation's end.
+const NEXT_WORKER_BEHIND: u64 = u64::MAX - 1;
+
 impl Shared {
+    /// Records the next event of `s` at `now` (with the engine worker only; the caller holds the
+    /// state's lock and has advanced it to `now`).
+    fn publish_next_event(&self, s: &mut State, now: u64) {
+        if s.engines_inline {
+            return;
+        }
+        let v = match s.fifo.next_event_kind(now, false) {
+            NextEvent::Idle => NEXT_IDLE,
+            NextEvent::WorkerBehind => NEXT_WORKER_BEHIND,
+            NextEvent::At(t) => t.clamp(1, NEXT_WORKER_BEHIND - 1),
+        };
+        self.next_event.store(v, Ordering::Release);
+    }
+
+    /// The next event as published, if it says a locked call would find nothing to do at `now`.
+    fn next_event_unlocked(&self, now: u64) -> Option<Option<u64>> {
+        match self.next_event.load(Ordering::Acquire) {
+            NEXT_IDLE => Some(None),
+            NEXT_WORKER_BEHIND => Some(Some(now.saturating_add(pfifo::WORKER_LAG_POLL_NS))),
+            0 => None,
+            t if t > now => Some(Some(t)),
+            _ => None,
+        }
+    }
+
     fn apply_line(&self, seq: u64, level: bool) {
         let mut out = self.line.lock();
         if seq > out.applied {
@@ -317,6 +352,7 @@ impl SimGpu {
             worker_wants: AtomicU64::new(0),
             waits: AtomicU64::new(0),
             waited_ns: AtomicU64::new(0),
+            next_event: AtomicU64::new(0),
         });
         let worker = worker.then(|| worker::spawn(shared.clone()));
         SimGpu {
@@ -397,6 +433,7 @@ impl SimGpu {
                 s.worker_idle = false;
             }
             let change = s.line_change();
+            self.shared.publish_next_event(s, now);
             let since = self.shared.worker_wants.load(Ordering::Relaxed);
             if since != 0 && now.saturating_sub(since - 1) >= worker::HANDOFF_AFTER_NS {
                 MutexGuard::unlock_fair(guard);
@@ -589,6 +626,10 @@ impl PhysicalGpu for SimGpu {
     fn next_event_ns(&self) -> Option<u64> {
         if self.worker.is_some() && self.shared.simulated {
             self.wait_for_worker();
+        } else if self.worker.is_some() {
+            if let Some(next) = self.shared.next_event_unlocked(self.shared.clock.now_ns()) {
+                return next;
+            }
         }
         self.with_state(|s, now| s.fifo.next_event(now, s.engines_inline))
     }

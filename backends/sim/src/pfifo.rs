@@ -42,7 +42,19 @@ const ENGINES: usize = pfifo::ENGINES as usize;
 const MAX_TURNS: usize = 1 << 16;
 
 /// How soon a caller is told to look again while the engine worker is behind the clock.
-const WORKER_LAG_POLL_NS: u64 = 100_000;
+pub(crate) const WORKER_LAG_POLL_NS: u64 = 100_000;
+
+/// When the GPU next changes state on its own ([`Fifo::next_event_kind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NextEvent {
+    /// Nothing in flight and nothing due: only a call starts anything.
+    Idle,
+    /// At this clock time.
+    At(u64),
+    /// An engine operation's end has passed and the worker is still doing its pieces: poll
+    /// again [`WORKER_LAG_POLL_NS`] from now.
+    WorkerBehind,
+}
 
 /// Timed work occupying the GPU.
 #[derive(Debug)]
@@ -499,23 +511,34 @@ impl Fifo {
     /// its end, or — while the worker is behind the clock — [`WORKER_LAG_POLL_NS`] from `now`:
     /// a caller need not poll for work it does not do.
     pub(crate) fn next_event(&mut self, now: u64, engines_inline: bool) -> Option<u64> {
+        match self.next_event_kind(now, engines_inline) {
+            NextEvent::Idle => None,
+            NextEvent::At(t) => Some(t),
+            NextEvent::WorkerBehind => Some(now.saturating_add(WORKER_LAG_POLL_NS)),
+        }
+    }
+
+    /// [`Fifo::next_event`] before it is put in terms of `now`.
+    pub(crate) fn next_event_kind(&mut self, now: u64, engines_inline: bool) -> NextEvent {
         let mode = self.mode;
         if !engines_inline {
             if let Some(f) = &self.inflight {
                 if let Work::Engine(_) = f.work {
-                    return Some(if f.end != u64::MAX && f.end > now {
-                        f.end
+                    return if f.end != u64::MAX && f.end > now {
+                        NextEvent::At(f.end)
                     } else {
-                        now.saturating_add(WORKER_LAG_POLL_NS)
-                    });
+                        NextEvent::WorkerBehind
+                    };
                 }
             }
         }
         if self.more_work {
-            return Some(now.max(self.gpu_time));
+            return NextEvent::At(now.max(self.gpu_time));
         }
-        let f = self.inflight.as_mut()?;
-        Some(match &mut f.work {
+        let Some(f) = self.inflight.as_mut() else {
+            return NextEvent::Idle;
+        };
+        NextEvent::At(match &mut f.work {
             Work::Engine(op) => op.horizon(f.start, mode).min(f.end),
             Work::Fetch | Work::Restore => f.end,
         })

@@ -69,6 +69,7 @@ fn run(shared: &Shared) {
         }
         let now = shared.clock.now_ns();
         let (change, next) = batch(&mut guard, now);
+        shared.publish_next_event(&mut guard, now);
         if let Some(o) = guard.fifo.take_offload() {
             // A matrix block: computed without the lock, written under it.
             let data = MutexGuard::unlocked_fair(&mut guard, || {
@@ -78,6 +79,7 @@ fn run(shared: &Shared) {
             });
             let s = &mut *guard;
             s.fifo.commit_offload(&mut s.core, o, &data);
+            shared.publish_next_event(s, shared.clock.now_ns());
             if let Some((seq, level)) = change {
                 MutexGuard::unlocked_fair(&mut guard, || {
                     shared.apply_line(seq, level);
