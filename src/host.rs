@@ -1075,6 +1075,14 @@ impl GpuPort for HostShared {
         self.access_local(cell, f)
     }
 
+    fn access_local_write_dyn(
+        &self,
+        cell: &crate::vgpu::cell::VmCell,
+        f: &mut dyn FnMut(&dyn PhysicalGpu, &HostLayout, &mut VmState) -> bool,
+    ) -> bool {
+        self.access_local_write(cell, f)
+    }
+
     fn poll(&self) {
         HostShared::poll(self);
     }

@@ -572,6 +572,30 @@ fn a_new_vm_reads_zeros_where_a_destroyed_vm_left_data() {
     assert_eq!(h.vms, 1);
 }
 
+/// The guest driver writes its page tables through BAR3. Those writes run beside the host lock
+/// (under the VM's lock alone) and the shadow entries follow them: every workload, whose
+/// buffers are mapped and unmapped that way, verifies through the shadows, in each mode that
+/// tracks page tables and in those that rebuild them.
+#[test]
+fn page_table_writes_through_bar3_run_beside_the_host_lock_and_the_shadows_follow() {
+    for mode in [ShadowMode::Incremental, ShadowMode::Lazy, ShadowMode::Eager] {
+        let w = world();
+        let mut vm = w.vm(mode);
+        run_suite(&mut vm);
+        run_suite(&mut vm);
+        let s = vm.vgpu.stats();
+        assert!(s.local_bar_writes > 0, "{mode}");
+        assert!(
+            s.local_bar_writes <= s.exits.bar1.writes + s.exits.bar3.writes,
+            "{mode}"
+        );
+        if mode == ShadowMode::Incremental {
+            assert!(s.shadow.entry_updates > 0);
+        }
+        assert_eq!(s.violations, gpuvm::stats::Violations::default(), "{mode}");
+    }
+}
+
 /// Reads of BAR1 memory (what a guest polls a fence or reads results with) run beside the host
 /// lock while the host is quiet, through the VM's BAR TLB into its own slice: the value is
 /// the memory's as it is now (translations are cached, data is not), and a guest flush of its

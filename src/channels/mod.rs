@@ -318,6 +318,30 @@ fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
     cx.vm.stats.channel_binds += 1;
 }
 
+/// True if a guest write of `len` bytes at `addr` in `target` reaches a page holding one of
+/// the VM's bound channels' instance blocks ([`on_guest_write`] refreshes their shadows).
+pub(crate) fn write_reaches_instance(
+    inst_pages: &std::collections::HashMap<(bool, u64), Vec<u32>>,
+    target: Target,
+    addr: u64,
+    len: u64,
+) -> bool {
+    if inst_pages.is_empty() || len == 0 {
+        return false;
+    }
+    let last = addr.saturating_add(len - 1) & !(gf100::PAGE_SIZE - 1);
+    let mut page = addr & !(gf100::PAGE_SIZE - 1);
+    loop {
+        if inst_pages.contains_key(&page_key(target, page)) {
+            return true;
+        }
+        if page >= last {
+            return false;
+        }
+        page += gf100::PAGE_SIZE;
+    }
+}
+
 /// The write-tracking key of a guest page (both system-memory targets name the same memory).
 fn page_key(target: Target, addr: u64) -> (bool, u64) {
     (target.is_sysram(), addr & !(gf100::PAGE_SIZE - 1))

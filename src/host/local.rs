@@ -82,6 +82,38 @@ impl HostShared {
         false
     }
 
+    /// Runs the write `f` (true: it did the access) on the VM of `cell` holding that VM's lock
+    /// and nothing else, quiet host or not: for writes whose only effect is inside the VM
+    /// (`vgpu::aperture::aperture_write_fast`: page-table and data writes through a BAR), which
+    /// give the host nothing to do. The usual path services the GPU after every access; this
+    /// one does so afterwards, with the host lock, only if something is due by then (a hold in
+    /// progress services on its own). False if the access must take the usual path.
+    pub(crate) fn access_local_write(
+        &self,
+        cell: &VmCell,
+        f: &mut dyn FnMut(&dyn PhysicalGpu, &HostLayout, &mut VmState) -> bool,
+    ) -> bool {
+        if !self.cfg.local_fast_path {
+            return false;
+        }
+        let due = {
+            let mut vm = cell.lock();
+            let Some(now) = vm.clock.as_ref().map(|c| c.now_ns()) else {
+                return false;
+            };
+            if vm.gone || vm.shadow.rebuilding() || !f(&*self.phys, &self.layout, &mut vm) {
+                return false;
+            }
+            cell.fast_accesses.fetch_add(1, Ordering::Relaxed);
+            let quiet_until = self.quiet_until.load(Ordering::Acquire);
+            quiet_until != 0 && now >= quiet_until
+        };
+        if due || self.irq.is_asserted() {
+            self.poll();
+        }
+        true
+    }
+
     /// Fast-path accesses so far, destroyed VMs' included.
     pub(crate) fn fast_path_accesses(&self, st: &HostState) -> u64 {
         st.vms

@@ -30,6 +30,7 @@ use super::translate::{self, PHYS_LIMIT};
 use super::walk::{self, GuestTable, PtKind};
 use super::{GuestPdb, ShadowCtx, ShadowStats};
 use crate::addr::HostVram;
+use crate::guest_mem::GuestMem;
 
 /// PDE bits that name tables (LPT target 1:0, SPT target 33:32).
 pub(crate) const PDE_TABLE_BITS: u64 = 0x3 | 0x3 << 32;
@@ -244,7 +245,7 @@ fn role(pdb: GuestPdb, idx: u16, kind: PtKind) -> Role {
 /// into shadow entries appended to `out`; rejected entries become 0 and count a violation.
 #[allow(clippy::too_many_arguments)]
 fn translate_entries(
-    cx: &ShadowCtx,
+    mem: &GuestMem,
     books: &mut Books,
     pdb: GuestPdb,
     idx: u16,
@@ -270,7 +271,7 @@ fn translate_entries(
             let shadow = if raw & PTE_PRESENT == 0 {
                 0
             } else {
-                match translate::shadow_pte(&cx.mem, raw, page) {
+                match translate::shadow_pte(mem, raw, page) {
                     Ok(v) => v,
                     Err(why) => {
                         books.violation(
@@ -333,7 +334,7 @@ fn build_table(
     let table = match read {
         Ok(()) => {
             let mut out = std::mem::take(&mut books.output.0);
-            translate_entries(cx, books, pdb, idx, kind, 0, &input, &mut out);
+            translate_entries(&cx.mem, books, pdb, idx, kind, 0, &input, &mut out);
             cx.mem.phys.write_vram(HostVram(host), &out);
             books.stats.ptes_shadowed += guest.entries;
             books.output.0 = out;
@@ -578,7 +579,7 @@ pub(crate) fn rewrite_pdes(
 /// exactly the entries it touched, with one read and one VRAM write.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rewrite_ptes(
-    cx: &mut ShadowCtx,
+    mem: &GuestMem,
     books: &mut Books,
     pdb: GuestPdb,
     space: &Space,
@@ -594,20 +595,12 @@ pub(crate) fn rewrite_ptes(
         return;
     };
     let mut input = std::mem::take(&mut books.input.0);
-    let read = walk::read_entries(
-        &cx.mem,
-        t.guest.target,
-        t.guest.addr,
-        first,
-        count,
-        &mut input,
-    );
+    let read = walk::read_entries(mem, t.guest.target, t.guest.addr, first, count, &mut input);
     match read {
         Ok(()) => {
             let mut out = std::mem::take(&mut books.output.0);
-            translate_entries(cx, books, pdb, idx, kind, first, &input, &mut out);
-            cx.mem
-                .phys
+            translate_entries(mem, books, pdb, idx, kind, first, &input, &mut out);
+            mem.phys
                 .write_vram(HostVram(t.host + first * mmu::ENTRY_SIZE), &out);
             books.stats.entry_updates += count;
             books.output.0 = out;

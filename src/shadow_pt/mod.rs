@@ -354,13 +354,68 @@ impl ShadowPt {
             let books = &mut self.books;
             match role.kind {
                 TableKind::Pd => build::rewrite_pdes(cx, books, role.pdb, space, addr, end),
-                TableKind::Small(i) => {
-                    build::rewrite_ptes(cx, books, role.pdb, space, i, PtKind::Small, addr, end)
-                }
-                TableKind::Large(i) => {
-                    build::rewrite_ptes(cx, books, role.pdb, space, i, PtKind::Large, addr, end)
-                }
+                TableKind::Small(i) => build::rewrite_ptes(
+                    &cx.mem,
+                    books,
+                    role.pdb,
+                    space,
+                    i,
+                    PtKind::Small,
+                    addr,
+                    end,
+                ),
+                TableKind::Large(i) => build::rewrite_ptes(
+                    &cx.mem,
+                    books,
+                    role.pdb,
+                    space,
+                    i,
+                    PtKind::Large,
+                    addr,
+                    end,
+                ),
             }
+        }
+    }
+
+    /// True if a guest write of `len` bytes at `addr` reaches one of the VM's shadowed page
+    /// directories. Its shadow tables come and go with its PDEs, allocated from the hypervisor
+    /// VRAM the host shares out, so only [`ShadowPt::guest_wrote`] (with the host lock) may
+    /// apply such a write; a write that reaches none may go to [`ShadowPt::guest_wrote_tables`].
+    pub fn write_reaches_directory(&self, target: Target, addr: u64, len: u64) -> bool {
+        self.books.tracking
+            && len > 0
+            && self
+                .books
+                .tracker
+                .roles_in(Mem::of(target), addr, addr.saturating_add(len))
+                .iter()
+                .any(|r| r.kind == TableKind::Pd)
+    }
+
+    /// [`ShadowPt::guest_wrote`] for a write that reaches no page directory
+    /// ([`ShadowPt::write_reaches_directory`] false): the shadow entries of the page tables it
+    /// covers are rewritten in place, which needs the VM's memory and the GPU only — no
+    /// hypervisor VRAM is allocated or freed — so the VM's lock alone is enough (the fast path's
+    /// page-table writes, `host::local`).
+    pub fn guest_wrote_tables(&mut self, mem: &GuestMem, target: Target, addr: u64, len: u64) {
+        if !self.books.tracking || len == 0 {
+            return;
+        }
+        let end = addr.saturating_add(len);
+        for role in self.books.tracker.roles_in(Mem::of(target), addr, end) {
+            let Some(space) = self.spaces.get_mut(&role.pdb) else {
+                continue;
+            };
+            let (i, kind) = match role.kind {
+                TableKind::Small(i) => (i, PtKind::Small),
+                TableKind::Large(i) => (i, PtKind::Large),
+                TableKind::Pd => {
+                    debug_assert!(false, "a page directory write on the local path");
+                    continue;
+                }
+            };
+            build::rewrite_ptes(mem, &mut self.books, role.pdb, space, i, kind, addr, end);
         }
     }
 

@@ -477,6 +477,61 @@ pub(crate) fn aperture_read_fast(
     true
 }
 
+/// A BAR1 or BAR3 memory write with only the VM's state (the fast path, `host::local`): the
+/// guest driver writing its page tables, or data, through its BAR mapping. Only within one
+/// page whose translation the VM's software TLB holds and that is writable, not USERD, not a
+/// page holding a bound channel's instance block, and reaching none of the VM's shadowed page
+/// directories; the write goes through the VM's memory view (which checks the range again) and
+/// the shadow entries of the page tables it covers are rewritten in place
+/// ([`crate::shadow_pt::ShadowPt::guest_wrote_tables`]). False, nothing done, for anything else
+/// (the usual path translates, faults, counts, and lets the shadows and channels see it).
+pub(crate) fn aperture_write_fast(
+    phys: &dyn PhysicalGpu,
+    vm: &mut VmState,
+    bar: Bar,
+    offset: u64,
+    data: &[u8],
+) -> bool {
+    if !valid_width(data.len()) || bar == Bar::Bar0 {
+        return false;
+    }
+    let Some(last) = offset.checked_add(data.len() as u64 - 1) else {
+        return false;
+    };
+    if (bar == Bar::Bar1 && userd::locate_in(vm.regs.poll_area(), offset).is_some())
+        || last >= bar.size()
+        || last >> gf100::PAGE_SHIFT != offset >> gf100::PAGE_SHIFT
+    {
+        return false;
+    }
+    let key = (bar == Bar::Bar3, offset >> gf100::PAGE_SHIFT);
+    let Some(tr) = vm.bars.tlb.get(&key).copied() else {
+        return false;
+    };
+    let addr = tr.page + (offset & (gf100::PAGE_SIZE - 1));
+    let len = data.len() as u64;
+    if tr.read_only
+        || crate::channels::write_reaches_instance(&vm.inst_pages, tr.target, addr, len)
+        || vm.shadow.write_reaches_directory(tr.target, addr, len)
+    {
+        return false;
+    }
+    let mem = vm.mem.view(phys);
+    if mem.write(tr.target, addr, data).is_err() {
+        return false;
+    }
+    vm.shadow.guest_wrote_tables(&mem, tr.target, addr, len);
+    let exits = if bar == Bar::Bar3 {
+        &mut vm.stats.exits.bar3
+    } else {
+        &mut vm.stats.exits.bar1
+    };
+    exits.count(true);
+    vm.stats.by_class.aperture.count(true);
+    vm.stats.local_bar_writes += 1;
+    true
+}
+
 /// A doorbell that announces nothing, with only the VM's state (the fast path): GP_PUT written
 /// with the value it holds, on a bound channel whose every entry the GPU has already been given
 /// (`phys_put`) and run (the host saw that submission complete: `done_put`), not parked, held

@@ -510,6 +510,16 @@ impl Vgpu {
         {
             return;
         }
+        if bar != Bar::Bar0
+            && self
+                .port
+                .access_local_write_dyn(&self.cell, &mut |phys, _, vm| {
+                    vm.pci.memory_enabled()
+                        && aperture::aperture_write_fast(phys, vm, bar, offset, data)
+                })
+        {
+            return;
+        }
         self.port
             .access(self.id, |cx| write_locked(cx, bar, offset, data));
     }

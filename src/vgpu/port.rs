@@ -36,6 +36,16 @@ pub(crate) trait GpuPort: Send + Sync {
         f: &mut dyn FnMut(&dyn PhysicalGpu, &HostLayout, &mut VmState) -> bool,
     ) -> bool;
 
+    /// The fast path for a write whose only effect is within its VM (`host::local`): runs `f`
+    /// with only the VM's own state whether or not the host is quiet, and services the host
+    /// after it if something is due; true if `f` ran and did the access, false if it must go
+    /// through [`GpuPort::access_dyn`].
+    fn access_local_write_dyn(
+        &self,
+        cell: &VmCell,
+        f: &mut dyn FnMut(&dyn PhysicalGpu, &HostLayout, &mut VmState) -> bool,
+    ) -> bool;
+
     /// Lets the physical GPU make progress and delivers what it finished.
     fn poll(&self);
 
