@@ -212,7 +212,7 @@ impl Job {
             Job::Elementwise { n, .. } => n.div_ceil(ELEMS),
             Job::Matmul { n, .. } => {
                 let m = MatmulPieces::new(n);
-                m.loads + n * m.blocks
+                m.loads + n.div_ceil(m.rows_per_block) * m.blocks
             }
             Job::Loop { .. } => 1,
         }
@@ -255,13 +255,16 @@ impl Job {
                         b.wrapping_add(rows.start * row),
                         (rows.end - rows.start) * row,
                     )),
-                    MatmulPiece::Block { row: r, cols } => {
+                    MatmulPiece::Block { rows, cols } => {
+                        let count = rows.end - rows.start;
                         if cols.start == 0 {
-                            out.push((a.wrapping_add(r * row), row));
+                            out.push((a.wrapping_add(rows.start * row), count * row));
                         }
+                        // Several rows only when a block spans whole rows: one contiguous
+                        // range of `c`.
                         out.push((
-                            c.wrapping_add(r * row + cols.start * 4),
-                            (cols.end - cols.start) * 4,
+                            c.wrapping_add(rows.start * row + cols.start * 4),
+                            (count - 1) * row + (cols.end - cols.start) * 4,
                         ));
                     }
                 }
@@ -277,12 +280,13 @@ impl Job {
                 Job::Copy { len, .. } => (len - i % len.div_ceil(STAGE) * STAGE).min(STAGE) / 4,
                 Job::Memset { bytes, .. } => (bytes - i * STAGE).min(STAGE) / 4,
                 Job::Elementwise { n, .. } => (n - i * ELEMS).min(ELEMS),
-                // A load: its words; a block: n multiply-adds per column (the row's first block
-                // also reads the row of `a`).
+                // A load: its words; a block: n multiply-adds per column of each of its rows
+                // (the rows' first block also reads the rows of `a`).
                 Job::Matmul { n, .. } => match MatmulPieces::new(n).piece(i) {
                     MatmulPiece::Load { rows } => (rows.end - rows.start) * n,
-                    MatmulPiece::Block { cols, .. } => {
-                        (cols.end - cols.start) * n + if cols.start == 0 { n } else { 0 }
+                    MatmulPiece::Block { rows, cols } => {
+                        (rows.end - rows.start)
+                            * ((cols.end - cols.start) * n + if cols.start == 0 { n } else { 0 })
                     }
                 },
                 Job::Loop { .. } => 1,
@@ -366,9 +370,10 @@ impl Job {
                 Arc::make_mut(b).extend_from_slice(&words);
                 Ok(None)
             }
-            MatmulPiece::Block { cols, .. } => {
+            MatmulPiece::Block { rows, cols } => {
                 if cols.start == 0 {
-                    *row_a = Arc::new(read_words(core, vs, r[0].0, n)?);
+                    let count = (rows.end - rows.start) as usize;
+                    *row_a = Arc::new(read_words(core, vs, r[0].0, count * n)?);
                 }
                 Ok(Some(MatmulBlock {
                     n,
@@ -430,29 +435,48 @@ impl MatmulBlock {
     /// The block's results, little-endian words. Each result sums `k` in increasing order
     /// with a separate multiply and add (`fmmul` results are bit-exact and reproducible).
     pub(crate) fn compute(&self) -> Vec<u8> {
-        let n = self.n;
         let (c0, c1) = (self.cols.start, self.cols.end);
-        let rows = self.b.chunks_exact(n).map(|row| &row[c0..c1]);
-        let out: Vec<u32> = if self.float {
-            let mut acc = vec![0f32; c1 - c0];
-            for (&a, row) in self.row_a.iter().zip(rows) {
-                let a = f32::from_bits(a);
-                for (o, &b) in acc.iter_mut().zip(row) {
-                    *o += a * f32::from_bits(b);
-                }
-            }
-            acc.into_iter().map(f32::to_bits).collect()
-        } else {
-            let mut acc = vec![0u32; c1 - c0];
-            for (&a, row) in self.row_a.iter().zip(rows) {
-                for (o, &b) in acc.iter_mut().zip(row) {
-                    *o = o.wrapping_add(a.wrapping_mul(b));
-                }
-            }
-            acc
-        };
-        out.into_iter().flat_map(u32::to_le_bytes).collect()
+        let mut out = Vec::with_capacity(self.row_a.len() / self.n.max(1) * (c1 - c0) * 4);
+        for row_a in self.row_a.chunks_exact(self.n.max(1)) {
+            let row = if self.float {
+                matmul_row_f32(self.n, &self.b, row_a, c0, c1)
+            } else {
+                matmul_row_u32(self.n, &self.b, row_a, c0, c1)
+            };
+            out.extend(row.into_iter().flat_map(u32::to_le_bytes));
+        }
+        out
     }
+}
+
+// The two loops below are compiled for the host's vector units too and picked at run time
+// (`multiversion`: AVX2 has an 8-lane 32-bit multiply, the x86-64 baseline none); the result
+// is the same bits either way (each sum in the same order, no fused multiply-add).
+
+/// Columns `c0..c1` of `row_a` times the `n`x`n` matrix `b` (row-major), wrapping `u32`.
+#[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
+fn matmul_row_u32(n: usize, b: &[u32], row_a: &[u32], c0: usize, c1: usize) -> Vec<u32> {
+    let mut acc = vec![0u32; c1 - c0];
+    for (&a, row) in row_a.iter().zip(b.chunks_exact(n)) {
+        for (o, &b) in acc.iter_mut().zip(&row[c0..c1]) {
+            *o = o.wrapping_add(a.wrapping_mul(b));
+        }
+    }
+    acc
+}
+
+/// [`matmul_row_u32`] for `f32` bit patterns: a separate multiply and add per term, `k` in
+/// increasing order.
+#[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
+fn matmul_row_f32(n: usize, b: &[u32], row_a: &[u32], c0: usize, c1: usize) -> Vec<u32> {
+    let mut acc = vec![0f32; c1 - c0];
+    for (&a, row) in row_a.iter().zip(b.chunks_exact(n)) {
+        let a = f32::from_bits(a);
+        for (o, &b) in acc.iter_mut().zip(&row[c0..c1]) {
+            *o += a * f32::from_bits(b);
+        }
+    }
+    acc.into_iter().map(f32::to_bits).collect()
 }
 
 /// A piece's computation taken out of the simulator's lock by the engine worker: the block,
@@ -476,6 +500,9 @@ struct MatmulPieces {
     loads: u64,
     cols_per_block: u64,
     blocks: u64,
+    /// Result rows per block: more than one only when a block spans whole rows (small `n`),
+    /// so that a block is still about [`MATMUL_BLOCK_MACS`] of work.
+    rows_per_block: u64,
 }
 
 /// One piece of a matrix kernel.
@@ -483,9 +510,9 @@ struct MatmulPieces {
 enum MatmulPiece {
     /// Load rows `rows` of `b`.
     Load { rows: std::ops::Range<u64> },
-    /// Compute columns `cols` of result row `row`.
+    /// Compute columns `cols` of result rows `rows` (several rows only with every column).
     Block {
-        row: u64,
+        rows: std::ops::Range<u64>,
         cols: std::ops::Range<u64>,
     },
 }
@@ -495,7 +522,13 @@ impl MatmulPieces {
         let n1 = n.max(1);
         let rows_per_load = (STAGE / (n1 * 4)).max(1);
         let cols_per_block = (MATMUL_BLOCK_MACS / n1).clamp(1, n1);
+        let rows_per_block = if cols_per_block == n1 {
+            (MATMUL_BLOCK_MACS / (n1 * n1)).clamp(1, n1)
+        } else {
+            1
+        };
         MatmulPieces {
+            rows_per_block,
             n,
             rows_per_load,
             loads: n.div_ceil(rows_per_load),
@@ -512,10 +545,10 @@ impl MatmulPieces {
             };
         }
         let k = i - self.loads;
-        let (row, blk) = (k / self.blocks, k % self.blocks);
-        let start = blk * self.cols_per_block;
+        let (group, blk) = (k / self.blocks, k % self.blocks);
+        let (row, start) = (group * self.rows_per_block, blk * self.cols_per_block);
         MatmulPiece::Block {
-            row,
+            rows: row..(row + self.rows_per_block).min(self.n),
             cols: start..(start + self.cols_per_block).min(self.n),
         }
     }
