@@ -24,7 +24,8 @@ pub(crate) struct Traffic {
 /// VRAM plus the DMA windows, with error and traffic counters.
 #[derive(Debug)]
 pub(crate) struct Memory {
-    pub vram: Vram,
+    /// Shared with the `SimGpu` for its lock-free `write_vram`.
+    pub vram: std::sync::Arc<Vram>,
     pub dma: DmaWindows,
     /// Accesses that reached no memory.
     pub errors: u64,
@@ -35,7 +36,7 @@ impl Memory {
     /// Memory with `vram_size` bytes of VRAM and no DMA windows.
     pub(crate) fn new(vram_size: u64) -> Memory {
         Memory {
-            vram: Vram::new(vram_size),
+            vram: std::sync::Arc::new(Vram::new(vram_size)),
             dma: DmaWindows::default(),
             errors: 0,
             traffic: Traffic::default(),

@@ -13,6 +13,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use nix::fcntl::{fallocate, FallocateFlags};
@@ -35,8 +36,9 @@ pub(crate) struct Vram {
     file: Arc<File>,
     map: MmapRegion,
     /// Chunks the simulator wrote through the mapping (read back through it too); the others
-    /// are read with `pread`.
-    written: Vec<bool>,
+    /// are read with `pread`. Atomic, so that the VRAM can be written without the simulator's
+    /// lock (`SimGpu`'s `write_vram` with the engine worker): both ways read the same pages.
+    written: Vec<AtomicBool>,
 }
 
 /// Where the VRAM lives on the host, for mapping it elsewhere.
@@ -73,7 +75,7 @@ impl Vram {
             size,
             file: Arc::new(file),
             map,
-            written: vec![false; chunks],
+            written: (0..chunks).map(|_| AtomicBool::new(false)).collect(),
         }
     }
 
@@ -155,7 +157,11 @@ impl Vram {
             let (idx, off) = split(a);
             let n = piece_len(off, buf.len() - done, self.size - a);
             let piece = &mut buf[done..done + n];
-            if self.written.get(idx).copied().unwrap_or(false) {
+            if self
+                .written
+                .get(idx)
+                .is_some_and(|w| w.load(Ordering::Acquire))
+            {
                 match self.map.get_slice(a as usize, n) {
                     Ok(s) => {
                         s.copy_to(piece);
@@ -172,7 +178,7 @@ impl Vram {
 
     /// Writes `data` at `addr`. Bytes beyond the end of VRAM are dropped and the function
     /// returns false.
-    pub(crate) fn write(&mut self, addr: u64, data: &[u8]) -> bool {
+    pub(crate) fn write(&self, addr: u64, data: &[u8]) -> bool {
         let mut done = 0usize;
         while done < data.len() {
             let a = addr.saturating_add(done as u64);
@@ -183,8 +189,8 @@ impl Vram {
             let n = piece_len(off, data.len() - done, self.size - a);
             if let Ok(s) = self.map.get_slice(a as usize, n) {
                 s.copy_from(&data[done..done + n]);
-                if let Some(w) = self.written.get_mut(idx) {
-                    *w = true;
+                if let Some(w) = self.written.get(idx) {
+                    w.store(true, Ordering::Release);
                 }
             }
             done += n;
@@ -195,7 +201,7 @@ impl Vram {
     /// Fills `len` bytes from `addr` with `byte`; bytes beyond the end of VRAM are dropped.
     /// Filling at least a chunk (64 KiB) with zero punches a hole: the pages it covers entirely
     /// go back to the kernel (and read as zero), partial pages at either end are zeroed in place.
-    pub(crate) fn fill(&mut self, addr: u64, len: u64, byte: u8) {
+    pub(crate) fn fill(&self, addr: u64, len: u64, byte: u8) {
         let end = addr.saturating_add(len).min(self.size);
         if addr >= end {
             return;
@@ -215,8 +221,8 @@ impl Vram {
                 let first = addr.div_ceil(CHUNK_SIZE);
                 let last = end >> CHUNK_SHIFT;
                 for c in first..last {
-                    if let Some(w) = self.written.get_mut(c as usize) {
-                        *w = false;
+                    if let Some(w) = self.written.get(c as usize) {
+                        w.store(false, Ordering::Release);
                     }
                 }
                 return;
