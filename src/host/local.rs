@@ -5,9 +5,11 @@
 //! Which accesses: BAR0 register reads of the VM's virtual registers (`vgpu::bar0::read_fast`:
 //! PMC, PTIMER, PFIFO's virtual interrupt and configuration registers, the board, PMU and PGRAPH
 //! facades, ...) — what a driver polls — and, in BAR1, USERD GP_GET/GP_PUT reads, doorbells that
-//! announce nothing new and memory reads within a page the VM's BAR TLB holds (fences, results:
-//! `vgpu::aperture`). Everything else (writes with effects, the PRAMIN window, BAR1 memory
-//! writes, BAR3, the channel table, the para-virtual interface) takes the usual path.
+//! announce nothing new and memory reads within one page (fences, results: `vgpu::aperture`);
+//! and, quiet host or not, BAR1/BAR3 memory writes that reach only the VM's memory and its page
+//! tables ([`HostShared::access_local_write`]). Both translate through the VM's BAR TLB or a
+//! walk of its BAR page tables that meets no fault. Everything else (writes with effects, the
+//! PRAMIN window, the channel table, the para-virtual interface) takes the usual path.
 //!
 //! When: the usual path does, after every access, what the access asked of the host (none, for
 //! a register read) and a service of the physical GPU: completions, interrupts, dispatch, the

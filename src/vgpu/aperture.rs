@@ -26,6 +26,7 @@ use gf100::pci::Bar;
 use gf100::{inst, pbus, Target};
 
 use crate::channels::userd;
+use crate::guest_mem::{GuestMem, Violation};
 use crate::layout::HostLayout;
 use crate::mmio::vregs::VFault;
 use crate::phys::PhysicalGpu;
@@ -164,8 +165,26 @@ fn load_binding(cx: &mut VmCx, reg: u32, name: &str) -> BarVm {
     }
 }
 
-/// Walks the guest BAR VM for `va`; `Err(reason)` is a fault.
+/// Walks the guest BAR VM for `va`; `Err(reason)` is a fault. Table reads that leave the VM's
+/// memory are counted as violations.
 fn walk(cx: &mut VmCx, vm: BarVm, va: u64, write: bool) -> Result<Tr, u32> {
+    let mut found = Vec::new();
+    let r = walk_in(&cx.gmem(), vm, va, write, &mut found);
+    for (v, what) in found {
+        cx.violation(v.into(), || what);
+    }
+    r
+}
+
+/// [`walk`] in the VM's memory `m`, with the violations it meets collected in `found` instead
+/// of counted (the fast path gives up on any).
+fn walk_in(
+    m: &GuestMem,
+    vm: BarVm,
+    va: u64,
+    write: bool,
+    found: &mut Vec<(Violation, String)>,
+) -> Result<Tr, u32> {
     let (pd, limit) = match vm {
         BarVm::Direct => {
             return Ok(Tr {
@@ -181,13 +200,10 @@ fn walk(cx: &mut VmCx, vm: BarVm, va: u64, write: bool) -> Result<Tr, u32> {
         return Err(fault::REASON_VM_LIMIT_EXCEEDED);
     }
     let (pd, pd_target) = pd.ok_or(fault::REASON_PT_NOT_PRESENT)?;
-    let pde = match cx
-        .gmem()
-        .read_u64(pd_target, pd + mmu::pde_index(va) * mmu::ENTRY_SIZE)
-    {
+    let pde = match m.read_u64(pd_target, pd + mmu::pde_index(va) * mmu::ENTRY_SIZE) {
         Ok(raw) => Pde::decode(raw),
         Err(v) => {
-            cx.violation(v.into(), || format!("BAR page directory {pd:#x}: {v}"));
+            found.push((v, format!("BAR page directory {pd:#x}: {v}")));
             return Err(fault::REASON_PT_NOT_PRESENT);
         }
     };
@@ -202,13 +218,10 @@ fn walk(cx: &mut VmCx, vm: BarVm, va: u64, write: bool) -> Result<Tr, u32> {
         pde.large.map(|t| (t, mmu::lpt_index(va), true)),
     ];
     for (t, index, large) in tables.into_iter().flatten() {
-        let raw = match cx
-            .gmem()
-            .read_u64(t.target, t.addr + index * mmu::ENTRY_SIZE)
-        {
+        let raw = match m.read_u64(t.target, t.addr + index * mmu::ENTRY_SIZE) {
             Ok(raw) => raw,
             Err(v) => {
-                cx.violation(v.into(), || format!("BAR page table {:#x}: {v}", t.addr));
+                found.push((v, format!("BAR page table {:#x}: {v}", t.addr)));
                 continue;
             }
         };
@@ -260,6 +273,34 @@ fn translate(cx: &mut VmCx, bar: Bar, va: u64, write: bool) -> Result<Tr, u32> {
     }
     cx.vm.bars.tlb.insert(key, tr);
     Ok(tr)
+}
+
+/// [`translate`] with only the VM's state (the fast path): the software TLB, else a walk that
+/// meets no fault and no violation and leads inside the VM's memory, whose result the TLB then
+/// keeps. `None`, nothing counted or raised, for anything else (the usual path walks again,
+/// faults and counts).
+fn translate_local(
+    phys: &dyn PhysicalGpu,
+    vm: &mut VmState,
+    bar: Bar,
+    va: u64,
+    write: bool,
+) -> Option<Tr> {
+    let key = (bar == Bar::Bar3, va >> gf100::PAGE_SHIFT);
+    if let Some(tr) = vm.bars.tlb.get(&key).copied() {
+        return (!write || !tr.read_only).then_some(tr);
+    }
+    let m = vm.mem.view(phys);
+    let mut found = Vec::new();
+    let tr = walk_in(&m, vm.bars.vm(bar), va, write, &mut found).ok()?;
+    if !found.is_empty() || m.to_phys(tr.target, tr.page, gf100::PAGE_SIZE).is_err() {
+        return None;
+    }
+    if vm.bars.tlb.len() >= TLB_CAPACITY {
+        vm.bars.tlb.clear();
+    }
+    vm.bars.tlb.insert(key, tr);
+    Some(tr)
 }
 
 /// Raises a virtual MMU fault for the VM's own BAR access.
@@ -443,9 +484,10 @@ pub(crate) fn userd_read_fast(
 
 /// A BAR1 read of memory (not USERD) with only the VM's state (the fast path): a guest polling
 /// a fence or reading results through BAR1. Only within one page whose translation the VM's
-/// software TLB holds (validated against its slice and RAM when it was filled; dropped when the
-/// guest flushes its BAR TLB), and read through the VM's memory view, which checks the range
-/// again. False, nothing done, for anything else (the usual path walks, faults, counts).
+/// software TLB holds or a walk finds without a fault or violation ([`translate_local`];
+/// validated against its slice and RAM; dropped when the guest flushes its BAR TLB), and read
+/// through the VM's memory view, which checks the range again. False, nothing done, for
+/// anything else (the usual path walks, faults, counts).
 pub(crate) fn aperture_read_fast(
     phys: &dyn PhysicalGpu,
     vm: &mut VmState,
@@ -461,12 +503,7 @@ pub(crate) fn aperture_read_fast(
     {
         return false;
     }
-    let Some(tr) = vm
-        .bars
-        .tlb
-        .get(&(false, offset >> gf100::PAGE_SHIFT))
-        .copied()
-    else {
+    let Some(tr) = translate_local(phys, vm, Bar::Bar1, offset, false) else {
         return false;
     };
     let addr = tr.page + (offset & (gf100::PAGE_SIZE - 1));
@@ -479,7 +516,7 @@ pub(crate) fn aperture_read_fast(
 
 /// A BAR1 or BAR3 memory write with only the VM's state (the fast path, `host::local`): the
 /// guest driver writing its page tables, or data, through its BAR mapping. Only within one
-/// page whose translation the VM's software TLB holds and that is writable, not USERD, not a
+/// page that translates as for a read ([`translate_local`]) and is writable, not USERD, not a
 /// page holding a bound channel's instance block, and reaching none of the VM's shadowed page
 /// directories; the write goes through the VM's memory view (which checks the range again) and
 /// the shadow entries of the page tables it covers are rewritten in place
@@ -504,14 +541,12 @@ pub(crate) fn aperture_write_fast(
     {
         return false;
     }
-    let key = (bar == Bar::Bar3, offset >> gf100::PAGE_SHIFT);
-    let Some(tr) = vm.bars.tlb.get(&key).copied() else {
+    let Some(tr) = translate_local(phys, vm, bar, offset, true) else {
         return false;
     };
     let addr = tr.page + (offset & (gf100::PAGE_SIZE - 1));
     let len = data.len() as u64;
-    if tr.read_only
-        || crate::channels::write_reaches_instance(&vm.inst_pages, tr.target, addr, len)
+    if crate::channels::write_reaches_instance(&vm.inst_pages, tr.target, addr, len)
         || vm.shadow.write_reaches_directory(tr.target, addr, len)
     {
         return false;
