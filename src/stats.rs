@@ -204,8 +204,9 @@ pub struct VgpuStats {
     pub exits: BarExits,
     /// Exits by trap class.
     pub by_class: ExitsByClass,
-    /// BAR1/BAR3 memory writes (page-table and data writes through a BAR) done on the fast
-    /// path, under the VM's own lock alone (`host::local`); also counted in `exits`.
+    /// Memory writes through BAR1, BAR3 or the PRAMIN window (page-table, instance-memory and
+    /// data writes) done on the fast path, under the VM's own lock alone (`host::local`); also
+    /// counted in `exits`.
     pub local_bar_writes: u64,
     /// Values the guest supplied that were rejected.
     pub violations: Violations,

@@ -6,10 +6,12 @@
 //! PMC, PTIMER, PFIFO's virtual interrupt and configuration registers, the board, PMU and PGRAPH
 //! facades, ...) — what a driver polls — and, in BAR1, USERD GP_GET/GP_PUT reads, doorbells that
 //! announce nothing new and memory reads within one page (fences, results: `vgpu::aperture`);
-//! and, quiet host or not, BAR1/BAR3 memory writes that reach only the VM's memory and its page
-//! tables ([`HostShared::access_local_write`]). Both translate through the VM's BAR TLB or a
-//! walk of its BAR page tables that meets no fault. Everything else (writes with effects, the
-//! PRAMIN window, the channel table, the para-virtual interface) takes the usual path.
+//! and, quiet host or not, memory writes through BAR1, BAR3 or the PRAMIN window that reach
+//! only the VM's memory and its page tables ([`HostShared::access_local_write`]). BAR accesses
+//! translate through the VM's BAR TLB or a walk of its BAR page tables that meets no fault.
+//! Everything else (writes with effects, PRAMIN reads, writes reaching a page directory or a
+//! bound channel's instance block, the channel table, the para-virtual interface) takes the
+//! usual path.
 //!
 //! When: the usual path does, after every access, what the access asked of the host (none, for
 //! a register read) and a service of the physical GPU: completions, interrupts, dispatch, the
@@ -86,7 +88,8 @@ impl HostShared {
 
     /// Runs the write `f` (true: it did the access) on the VM of `cell` holding that VM's lock
     /// and nothing else, quiet host or not: for writes whose only effect is inside the VM
-    /// (`vgpu::aperture::aperture_write_fast`: page-table and data writes through a BAR), which
+    /// (`vgpu::aperture`: page-table, instance-memory and data writes through a BAR or the
+    /// PRAMIN window), which
     /// give the host nothing to do. The usual path services the GPU after every access; this
     /// one does so afterwards, with the host lock, only if something is due by then (a hold in
     /// progress services on its own). False if the access must take the usual path.

@@ -545,17 +545,9 @@ pub(crate) fn aperture_write_fast(
         return false;
     };
     let addr = tr.page + (offset & (gf100::PAGE_SIZE - 1));
-    let len = data.len() as u64;
-    if crate::channels::write_reaches_instance(&vm.inst_pages, tr.target, addr, len)
-        || vm.shadow.write_reaches_directory(tr.target, addr, len)
-    {
+    if !local_guest_write(phys, vm, tr.target, addr, data) {
         return false;
     }
-    let mem = vm.mem.view(phys);
-    if mem.write(tr.target, addr, data).is_err() {
-        return false;
-    }
-    vm.shadow.guest_wrote_tables(&mem, tr.target, addr, len);
     let exits = if bar == Bar::Bar3 {
         &mut vm.stats.exits.bar3
     } else {
@@ -564,6 +556,48 @@ pub(crate) fn aperture_write_fast(
     exits.count(true);
     vm.stats.by_class.aperture.count(true);
     vm.stats.local_bar_writes += 1;
+    true
+}
+
+/// A guest write of the PRAMIN window at window offset `off` with only the VM's state (the fast
+/// path; [`pramin_write`] otherwise): under the conditions of [`local_guest_write`]. Drivers
+/// clear and fill instance memory, page tables and buffers through the window by the tens of
+/// thousands of writes when they create a channel.
+pub(crate) fn pramin_write_fast(
+    phys: &dyn PhysicalGpu,
+    vm: &mut VmState,
+    off: u64,
+    data: &[u8],
+) -> bool {
+    let Some((base, target)) = pbus::pmem_decode(vm.regs.pmem) else {
+        return false;
+    };
+    local_guest_write(phys, vm, target, base + off, data)
+}
+
+/// [`VmCx::guest_write`] with only the VM's state: the write of `data` at `addr` in `target`
+/// if it reaches no page of a bound channel's instance block and none of the VM's shadowed page
+/// directories (their shadows need the host) and the VM's memory check lets all of it through;
+/// the shadow entries of the page tables it covers are then rewritten in place. False, nothing
+/// written, otherwise.
+fn local_guest_write(
+    phys: &dyn PhysicalGpu,
+    vm: &mut VmState,
+    target: Target,
+    addr: u64,
+    data: &[u8],
+) -> bool {
+    let len = data.len() as u64;
+    if crate::channels::write_reaches_instance(&vm.inst_pages, target, addr, len)
+        || vm.shadow.write_reaches_directory(target, addr, len)
+    {
+        return false;
+    }
+    let mem = vm.mem.view(phys);
+    if mem.write(target, addr, data).is_err() {
+        return false;
+    }
+    vm.shadow.guest_wrote_tables(&mem, target, addr, len);
     true
 }
 

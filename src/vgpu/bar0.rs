@@ -142,6 +142,27 @@ fn read32_local(phys: &dyn PhysicalGpu, vm: &mut VmState, off: u32) -> Option<(u
     }
 }
 
+/// A guest BAR0 write with only the VM's state (the fast path, `host::local`): a write of the
+/// PRAMIN window that reaches only the VM's memory and page tables
+/// (`aperture::pramin_write_fast`). False, nothing done, for anything else.
+pub(crate) fn write_fast(
+    phys: &dyn PhysicalGpu,
+    vm: &mut VmState,
+    offset: u64,
+    data: &[u8],
+) -> bool {
+    let Some(off) = pramin_offset(offset, data.len()) else {
+        return false;
+    };
+    if !aperture::pramin_write_fast(phys, vm, off, data) {
+        return false;
+    }
+    count_vm(vm, Class::Policy(Policy::Shadowed), true);
+    vm.stats.exits.bar0.count(true);
+    vm.stats.local_bar_writes += 1;
+    true
+}
+
 /// A guest BAR0 write.
 pub(crate) fn write(cx: &mut VmCx, offset: u64, data: &[u8]) {
     let len = data.len();

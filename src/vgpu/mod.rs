@@ -510,13 +510,17 @@ impl Vgpu {
         {
             return;
         }
-        if bar != Bar::Bar0
-            && self
-                .port
-                .access_local_write_dyn(&self.cell, &mut |phys, _, vm| {
-                    vm.pci.memory_enabled()
-                        && aperture::aperture_write_fast(phys, vm, bar, offset, data)
-                })
+        if self
+            .port
+            .access_local_write_dyn(&self.cell, &mut |phys, _, vm| {
+                vm.pci.memory_enabled()
+                    && match bar {
+                        Bar::Bar0 => bar0::write_fast(phys, vm, offset, data),
+                        Bar::Bar1 | Bar::Bar3 => {
+                            aperture::aperture_write_fast(phys, vm, bar, offset, data)
+                        }
+                    }
+            })
         {
             return;
         }
