@@ -552,6 +552,14 @@ impl PhysicalGpu for SimGpu {
     }
 
     fn read_vram(&self, addr: HostVram, data: &mut [u8]) {
+        // As `write_vram`: with the engine worker, straight from the memory. The read sees the
+        // GPU as of its last advance (the worker's batch or a call), not advanced to "now"
+        // first: what is due later is announced by `next_event_ns`, whose locked call advances
+        // it. Fence and GP_GET polls then no longer queue with the worker for the lock.
+        if self.worker.is_some() && !self.shared.simulated {
+            self.vram.read(addr.raw(), data);
+            return;
+        }
         self.with_state(|s, _| {
             s.core.mem.vram.read(addr.raw(), data);
         })
