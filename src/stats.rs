@@ -204,10 +204,10 @@ pub struct VgpuStats {
     pub exits: BarExits,
     /// Exits by trap class.
     pub by_class: ExitsByClass,
-    /// Memory writes through BAR1, BAR3 or the PRAMIN window (page-table, instance-memory and
-    /// data writes) done on the fast path, under the VM's own lock alone (`host::local`); also
-    /// counted in `exits`.
-    pub local_bar_writes: u64,
+    /// Writes done on the fast path, under the VM's own lock alone (`host::local`): memory
+    /// writes through BAR1, BAR3 or the PRAMIN window (page-table, instance-memory and data
+    /// writes) and register writes that only store a value; also counted in `exits`.
+    pub local_writes: u64,
     /// Values the guest supplied that were rejected.
     pub violations: Violations,
     /// GP_PUT writes (doorbells) to the guest's USERD pages.

@@ -555,7 +555,7 @@ pub(crate) fn aperture_write_fast(
     };
     exits.count(true);
     vm.stats.by_class.aperture.count(true);
-    vm.stats.local_bar_writes += 1;
+    vm.stats.local_writes += 1;
     true
 }
 

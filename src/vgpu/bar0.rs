@@ -144,22 +144,36 @@ fn read32_local(phys: &dyn PhysicalGpu, vm: &mut VmState, off: u32) -> Option<(u
 
 /// A guest BAR0 write with only the VM's state (the fast path, `host::local`): a write of the
 /// PRAMIN window that reaches only the VM's memory and page tables
-/// (`aperture::pramin_write_fast`). False, nothing done, for anything else.
+/// (`aperture::pramin_write_fast`), or a 32-bit write of a register that only stores its value
+/// (`write_local`). False, nothing done, for anything else.
 pub(crate) fn write_fast(
     phys: &dyn PhysicalGpu,
     vm: &mut VmState,
     offset: u64,
     data: &[u8],
 ) -> bool {
-    let Some(off) = pramin_offset(offset, data.len()) else {
-        return false;
+    let class = if let Some(off) = pramin_offset(offset, data.len()) {
+        if !aperture::pramin_write_fast(phys, vm, off, data) {
+            return false;
+        }
+        Class::Policy(Policy::Shadowed)
+    } else {
+        let (Ok(word), Ok(off)) = (<[u8; 4]>::try_from(data), u32::try_from(offset)) else {
+            return false;
+        };
+        let Some(region) = lookup(off).filter(|_| off % 4 == 0) else {
+            return false;
+        };
+        match region.handler {
+            Some(h) if write_local(vm, h, off, u32::from_le_bytes(word)) => {
+                Class::Policy(region.policy)
+            }
+            _ => return false,
+        }
     };
-    if !aperture::pramin_write_fast(phys, vm, off, data) {
-        return false;
-    }
-    count_vm(vm, Class::Policy(Policy::Shadowed), true);
+    count_vm(vm, class, true);
     vm.stats.exits.bar0.count(true);
-    vm.stats.local_bar_writes += 1;
+    vm.stats.local_writes += 1;
     true
 }
 
@@ -404,8 +418,11 @@ fn read_local(phys: &dyn PhysicalGpu, vm: &mut VmState, h: Handler, off: u32) ->
 }
 
 /// Applies a register write; false if the register is not implemented (unknown).
-fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
-    let r = &mut cx.vm.regs;
+/// The register writes that only store a value in the VM's registers, or nothing, with nothing
+/// for the host to do (the fast path, `write_fast`): the ignored registers, PFLUSH and the TLB
+/// flush arguments a driver writes before each flush. True if `h` is one of them (done).
+fn write_local(vm: &mut VmState, h: Handler, off: u32, v: u32) -> bool {
+    let r = &mut vm.regs;
     match h {
         Handler::Boot0
         | Handler::Endian
@@ -416,6 +433,34 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
         | Handler::Time
         | Handler::RunlistStatus
         | Handler::FifoErrorCodes => {}
+        Handler::TlbFlushArgs => {
+            if off == pffb::TLB_FLUSH_PAGE {
+                r.tlb_flush_page = v;
+            } else {
+                r.tlb_flush_vspace = v;
+            }
+        }
+        _ => return false,
+    }
+    true
+}
+
+fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
+    if write_local(cx.vm, h, off, v) {
+        return true;
+    }
+    let r = &mut cx.vm.regs;
+    match h {
+        Handler::Boot0
+        | Handler::Endian
+        | Handler::MsiRearm
+        | Handler::PciMirror
+        | Handler::Pflush
+        | Handler::FbSize
+        | Handler::Time
+        | Handler::RunlistStatus
+        | Handler::FifoErrorCodes
+        | Handler::TlbFlushArgs => unreachable!("written by write_local"),
         Handler::PmcIntr => {
             if off == pmc::INTR_HOST {
                 r.pmc_software = v & pmc::INTR_SOFTWARE != 0;
@@ -459,13 +504,6 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
         }
         Handler::SysmemFlushPage => r.sysmem_flush_page = v,
         Handler::VmCfg => r.vm_cfg = v & pffb::VM_CFG_LARGE_PAGE_64K,
-        Handler::TlbFlushArgs => {
-            if off == pffb::TLB_FLUSH_PAGE {
-                r.tlb_flush_page = v;
-            } else {
-                r.tlb_flush_vspace = v;
-            }
-        }
         Handler::TlbFlushTrigger => {
             if v & pffb::FLUSH_TRIGGER != 0 {
                 r.flush_queued = true;
