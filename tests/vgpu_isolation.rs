@@ -592,6 +592,15 @@ fn page_table_writes_through_bar3_run_beside_the_host_lock_and_the_shadows_follo
             assert!(s.shadow.entry_updates > 0);
         }
         assert_eq!(s.violations, gpuvm::stats::Violations::default(), "{mode}");
+        // A register that only stores its value (the page directory of the next TLB flush)
+        // is written on the same path and reads back.
+        let reg = u64::from(pffb::TLB_FLUSH_VSPACE);
+        vm.vgpu
+            .bar_write(Bar::Bar0, reg, &0x0123_4560u32.to_le_bytes());
+        let mut b = [0u8; 4];
+        vm.vgpu.bar_read(Bar::Bar0, reg, &mut b);
+        assert_eq!(u32::from_le_bytes(b), 0x0123_4560, "{mode}");
+        assert_eq!(vm.vgpu.stats().local_writes, s.local_writes + 1, "{mode}");
     }
 }
 
