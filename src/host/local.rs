@@ -89,9 +89,9 @@ impl HostShared {
 
     /// Runs the write `f` (true: it did the access) on the VM of `cell` holding that VM's lock
     /// and nothing else, quiet host or not: for writes whose only effect is inside the VM
-    /// (`vgpu::aperture`: page-table, instance-memory and data writes through a BAR or the
-    /// PRAMIN window), which
-    /// give the host nothing to do. The usual path services the GPU after every access; this
+    /// (`vgpu::aperture`, `vgpu::bar0`: page-table, instance-memory and data writes through a
+    /// BAR or the PRAMIN window, register writes that only store their value), which give the
+    /// host nothing to do. The usual path services the GPU after every access; this
     /// one does so afterwards, with the host lock, only if something is due by then (a hold in
     /// progress services on its own). False if the access must take the usual path.
     pub(crate) fn access_local_write(

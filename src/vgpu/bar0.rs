@@ -446,21 +446,8 @@ fn write_local(vm: &mut VmState, h: Handler, off: u32, v: u32) -> bool {
 }
 
 fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
-    if write_local(cx.vm, h, off, v) {
-        return true;
-    }
     let r = &mut cx.vm.regs;
     match h {
-        Handler::Boot0
-        | Handler::Endian
-        | Handler::MsiRearm
-        | Handler::PciMirror
-        | Handler::Pflush
-        | Handler::FbSize
-        | Handler::Time
-        | Handler::RunlistStatus
-        | Handler::FifoErrorCodes
-        | Handler::TlbFlushArgs => unreachable!("written by write_local"),
         Handler::PmcIntr => {
             if off == pmc::INTR_HOST {
                 r.pmc_software = v & pmc::INTR_SOFTWARE != 0;
@@ -571,6 +558,8 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
             r.board.pmu.write(off, v);
         }
         Handler::Board | Handler::VgaPorts | Handler::Pgraph => return r.board.write(off, v),
+        // The registers that only store their value.
+        _ => return write_local(cx.vm, h, off, v),
     }
     true
 }
