@@ -261,7 +261,7 @@ mod tests {
 
     #[test]
     fn six_gib_allocates_nothing_until_written() {
-        let mut v = Vram::new(6 << 30);
+        let v = Vram::new(6 << 30);
         assert_eq!(v.allocated_chunks(), 0);
         let mut buf = [0xaau8; 16];
         assert!(v.read(5 << 30, &mut buf));
@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn resident_bytes_count_written_pages_in_a_range() {
-        let mut v = Vram::new(4 << 20);
+        let v = Vram::new(4 << 20);
         assert_eq!(v.resident_bytes(0, 4 << 20), 0);
         v.write(1 << 20, &[1; 8]);
         v.write(3 << 20, &[1; 8192]);
@@ -297,7 +297,7 @@ mod tests {
 
     #[test]
     fn accesses_cross_chunk_boundaries() {
-        let mut v = Vram::new(1 << 20);
+        let v = Vram::new(1 << 20);
         let data: Vec<u8> = (0..200u32).map(|i| i as u8).collect();
         assert!(v.write(CHUNK_SIZE - 100, &data));
         let mut back = vec![0u8; 200];
@@ -308,7 +308,7 @@ mod tests {
 
     #[test]
     fn fill_with_zero_releases_whole_chunks() {
-        let mut v = Vram::new(1 << 20);
+        let v = Vram::new(1 << 20);
         assert!(v.write(0, &vec![7u8; 3 * CHUNK_SIZE as usize]));
         assert_eq!(v.allocated_chunks(), 3);
         // Covers the tail of chunk 0, all of chunk 1 and the head of chunk 2.
@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn the_memfd_is_the_memory() {
-        let mut v = Vram::new(1 << 20);
+        let v = Vram::new(1 << 20);
         let b = v.backing();
         assert!(b.len >= 1 << 20);
         assert_ne!(b.host_addr, 0);
@@ -356,7 +356,7 @@ mod tests {
 
     #[test]
     fn beyond_the_end_reads_zero_and_drops_writes() {
-        let mut v = Vram::new(1 << 20);
+        let v = Vram::new(1 << 20);
         assert!(!v.write((1 << 20) - 2, &[9, 9, 9, 9]));
         let mut buf = [0xffu8; 4];
         assert!(!v.read((1 << 20) - 2, &mut buf));
