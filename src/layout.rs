@@ -3,6 +3,8 @@
 //! runlist buffers. Laid out once by the host's bring-up; read by the channel code (USERD
 //! pages, the null directory) and the merged runlist.
 
+use std::sync::Arc;
+
 use gf100::userd;
 
 use crate::addr::HostVram;
@@ -20,6 +22,9 @@ pub(crate) struct HostLayout {
     pub null_pd: HostVram,
     /// The two runlist buffers.
     pub runlists: [HostVram; 2],
+    /// Held across each physical TLB flush (`phys_driver::phys_tlb_flush`): its registers are
+    /// one GPU-wide sequence, which a VM's flush on the fast path runs without the host lock.
+    pub tlb_flush: Arc<parking_lot::Mutex<()>>,
 }
 
 impl HostLayout {

@@ -12,8 +12,15 @@ use crate::phys::PhysicalGpu;
 const STATUS_POLLS: u32 = 1000;
 
 /// Flushes the physical TLB for the page directory at `pd` (nouveau `gf100_vmm_invalidate`:
-/// wait for a free flush slot, write the page directory, trigger, wait until queued).
-pub(crate) fn phys_tlb_flush(phys: &dyn PhysicalGpu, pd: HostVram, hub_only: bool) {
+/// wait for a free flush slot, write the page directory, trigger, wait until queued), holding
+/// `serial` (the host's `HostLayout::tlb_flush`) so that no other flush's registers come between.
+pub(crate) fn phys_tlb_flush(
+    phys: &dyn PhysicalGpu,
+    serial: &parking_lot::Mutex<()>,
+    pd: HostVram,
+    hub_only: bool,
+) {
+    let _serial = serial.lock();
     let ok =
         (0..STATUS_POLLS).any(|_| phys.read_reg(pffb::VM_CFG) & pffb::VM_CFG_FLUSH_SLOTS_MASK != 0);
     if !ok {

@@ -601,6 +601,24 @@ fn page_table_writes_through_bar3_run_beside_the_host_lock_and_the_shadows_follo
         vm.vgpu.bar_read(Bar::Bar0, reg, &mut b);
         assert_eq!(u32::from_le_bytes(b), 0x0123_4560, "{mode}");
         assert_eq!(vm.vgpu.stats().local_writes, s.local_writes + 1, "{mode}");
+        // A TLB flush of every address space: on the same path where the shadows are already
+        // current (incremental), through the host where they are rebuilt (lazy, eager); the
+        // guest sees it done either way, and the workloads after it verify.
+        let before = vm.vgpu.stats();
+        let trigger = pffb::FLUSH_TRIGGER | pffb::FLUSH_ALL_PDB | pffb::FLUSH_PAGE_ALL;
+        vm.vgpu.bar_write(
+            Bar::Bar0,
+            u64::from(pffb::TLB_FLUSH_TRIGGER),
+            &trigger.to_le_bytes(),
+        );
+        let after = vm.vgpu.stats();
+        assert_eq!(after.guest_tlb_flushes, before.guest_tlb_flushes + 1);
+        let local = u64::from(mode == ShadowMode::Incremental);
+        assert_eq!(after.local_writes, before.local_writes + local, "{mode}");
+        if mode == ShadowMode::Incremental {
+            assert!(after.phys_tlb_flushes > before.phys_tlb_flushes);
+        }
+        run_suite(&mut vm);
     }
 }
 

@@ -109,7 +109,7 @@ impl ChanCx<'_> {
     /// Flushes the physical TLB for each shadow page directory in `pds`.
     pub(crate) fn phys_tlb_flush(&mut self, pds: &[HostVram]) {
         for &pd in pds {
-            crate::phys_driver::phys_tlb_flush(self.phys, pd, false);
+            crate::phys_driver::phys_tlb_flush(self.phys, &self.layout.tlb_flush, pd, false);
             self.vm.stats.phys_tlb_flushes += 1;
         }
     }

@@ -71,6 +71,7 @@ pub(crate) fn bring_up(phys: &dyn PhysicalGpu, hyp: &mut HypVram) -> Result<Host
             alloc(phys, hyp, RUNLIST_BYTES, "runlist")?,
             alloc(phys, hyp, RUNLIST_BYTES, "runlist")?,
         ],
+        tlb_flush: Default::default(),
     };
     let bar1_spt = alloc(phys, hyp, mmu::SPT_SIZE, "BAR1 page table")?;
 
@@ -108,7 +109,7 @@ pub(crate) fn bring_up(phys: &dyn PhysicalGpu, hyp: &mut HypVram) -> Result<Host
         pbus::BAR1_INST,
         pbus::bar_inst_encode(layout.bar1_inst.raw(), Target::Vram),
     );
-    phys_tlb_flush(phys, layout.bar1_pd, true);
+    phys_tlb_flush(phys, &layout.tlb_flush, layout.bar1_pd, true);
 
     // gf100_fifo_init, as the guest driver does it.
     phys.write_reg(pmc::SPOON_ENABLE, pfifo::SUBFIFO_ENABLE_ALL);

@@ -7,8 +7,9 @@
 //! facades, ...) — what a driver polls — and, in BAR1, USERD GP_GET/GP_PUT reads, doorbells that
 //! announce nothing new and memory reads within one page (fences, results: `vgpu::aperture`);
 //! and, quiet host or not, memory writes through BAR1, BAR3 or the PRAMIN window that reach
-//! only the VM's memory and its page tables, and writes of registers that only store their
-//! value ([`HostShared::access_local_write`]). BAR accesses
+//! only the VM's memory and its page tables, writes of registers that only store their value,
+//! and guest TLB flushes where the shadows are already current
+//! ([`HostShared::access_local_write`]). BAR accesses
 //! translate through the VM's BAR TLB or a walk of its BAR page tables that meets no fault.
 //! Everything else (writes with effects, PRAMIN reads, writes reaching a page directory or a
 //! bound channel's instance block, the channel table, the para-virtual interface) takes the

@@ -306,12 +306,23 @@ impl ShadowPt {
                 }
                 Vec::new()
             }
-            ShadowMode::Incremental | ShadowMode::Pv => pdbs
+            ShadowMode::Incremental | ShadowMode::Pv => {
+                self.tlb_flush_in_place(pdb).unwrap_or_default()
+            }
+        }
+    }
+
+    /// [`ShadowPt::tlb_flush`] where nothing is rebuilt: in incremental and PV modes, whose
+    /// shadows are already current, the shadow page directories to flush physically; `None`
+    /// in eager and lazy modes.
+    pub fn tlb_flush_in_place(&self, pdb: Option<GuestPdb>) -> Option<Vec<HostVram>> {
+        matches!(self.mode, ShadowMode::Incremental | ShadowMode::Pv).then(|| {
+            self.matching(pdb)
                 .iter()
                 .filter_map(|p| self.spaces.get(p))
                 .map(|s| HostVram(s.pd))
-                .collect(),
-        }
+                .collect()
+        })
     }
 
     /// Called before work of a channel using `pdb` reaches the GPU (lazy mode rebuilds here).

@@ -101,9 +101,9 @@ pub(crate) fn reload(cx: &mut VmCx) {
 
 /// True if a guest TLB flush of `pd` (`None`: every page directory) may change what BAR1 or
 /// BAR3 translate to (their page directory is flushed).
-pub(crate) fn flushes_bar_tables(cx: &VmCx, pd: Option<(u64, gf100::Target)>) -> bool {
+pub(crate) fn flushes_bar_tables(bars: &GuestBars, pd: Option<(u64, gf100::Target)>) -> bool {
     let Some(pd) = pd else { return true };
-    [cx.vm.bars.bar1, cx.vm.bars.bar3]
+    [bars.bar1, bars.bar3]
         .iter()
         .any(|b| matches!(b, BarVm::Vm { pd: Some(p), .. } if *p == pd))
 }
@@ -143,26 +143,53 @@ pub(crate) fn bar_tables(cx: &VmCx) -> Vec<(u64, Target)> {
 }
 
 fn load_binding(cx: &mut VmCx, reg: u32, name: &str) -> BarVm {
-    if reg & pbus::BAR_INST_VM_MODE == 0 {
-        return BarVm::Direct;
-    }
-    let Some((inst, target)) = pbus::bar_inst_decode(reg) else {
-        return BarVm::NoInstance;
-    };
-    let m = cx.gmem();
-    let r = m
-        .read_u64(target, inst + inst::PDB_LO)
-        .and_then(|pdb| Ok((pdb, m.read_u64(target, inst + inst::LIMIT_LO)?)));
-    match r {
-        Ok((pdb, limit)) => BarVm::Vm {
-            pd: inst::pdb_decode(pdb),
-            limit,
-        },
-        Err(v) => {
+    match load_binding_in(&cx.gmem(), reg) {
+        Ok(b) => b,
+        Err((inst, v)) => {
             cx.violation(v.into(), || format!("{name} instance block {inst:#x}: {v}"));
             BarVm::Vm { pd: None, limit: 0 }
         }
     }
+}
+
+/// The BAR binding register `reg` names, read in the VM's memory `m`; the instance block and
+/// the violation if reading it met one.
+fn load_binding_in(m: &GuestMem, reg: u32) -> Result<BarVm, (u64, Violation)> {
+    if reg & pbus::BAR_INST_VM_MODE == 0 {
+        return Ok(BarVm::Direct);
+    }
+    let Some((inst, target)) = pbus::bar_inst_decode(reg) else {
+        return Ok(BarVm::NoInstance);
+    };
+    let r = m
+        .read_u64(target, inst + inst::PDB_LO)
+        .and_then(|pdb| Ok((pdb, m.read_u64(target, inst + inst::LIMIT_LO)?)));
+    match r {
+        Ok((pdb, limit)) => Ok(BarVm::Vm {
+            pd: inst::pdb_decode(pdb),
+            limit,
+        }),
+        Err(v) => Err((inst, v)),
+    }
+}
+
+/// [`reload`] with only the VM's state (a TLB flush on the fast path): false, nothing changed,
+/// if reading a binding's instance block meets a violation (the usual path counts it).
+pub(crate) fn reload_local(phys: &dyn PhysicalGpu, vm: &mut VmState) -> bool {
+    let m = vm.mem.view(phys);
+    let (Ok(b1), Ok(b3)) = (
+        load_binding_in(&m, vm.regs.bar1_inst),
+        load_binding_in(&m, vm.regs.bar3_inst),
+    ) else {
+        return false;
+    };
+    vm.bars.tlb.clear();
+    if (b1, b3) != (vm.bars.bar1, vm.bars.bar3) {
+        vm.map_gen += 1;
+    }
+    vm.bars.bar1 = b1;
+    vm.bars.bar3 = b3;
+    true
 }
 
 /// Walks the guest BAR VM for `va`; `Err(reason)` is a fault. Table reads that leave the VM's

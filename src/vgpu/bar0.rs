@@ -16,6 +16,7 @@
 
 use gf100::{pbus, pfb, pffb, pfifo, pmc, ptimer};
 
+use crate::layout::HostLayout;
 use crate::mmio::regions::{lookup, Handler, Policy};
 use crate::phys::PhysicalGpu;
 use crate::shadow_pt::GuestPdb;
@@ -148,6 +149,7 @@ fn read32_local(phys: &dyn PhysicalGpu, vm: &mut VmState, off: u32) -> Option<(u
 /// (`write_local`). False, nothing done, for anything else.
 pub(crate) fn write_fast(
     phys: &dyn PhysicalGpu,
+    layout: &HostLayout,
     vm: &mut VmState,
     offset: u64,
     data: &[u8],
@@ -164,10 +166,14 @@ pub(crate) fn write_fast(
         let Some(region) = lookup(off).filter(|_| off % 4 == 0) else {
             return false;
         };
+        let v = u32::from_le_bytes(word);
         match region.handler {
-            Some(h) if write_local(vm, h, off, u32::from_le_bytes(word)) => {
+            Some(Handler::TlbFlushTrigger)
+                if v & pffb::FLUSH_TRIGGER != 0 && tlb_flush_local(phys, layout, vm, v) =>
+            {
                 Class::Policy(region.policy)
             }
+            Some(h) if write_local(vm, h, off, v) => Class::Policy(region.policy),
             _ => return false,
         }
     };
@@ -564,6 +570,44 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
     true
 }
 
+/// [`guest_tlb_flush`] with only the VM's state (the fast path): in incremental and PV modes,
+/// whose shadows are already current, the BAR bindings are reloaded and the shadow page
+/// directories flushed physically (under the GPU-wide `HostLayout::tlb_flush` lock, not the
+/// host lock). False, nothing done, in eager and lazy modes (their shadows are rebuilt in the
+/// host's VRAM), for a page directory of the invalid target or a BAR instance block that cannot
+/// be read (the usual path counts those).
+fn tlb_flush_local(
+    phys: &dyn PhysicalGpu,
+    layout: &HostLayout,
+    vm: &mut VmState,
+    trigger: u32,
+) -> bool {
+    let pdb = if trigger & pffb::FLUSH_ALL_PDB != 0 {
+        None
+    } else {
+        match pffb::vspace_decode(vm.regs.tlb_flush_vspace) {
+            Some((addr, target)) => Some(GuestPdb { addr, target }),
+            None => return false,
+        }
+    };
+    let Some(pds) = vm.shadow.tlb_flush_in_place(pdb) else {
+        return false;
+    };
+    if !aperture::reload_local(phys, vm) {
+        return false;
+    }
+    vm.regs.flush_queued = true;
+    vm.stats.guest_tlb_flushes += 1;
+    if aperture::flushes_bar_tables(&vm.bars, pdb.map(|p| (p.addr, p.target))) {
+        vm.map_gen += 1;
+    }
+    for pd in pds {
+        crate::phys_driver::phys_tlb_flush(phys, &layout.tlb_flush, pd, false);
+        vm.stats.phys_tlb_flushes += 1;
+    }
+    true
+}
+
 /// A guest TLB flush (0x100cbc with the trigger bit): the guest's BAR VMs are reloaded, the
 /// shadow page tables are told (one address space, or all with ALL_PDB), and the physical TLB is
 /// flushed for every shadow page directory they changed.
@@ -587,7 +631,7 @@ pub(crate) fn guest_tlb_flush(cx: &mut VmCx, trigger: u32) {
             }
         }
     };
-    if aperture::flushes_bar_tables(cx, pdb.map(|p| (p.addr, p.target))) {
+    if aperture::flushes_bar_tables(&cx.vm.bars, pdb.map(|p| (p.addr, p.target))) {
         cx.vm.map_gen += 1;
     }
     let pds = {

@@ -512,10 +512,10 @@ impl Vgpu {
         }
         if self
             .port
-            .access_local_write_dyn(&self.cell, &mut |phys, _, vm| {
+            .access_local_write_dyn(&self.cell, &mut |phys, layout, vm| {
                 vm.pci.memory_enabled()
                     && match bar {
-                        Bar::Bar0 => bar0::write_fast(phys, vm, offset, data),
+                        Bar::Bar0 => bar0::write_fast(phys, layout, vm, offset, data),
                         Bar::Bar1 | Bar::Bar3 => {
                             aperture::aperture_write_fast(phys, vm, bar, offset, data)
                         }
