@@ -2,7 +2,8 @@
 //! VM's [`super::Vgpu`], and the lock order of the whole device model ([`order`]).
 //!
 //! **Lock order**: the host lock (`crate::host`), then VM locks in `VmId` order, then the
-//! physical GPU's own lock (the simulator's). Nothing waits for the host lock while holding a
+//! physical TLB flush's lock (`HostLayout::tlb_flush`, held across one flush's registers), then
+//! the physical GPU's own lock (the simulator's). Nothing waits for the host lock while holding a
 //! VM lock, and no path locks a VM it already holds. In debug builds both are checked: a
 //! violation panics with the lock named instead of deadlocking; `tests/lock_stress.rs` runs
 //! every path at once under that check.
