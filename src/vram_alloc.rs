@@ -310,13 +310,13 @@ impl HypVram {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// Channel `c` seen off the GPU, everything unreachable released at once.
     fn channel_off(h: &mut HypVram, c: u32) -> Vec<(u64, u64)> {
         h.strike(c);
         h.release_unreachable(u64::MAX)
     }
-    use proptest::prelude::*;
 
     #[test]
     fn aligned_fits_counts_what_repeated_allocs_find() {

@@ -82,6 +82,30 @@ impl GuestBars {
             self.bar1
         }
     }
+
+    /// The cached translation of `bar`'s page holding `va`: `Err` (the fault reason) for a
+    /// write to a read-only page; `None` if none is cached.
+    fn cached(&self, bar: Bar, va: u64, write: bool) -> Option<Result<Tr, u32>> {
+        let tr = self.tlb.get(&tlb_key(bar, va)).copied()?;
+        Some(if write && tr.read_only {
+            Err(fault::REASON_PAGE_READ_ONLY)
+        } else {
+            Ok(tr)
+        })
+    }
+
+    /// Caches `tr` for `bar`'s page holding `va` (all of the cache is dropped when full).
+    fn keep(&mut self, bar: Bar, va: u64, tr: Tr) {
+        if self.tlb.len() >= TLB_CAPACITY {
+            self.tlb.clear();
+        }
+        self.tlb.insert(tlb_key(bar, va), tr);
+    }
+}
+
+/// The software TLB's key of `bar`'s page holding `va`.
+fn tlb_key(bar: Bar, va: u64) -> (bool, u64) {
+    (bar == Bar::Bar3, va >> gf100::PAGE_SHIFT)
 }
 
 /// Reloads both BAR bindings from the guest's registers and instance blocks and empties the
@@ -277,12 +301,8 @@ fn walk_in(
 /// Translates BAR offset `va` of `bar` (software TLB, then walk); pages outside the VM's memory
 /// are not present.
 fn translate(cx: &mut VmCx, bar: Bar, va: u64, write: bool) -> Result<Tr, u32> {
-    let key = (bar == Bar::Bar3, va >> gf100::PAGE_SHIFT);
-    if let Some(tr) = cx.vm.bars.tlb.get(&key).copied() {
-        if write && tr.read_only {
-            return Err(fault::REASON_PAGE_READ_ONLY);
-        }
-        return Ok(tr);
+    if let Some(r) = cx.vm.bars.cached(bar, va, write) {
+        return r;
     }
     let vm = cx.vm.bars.vm(bar);
     let tr = walk(cx, vm, va, write)?;
@@ -295,10 +315,7 @@ fn translate(cx: &mut VmCx, bar: Bar, va: u64, write: bool) -> Result<Tr, u32> {
         });
         return Err(fault::REASON_PAGE_NOT_PRESENT);
     }
-    if cx.vm.bars.tlb.len() >= TLB_CAPACITY {
-        cx.vm.bars.tlb.clear();
-    }
-    cx.vm.bars.tlb.insert(key, tr);
+    cx.vm.bars.keep(bar, va, tr);
     Ok(tr)
 }
 
@@ -313,9 +330,8 @@ fn translate_local(
     va: u64,
     write: bool,
 ) -> Option<Tr> {
-    let key = (bar == Bar::Bar3, va >> gf100::PAGE_SHIFT);
-    if let Some(tr) = vm.bars.tlb.get(&key).copied() {
-        return (!write || !tr.read_only).then_some(tr);
+    if let Some(r) = vm.bars.cached(bar, va, write) {
+        return r.ok();
     }
     let m = vm.mem.view(phys);
     let mut found = Vec::new();
@@ -323,10 +339,7 @@ fn translate_local(
     if !found.is_empty() || m.to_phys(tr.target, tr.page, gf100::PAGE_SIZE).is_err() {
         return None;
     }
-    if vm.bars.tlb.len() >= TLB_CAPACITY {
-        vm.bars.tlb.clear();
-    }
-    vm.bars.tlb.insert(key, tr);
+    vm.bars.keep(bar, va, tr);
     Some(tr)
 }
 
@@ -509,6 +522,19 @@ pub(crate) fn userd_read_fast(
     true
 }
 
+/// True if an access of `len` bytes at `offset` of `bar` may take the fast path as a memory
+/// access: BAR1 or BAR3, not empty, inside the BAR and within one page, and not the VM's USERD
+/// area of BAR1 (its own rules, `channels::userd`).
+fn fast_memory_access(vm: &VmState, bar: Bar, offset: u64, len: usize) -> bool {
+    let last = (len as u64)
+        .checked_sub(1)
+        .and_then(|n| offset.checked_add(n));
+    bar != Bar::Bar0
+        && matches!(last, Some(l) if l < bar.size()
+            && l >> gf100::PAGE_SHIFT == offset >> gf100::PAGE_SHIFT)
+        && !(bar == Bar::Bar1 && userd::locate_in(vm.regs.poll_area(), offset).is_some())
+}
+
 /// A BAR1 read of memory (not USERD) with only the VM's state (the fast path): a guest polling
 /// a fence or reading results through BAR1. Only within one page whose translation the VM's
 /// software TLB holds or a walk finds without a fault or violation ([`translate_local`];
@@ -521,13 +547,7 @@ pub(crate) fn aperture_read_fast(
     offset: u64,
     data: &mut [u8],
 ) -> bool {
-    let last = (data.len() as u64)
-        .checked_sub(1)
-        .and_then(|n| offset.checked_add(n));
-    if userd::locate_in(vm.regs.poll_area(), offset).is_some()
-        || !matches!(last, Some(l) if l < Bar::Bar1.size()
-            && l >> gf100::PAGE_SHIFT == offset >> gf100::PAGE_SHIFT)
-    {
+    if !fast_memory_access(vm, Bar::Bar1, offset, data.len()) {
         return false;
     }
     let Some(tr) = translate_local(phys, vm, Bar::Bar1, offset, false) else {
@@ -556,16 +576,7 @@ pub(crate) fn aperture_write_fast(
     offset: u64,
     data: &[u8],
 ) -> bool {
-    if !valid_width(data.len()) || bar == Bar::Bar0 {
-        return false;
-    }
-    let Some(last) = offset.checked_add(data.len() as u64 - 1) else {
-        return false;
-    };
-    if (bar == Bar::Bar1 && userd::locate_in(vm.regs.poll_area(), offset).is_some())
-        || last >= bar.size()
-        || last >> gf100::PAGE_SHIFT != offset >> gf100::PAGE_SHIFT
-    {
+    if !valid_width(data.len()) || !fast_memory_access(vm, bar, offset, data.len()) {
         return false;
     }
     let Some(tr) = translate_local(phys, vm, bar, offset, true) else {

@@ -423,7 +423,6 @@ fn read_local(phys: &dyn PhysicalGpu, vm: &mut VmState, h: Handler, off: u32) ->
     }))
 }
 
-/// Applies a register write; false if the register is not implemented (unknown).
 /// The register writes that only store a value in the VM's registers, or nothing, with nothing
 /// for the host to do (the fast path, `write_fast`): the ignored registers, PFLUSH and the TLB
 /// flush arguments a driver writes before each flush. True if `h` is one of them (done).
@@ -451,6 +450,7 @@ fn write_local(vm: &mut VmState, h: Handler, off: u32, v: u32) -> bool {
     true
 }
 
+/// Applies a register write; false if the register is not implemented (unknown).
 fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
     let r = &mut cx.vm.regs;
     match h {
@@ -582,13 +582,8 @@ fn tlb_flush_local(
     vm: &mut VmState,
     trigger: u32,
 ) -> bool {
-    let pdb = if trigger & pffb::FLUSH_ALL_PDB != 0 {
-        None
-    } else {
-        match pffb::vspace_decode(vm.regs.tlb_flush_vspace) {
-            Some((addr, target)) => Some(GuestPdb { addr, target }),
-            None => return false,
-        }
+    let Some(pdb) = flush_target(trigger, vm.regs.tlb_flush_vspace) else {
+        return false;
     };
     let Some(pds) = vm.shadow.tlb_flush_in_place(pdb) else {
         return false;
@@ -608,28 +603,28 @@ fn tlb_flush_local(
     true
 }
 
+/// The address space a guest TLB flush names: `Some(None)` for all of the VM's (ALL_PDB),
+/// `Some(Some(pdb))` for the page directory in `vspace`, `None` if that has the invalid target.
+fn flush_target(trigger: u32, vspace: u32) -> Option<Option<GuestPdb>> {
+    if trigger & pffb::FLUSH_ALL_PDB != 0 {
+        return Some(None);
+    }
+    pffb::vspace_decode(vspace).map(|(addr, target)| Some(GuestPdb { addr, target }))
+}
+
 /// A guest TLB flush (0x100cbc with the trigger bit): the guest's BAR VMs are reloaded, the
 /// shadow page tables are told (one address space, or all with ALL_PDB), and the physical TLB is
 /// flushed for every shadow page directory they changed.
 pub(crate) fn guest_tlb_flush(cx: &mut VmCx, trigger: u32) {
     cx.vm.stats.guest_tlb_flushes += 1;
     aperture::reload(cx);
-    let pdb = if trigger & pffb::FLUSH_ALL_PDB != 0 {
-        None
-    } else {
-        let vspace = cx.vm.regs.tlb_flush_vspace;
-        match pffb::vspace_decode(vspace) {
-            Some((addr, target)) => Some(GuestPdb { addr, target }),
-            None => {
-                cx.vm.map_gen += 1;
-                cx.violation(ViolationKind::InvalidTarget, || {
-                    format!(
-                        "TLB flush of a page directory with the invalid target ({vspace:#010x})"
-                    )
-                });
-                return;
-            }
-        }
+    let vspace = cx.vm.regs.tlb_flush_vspace;
+    let Some(pdb) = flush_target(trigger, vspace) else {
+        cx.vm.map_gen += 1;
+        cx.violation(ViolationKind::InvalidTarget, || {
+            format!("TLB flush of a page directory with the invalid target ({vspace:#010x})")
+        });
+        return;
     };
     if aperture::flushes_bar_tables(&cx.vm.bars, pdb.map(|p| (p.addr, p.target))) {
         cx.vm.map_gen += 1;

@@ -35,16 +35,20 @@ pub(crate) struct VmCell {
 pub(crate) struct LineDirty(Mutex<Vec<VmId>>);
 
 impl LineDirty {
-    /// The VMs recorded since the last call (in no particular order, without repeats).
+    /// The VMs recorded since the last call, in id order (the lock order).
     pub(crate) fn take(&self) -> Vec<VmId> {
         let mut v = std::mem::take(&mut *self.0.lock());
         v.sort_unstable();
-        v.dedup();
         v
     }
 
+    /// Records `id` once (a VM whose level differs is recorded by each of its guards until
+    /// the next hold takes the list: the list stays one entry per VM).
     fn add(&self, id: VmId) {
-        self.0.lock().push(id);
+        let mut v = self.0.lock();
+        if !v.contains(&id) {
+            v.push(id);
+        }
     }
 }
 

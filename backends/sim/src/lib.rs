@@ -316,7 +316,8 @@ impl Shared {
 /// A simulated GF100.
 pub struct SimGpu {
     vram_size: u64,
-    /// The VRAM, also reachable without the state's lock (`write_vram` with the engine worker).
+    /// The VRAM, also reachable without the state's lock (`read_vram`, `write_vram`,
+    /// `fill_vram` with the engine worker: [`SimGpu::vram_beside_lock`]).
     vram: Arc<vram::Vram>,
     shared: Arc<Shared>,
     worker: Option<std::thread::JoinHandle<()>>,
@@ -457,6 +458,13 @@ impl SimGpu {
 }
 
 impl SimGpu {
+    /// True when VRAM is read and written without the state's lock: with the engine worker and
+    /// a real clock, where nothing needs the GPU advanced before a memory access (the worker
+    /// advances it; a simulated clock moves only with calls, which must then advance it).
+    fn vram_beside_lock(&self) -> bool {
+        self.worker.is_some() && !self.shared.simulated
+    }
+
     /// With a simulated clock and the engine worker: waits (in host time) until the worker has
     /// done the engine work due at the clock's time, since a simulated clock only moves when a
     /// caller moves it and the next event is only known once that work is done.
@@ -556,7 +564,7 @@ impl PhysicalGpu for SimGpu {
         // GPU as of its last advance (the worker's batch or a call), not advanced to "now"
         // first: what is due later is announced by `next_event_ns`, whose locked call advances
         // it. Fence and GP_GET polls then no longer queue with the worker for the lock.
-        if self.worker.is_some() && !self.shared.simulated {
+        if self.vram_beside_lock() {
             self.vram.read(addr.raw(), data);
             return;
         }
@@ -571,7 +579,7 @@ impl PhysicalGpu for SimGpu {
         // worker take: a VMM writing VRAM meets the engines only in memory, as through a BAR.
         // Nothing the simulator keeps depends on VRAM contents outside the lock's holds: its
         // TLB is flushed by register, the doorbell is not rung by this backdoor.
-        if self.worker.is_some() && !self.shared.simulated {
+        if self.vram_beside_lock() {
             self.vram.write(addr.raw(), data);
             return;
         }
@@ -614,7 +622,7 @@ impl PhysicalGpu for SimGpu {
     fn fill_vram(&self, addr: HostVram, len: u64, byte: u8) {
         // As `write_vram`: with the engine worker, without the lock (a scrub's hole punch is a
         // syscall that walks the mapping, which no engine or caller should wait for).
-        if self.worker.is_some() && !self.shared.simulated {
+        if self.vram_beside_lock() {
             self.vram.fill(addr.raw(), len, byte);
             return;
         }

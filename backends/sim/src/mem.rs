@@ -24,7 +24,8 @@ pub(crate) struct Traffic {
 /// VRAM plus the DMA windows, with error and traffic counters.
 #[derive(Debug)]
 pub(crate) struct Memory {
-    /// Shared with the `SimGpu` for its lock-free `write_vram`.
+    /// Shared with the `SimGpu`, which reads and writes it without the state's lock when the
+    /// engine worker runs.
     pub vram: std::sync::Arc<Vram>,
     pub dma: DmaWindows,
     /// Accesses that reached no memory.

@@ -36,8 +36,9 @@ pub(crate) struct Vram {
     file: Arc<File>,
     map: MmapRegion,
     /// Chunks the simulator wrote through the mapping (read back through it too); the others
-    /// are read with `pread`. Atomic, so that the VRAM can be written without the simulator's
-    /// lock (`SimGpu`'s `write_vram` with the engine worker): both ways read the same pages.
+    /// are read with `pread`. Atomic, so that the VRAM can be reached without the simulator's
+    /// lock (`SimGpu`'s VRAM accesses with the engine worker): both ways read the same pages,
+    /// the flag only decides whether a read may allocate them.
     written: Vec<AtomicBool>,
 }
 
