@@ -278,7 +278,7 @@ impl RateLimit {
     /// Counts an event; true if it should be logged.
     pub(crate) fn hit(&mut self) -> bool {
         self.seen += 1;
-        self.seen <= Self::BURST || self.seen % Self::EVERY == 0
+        self.seen <= Self::BURST || self.seen.is_multiple_of(Self::EVERY)
     }
 
     /// Events seen.

@@ -322,7 +322,7 @@ impl<R: Read> StreamReader<R> {
                 if self.device {
                     return Err(self.bad(what, "pages after DEVICE"));
                 }
-                if len % PAGE_ENTRY != 0 {
+                if !len.is_multiple_of(PAGE_ENTRY) {
                     return Err(self.bad(what, format!("{len} bytes is not whole pages")));
                 }
                 let slice_pages = self.info.as_ref().map_or(0, |i| i.slice_bytes) / PAGE as u64;

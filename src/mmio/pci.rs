@@ -959,7 +959,7 @@ mod tests {
         let mut found = Vec::new();
         let mut ptr = r8(&c, CAP_PTR);
         while ptr != 0 {
-            assert!(ptr >= 0x40 && ptr % 4 == 0, "cap pointer {ptr:#x}");
+            assert!(ptr >= 0x40 && ptr.is_multiple_of(4), "cap pointer {ptr:#x}");
             assert!(found.len() < 48, "loop in the capability list");
             let off = u16::from(ptr);
             found.push((ptr, r8(&c, off)));

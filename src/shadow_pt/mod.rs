@@ -191,7 +191,7 @@ impl ShadowPt {
             s.refs = s.refs.saturating_add(1);
             return Ok(HostVram(s.pd));
         }
-        if pdb.addr % gf100::PAGE_SIZE != 0
+        if !pdb.addr.is_multiple_of(gf100::PAGE_SIZE)
             || cx.mem.to_phys(pdb.target, pdb.addr, mmu::PD_SIZE).is_err()
         {
             return Err(ShadowError::BadPageDirectory(pdb));

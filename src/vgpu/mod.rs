@@ -720,7 +720,7 @@ fn aligned_pieces(start: u64, end: u64) -> impl Iterator<Item = (u64, usize)> {
         let left = end - off;
         let n = [8u64, 4, 2, 1]
             .into_iter()
-            .find(|&s| off % s == 0 && s <= left)
+            .find(|&s| off.is_multiple_of(s) && s <= left)
             .unwrap_or(1);
         let piece = (off, n as usize);
         off += n;

@@ -305,7 +305,7 @@ impl SavedRun {
         };
         if self.subchannel as usize >= SUBCHANNELS
             || self.method > gf100::method::MAX_METHOD
-            || self.method % 4 != 0
+            || !self.method.is_multiple_of(4)
             || !(1..=gf100::method::MAX_COUNT).contains(&self.remaining)
         {
             return Err(invalid(format!(

@@ -59,7 +59,7 @@ fn plan(iova: Iova, len: u64, mem: &GuestMemoryMmap, gpa: Gpa) -> Result<Vec<Pie
         let host = region
             .get_host_address(MemoryRegionAddress(off))
             .map_err(|_| not_backed.clone())?;
-        if host as u64 % PAGE != 0 {
+        if !(host as u64).is_multiple_of(PAGE) {
             return Err(DmaError::Unaligned { iova, len });
         }
         pieces.push(Piece {
@@ -83,7 +83,7 @@ impl DmaWindows {
         gpa: Gpa,
     ) -> Result<(), DmaError> {
         let end = DmaError::window_end(iova, len, gpa)?;
-        if (iova.raw() | len | gpa.raw()) % PAGE != 0 {
+        if !(iova.raw() | len | gpa.raw()).is_multiple_of(PAGE) {
             return Err(DmaError::Unaligned { iova, len });
         }
         let before = self.windows.range(..end).next_back();

@@ -261,7 +261,7 @@ impl DeviceAccess for SimDevice {
                 return Err(errno("DMA map", libc::ENOSPC));
             }
         }
-        if (iova | len | host as u64) % 4096 != 0 || len == 0 {
+        if !(iova | len | host as u64).is_multiple_of(4096) || len == 0 {
             return Err(errno("DMA map", libc::EINVAL));
         }
         let mut m = self.iommu.lock().unwrap();

@@ -47,13 +47,13 @@ impl MappedBar {
         unsafe {
             match data.len() {
                 1 => data[0] = std::ptr::read_volatile(p as *const u8),
-                2 if p % 2 == 0 => {
+                2 if p.is_multiple_of(2) => {
                     data.copy_from_slice(&std::ptr::read_volatile(p as *const u16).to_le_bytes())
                 }
-                4 if p % 4 == 0 => {
+                4 if p.is_multiple_of(4) => {
                     data.copy_from_slice(&std::ptr::read_volatile(p as *const u32).to_le_bytes())
                 }
-                8 if p % 8 == 0 => {
+                8 if p.is_multiple_of(8) => {
                     data.copy_from_slice(&std::ptr::read_volatile(p as *const u64).to_le_bytes())
                 }
                 _ => {
@@ -72,15 +72,15 @@ impl MappedBar {
         unsafe {
             match data.len() {
                 1 => std::ptr::write_volatile(p as *mut u8, data[0]),
-                2 if p % 2 == 0 => std::ptr::write_volatile(
+                2 if p.is_multiple_of(2) => std::ptr::write_volatile(
                     p as *mut u16,
                     u16::from_le_bytes(data.try_into().unwrap_or_default()),
                 ),
-                4 if p % 4 == 0 => std::ptr::write_volatile(
+                4 if p.is_multiple_of(4) => std::ptr::write_volatile(
                     p as *mut u32,
                     u32::from_le_bytes(data.try_into().unwrap_or_default()),
                 ),
-                8 if p % 8 == 0 => std::ptr::write_volatile(
+                8 if p.is_multiple_of(8) => std::ptr::write_volatile(
                     p as *mut u64,
                     u64::from_le_bytes(data.try_into().unwrap_or_default()),
                 ),

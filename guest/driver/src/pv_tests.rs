@@ -273,7 +273,7 @@ impl Mmio for Mock {
             }
             iface::SUBMIT if self.offer && value == 1 => self.submit(),
             r if (pfifo::CHAN_TABLE..pfifo::chan_table(pfifo::CHANNELS)).contains(&r)
-                && (r - pfifo::CHAN_TABLE) % pfifo::CHAN_TABLE_STRIDE == 0 =>
+                && (r - pfifo::CHAN_TABLE).is_multiple_of(pfifo::CHAN_TABLE_STRIDE) =>
             {
                 self.chan_write((r - pfifo::CHAN_TABLE) / pfifo::CHAN_TABLE_STRIDE, value);
                 self.regs.insert(r, value);

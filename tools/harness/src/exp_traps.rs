@@ -283,7 +283,7 @@ fn hammer_thread(vgpu: &Vgpu, doorbell: (u64, u32), stop: &AtomicBool, seed: u64
             }
             let ns = t.elapsed().as_nanos() as u64;
             s.max_ns = s.max_ns.max(ns);
-            if i % 8 == 0 && s.timed.len() < (1 << 20) {
+            if i.is_multiple_of(8) && s.timed.len() < (1 << 20) {
                 s.timed.push(ns.min(u64::from(u32::MAX)) as u32);
             }
             i += 1;

@@ -529,9 +529,10 @@ fn run_slot(
             break;
         }
         let r = next(&mut rng);
-        let kill_at =
-            (opts.kill_one_in > 0 && healthy_writes > 10 && r % u64::from(opts.kill_one_in) == 0)
-                .then(|| healthy_writes / 10 + next(&mut rng) % (healthy_writes * 9 / 10));
+        let kill_at = (opts.kill_one_in > 0
+            && healthy_writes > 10
+            && r.is_multiple_of(u64::from(opts.kill_one_in)))
+        .then(|| healthy_writes / 10 + next(&mut rng) % (healthy_writes * 9 / 10));
         let killed = Arc::new(AtomicBool::new(false));
         let dev = Killable {
             vgpu: vgpu.clone(),
@@ -605,7 +606,7 @@ mod tests {
     #[test]
     fn the_generator_spreads_kills() {
         let mut s = 1;
-        let kills = (0..4000).filter(|_| next(&mut s) % 4 == 0).count();
+        let kills = (0..4000).filter(|_| next(&mut s).is_multiple_of(4)).count();
         assert!((800..1200).contains(&kills), "{kills}");
     }
 }

@@ -269,7 +269,7 @@ fn parse_hex(s: &str) -> Option<u64> {
 }
 
 fn hex_bytes(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || s.is_empty() {
+    if !s.len().is_multiple_of(2) || s.is_empty() {
         return None;
     }
     (0..s.len())

@@ -794,7 +794,7 @@ impl VgpuBackend {
     /// (looked at every 64 BAR accesses: a guest that submitted goes on writing or polling).
     fn note_access(&mut self) {
         self.accesses += 1;
-        if !self.submitting && self.accesses % 64 == 0 {
+        if !self.submitting && self.accesses.is_multiple_of(64) {
             let doorbells = self.vgpu.stats().doorbells;
             if doorbells > 0 {
                 self.submitting = true;

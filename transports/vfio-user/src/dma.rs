@@ -146,7 +146,11 @@ impl DmaMaps {
             einval("DMA map without a file descriptor (DMA_READ/DMA_WRITE are not supported)")
         })?;
         let page = page_size();
-        if size == 0 || size % page != 0 || address % page != 0 || offset % page != 0 {
+        if size == 0
+            || !size.is_multiple_of(page)
+            || !address.is_multiple_of(page)
+            || !offset.is_multiple_of(page)
+        {
             return Err(einval(format!(
                 "DMA map {address:#x}+{size:#x} (file offset {offset:#x}) is empty or not page-aligned"
             )));

@@ -120,10 +120,10 @@ pub fn check(region: u32, offset: u64, len: usize) -> io::Result<Target> {
             "{len} bytes at {offset:#x} are outside region {region} ({size:#x} bytes)"
         )));
     }
-    let natural = |sizes: &[usize]| sizes.contains(&len) && offset % len as u64 == 0;
+    let natural = |sizes: &[usize]| sizes.contains(&len) && offset.is_multiple_of(len as u64);
     match region {
         CONFIG => {
-            if natural(&[1, 2, 4]) || (len % 4 == 0 && offset % 4 == 0) {
+            if natural(&[1, 2, 4]) || (len.is_multiple_of(4) && offset.is_multiple_of(4)) {
                 Ok(Target::Config(offset as u16))
             } else {
                 Err(einval(format!(

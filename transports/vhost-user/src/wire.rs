@@ -172,7 +172,7 @@ pub fn split(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize)> {
         let left = end - off;
         let size = [8u64, 4, 2, 1]
             .into_iter()
-            .find(|&s| off % s == 0 && s <= left)
+            .find(|&s| off.is_multiple_of(s) && s <= left)
             .unwrap_or(1);
         let piece = (off, size as usize);
         off += size;

@@ -206,7 +206,7 @@ fn client_loop(
         let (kill, leave) = if a.kill_one_in == 0 || n < 2 {
             (false, false)
         } else {
-            (rng % k == 0, rng % k == 1)
+            (rng.is_multiple_of(k), rng % k == 1)
         };
         let mut cmd = Command::new(&exe);
         cmd.args(["soak", "--size", &a.size.to_string(), "--workloads"])

@@ -307,7 +307,7 @@ fn accept(l: UnixListener, socket: &Path, wait: Duration) -> anyhow::Result<Inco
             h.page_size
         );
         ensure!(
-            h.ram_bytes == h.guest.ram_bytes && h.ram_bytes > 0 && h.ram_bytes % PAGE == 0,
+            h.ram_bytes == h.guest.ram_bytes && h.ram_bytes > 0 && h.ram_bytes.is_multiple_of(PAGE),
             "RAM of {:#x} bytes does not match the guest's {:#x}",
             h.ram_bytes,
             h.guest.ram_bytes
@@ -494,7 +494,7 @@ fn apply_pages(
 }
 
 fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
-    ensure!(s.len() % 2 == 0, "odd length");
+    ensure!(s.len().is_multiple_of(2), "odd length");
     (0..s.len())
         .step_by(2)
         .map(|i| {

@@ -686,7 +686,7 @@ impl Loaded {
         ensure!(
             m.ram.page_size == PAGE
                 && m.ram.size > 0
-                && m.ram.size % PAGE == 0
+                && m.ram.size.is_multiple_of(PAGE)
                 && m.ram.size == m.guest.ram_bytes
                 && m.ram.size < abi::MMIO_HOLE,
             "{}: RAM of {:#x} bytes in pages of {} is not valid here",

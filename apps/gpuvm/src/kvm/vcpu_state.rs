@@ -49,7 +49,7 @@ pub(super) fn hex(b: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> anyhow::Result<Vec<u8>> {
-    ensure!(s.len() % 2 == 0, "odd length");
+    ensure!(s.len().is_multiple_of(2), "odd length");
     let nib = |c: u8| -> anyhow::Result<u8> {
         Ok(match c {
             b'0'..=b'9' => c - b'0',

@@ -186,7 +186,7 @@ impl<H: Hal> Gpu<H> {
         words: &[u32],
     ) -> Result<(), DriverError> {
         Self::buffer_check(buf, off, words.len() as u64 * 4)?;
-        if off % 4 != 0 {
+        if !off.is_multiple_of(4) {
             return Err(DriverError::InvalidArgument {
                 what: "unaligned buffer access",
             });
@@ -223,7 +223,7 @@ impl<H: Hal> Gpu<H> {
         words: &mut [u32],
     ) -> Result<(), DriverError> {
         Self::buffer_check(buf, off, words.len() as u64 * 4)?;
-        if off % 4 != 0 {
+        if !off.is_multiple_of(4) {
             return Err(DriverError::InvalidArgument {
                 what: "unaligned buffer access",
             });

@@ -98,7 +98,7 @@ impl<H: Mmio + Dma + Platform> Gpu<H> {
             });
         }
         if cfg.pushbuf_bytes == 0
-            || cfg.pushbuf_bytes % gf100::PAGE_SIZE != 0
+            || !cfg.pushbuf_bytes.is_multiple_of(gf100::PAGE_SIZE)
             || cfg.pushbuf_bytes > 1 << 24
         {
             return Err(DriverError::InvalidArgument {

@@ -206,7 +206,7 @@ impl<H: Hal> Gpu<H> {
             Backing::Vram(a) => (a, Target::Vram),
             Backing::Sysram(a) => (a, Target::SysCoherent),
         };
-        if va % pg != 0 || base % pg != 0 || size == 0 {
+        if !va.is_multiple_of(pg) || base % pg != 0 || size == 0 {
             return Err(DriverError::InvalidArgument {
                 what: "unaligned GPU mapping",
             });
@@ -236,7 +236,7 @@ impl<H: Hal> Gpu<H> {
         page: PageSize,
     ) -> Result<(), DriverError> {
         let pg = page.bytes();
-        if va % pg != 0 {
+        if !va.is_multiple_of(pg) {
             return Err(DriverError::InvalidArgument {
                 what: "unaligned GPU unmapping",
             });
