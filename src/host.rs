@@ -1083,8 +1083,10 @@ impl GpuPort for HostShared {
         self.access_local_write(cell, f)
     }
 
-    fn poll(&self) {
-        HostShared::poll(self);
+    fn poll_from(&self, cell: &crate::vgpu::cell::VmCell) {
+        if !self.poll_is_idle(cell) {
+            HostShared::poll(self);
+        }
     }
 
     fn next_event_ns(&self) -> Option<u64> {

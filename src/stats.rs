@@ -208,6 +208,9 @@ pub struct VgpuStats {
     /// writes through BAR1, BAR3 or the PRAMIN window (page-table, instance-memory and data
     /// writes) and register writes that only store a value; also counted in `exits`.
     pub local_writes: u64,
+    /// Polls (`Vgpu::poll`) that found the host with nothing to service and so did nothing,
+    /// under the VM's own lock alone (`host::local`).
+    pub idle_polls: u64,
     /// Values the guest supplied that were rejected.
     pub violations: Violations,
     /// GP_PUT writes (doorbells) to the guest's USERD pages.

@@ -9,6 +9,7 @@
 //! The attacker's slice is placed right below the victim's, so "one byte beyond the attacker's
 //! slice" is the victim's memory if anything let it through.
 
+use gpuvm::clock::Clock;
 use gpuvm::gf100::gpfifo::GpEntry;
 use gpuvm::gf100::mmu::{self, Pde, PtRef, PtSize, Pte};
 use gpuvm::gf100::{fault, host as hm, inst, pbus, pffb, pfifo, userd, Target};
@@ -657,4 +658,78 @@ fn bar1_memory_reads_run_beside_the_host_lock_and_follow_the_bar_tlb() {
     vm.drv.buffer_free(ch.vm_mut(), buf).unwrap();
     assert_eq!(read(&vm), u32::MAX);
     assert!(vm.vgpu.stats().bar_faults > 0);
+}
+
+/// A poll from a VM while the host has nothing due (the GPU busy with a long kernel, nothing
+/// parked, its interrupt line low) does nothing under the VM's lock alone — no hold of the host
+/// lock, counted as an idle poll — and the first poll once the kernel's end has come services
+/// the GPU: the submission completes.
+#[test]
+fn polls_before_the_next_event_skip_the_host_and_the_first_after_it_services() {
+    let w = world();
+    let mut vm = w.vm(ShadowMode::Incremental);
+    let mut ch = vm.drv.channel_new().unwrap();
+    let buf = vm
+        .drv
+        .buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, false)
+        .unwrap();
+    let mut pb = PushBuf::new();
+    pb.kernel(&gpuvm::gf100::compute::Kernel::Loop {
+        dst: buf.va(),
+        iterations: 100_000_000, // 1.74 ms of modeled GPU time
+        seed: 1,
+    });
+    let fence = vm.drv.submit(&mut ch, &pb).unwrap();
+    // Through the fetch of the entry to the kernel's launch: then the next event is its end.
+    let mut end = 0;
+    for _ in 0..100 {
+        end = w.host.next_event_ns().expect("the kernel's end is due");
+        if end > w.clock.now_ns() + 1_000_000 {
+            break;
+        }
+        w.clock.advance_to(end);
+        vm.vgpu.poll();
+    }
+    let (idle, before) = {
+        let s = vm.vgpu.stats();
+        (s.idle_polls, s.completions)
+    };
+    // Reading counters takes the host lock, so it is done only before and after, and a
+    // reading's own hold (counted when it ends) is measured.
+    let holds = w.host.stats().lock_holds.count;
+    let own = w.host.stats().lock_holds.count - holds;
+    let holds = holds + own;
+    let mut polls = 0;
+    while w.clock.now_ns() + 100_000 < end {
+        w.clock.advance(100_000);
+        vm.vgpu.poll();
+        polls += 1;
+    }
+    assert_eq!(
+        w.host.stats().lock_holds.count,
+        holds + own,
+        "an idle poll held the host lock"
+    );
+    assert!(polls >= 10, "the kernel is long enough to poll during it");
+    assert_eq!(vm.vgpu.stats().idle_polls - idle, polls);
+    assert!(!vm.drv.fence_done(&ch, fence).unwrap());
+    w.clock.advance_to(end);
+    vm.vgpu.poll();
+    assert_eq!(
+        vm.vgpu.stats().idle_polls - idle,
+        polls,
+        "the due poll was idle"
+    );
+    // The rest of the entry (the fence's release) follows the kernel's end.
+    for _ in 0..100 {
+        if vm.drv.fence_done(&ch, fence).unwrap() {
+            break;
+        }
+        if let Some(t) = w.host.next_event_ns() {
+            w.clock.advance_to(t);
+        }
+        vm.vgpu.poll();
+    }
+    assert!(vm.drv.fence_done(&ch, fence).unwrap());
+    assert_eq!(vm.vgpu.stats().completions, before + 1);
 }

@@ -160,3 +160,49 @@ fn every_mode_gives_the_same_results_and_exits() {
     };
     assert_eq!(gpu_ns(&runs[0]), gpu_ns(&runs[2]));
 }
+
+#[test]
+fn polls_that_find_nothing_due_change_nothing_but_the_lock() {
+    // One VM on the simulated clock is deterministic: with the fast path (a poll while the host
+    // has nothing due returns under the VM's lock alone) and without it (every poll takes the
+    // host lock and services the GPU), the guest must see the same GPU times and make the same
+    // accesses.
+    for fence_mode in [FenceMode::Poll, FenceMode::Interrupt] {
+        same_with_and_without_idle_polls(fence_mode);
+    }
+}
+
+fn same_with_and_without_idle_polls(fence_mode: FenceMode) {
+    let run = |fast: bool| {
+        let r = run_vms(&VirtOptions {
+            vms: 1,
+            size: 48,
+            shadow: ShadowMode::Incremental,
+            fence_mode,
+            host: gpuvm::host::HostConfig {
+                local_fast_path: fast,
+                ..gpuvm::host::HostConfig::default()
+            },
+            ..VirtOptions::default()
+        })
+        .expect("run");
+        check(&r, ShadowMode::Incremental, 1);
+        r.vms.into_iter().next().expect("one VM")
+    };
+    let (fast, slow) = (run(true), run(false));
+    assert!(
+        fast.stats.idle_polls > 0,
+        "{fence_mode:?}: no poll found the host idle"
+    );
+    assert_eq!(slow.stats.idle_polls, 0);
+    let seen = |vm: &gpuvm_harness::VmReport| -> Vec<(u64, u64, u64, u64)> {
+        vm.workloads
+            .iter()
+            .map(|w| (w.gpu_ns, w.fence_gpu_ns, w.mmio_reads, w.mmio_writes))
+            .collect()
+    };
+    assert_eq!(seen(&fast), seen(&slow), "{fence_mode:?}");
+    assert_eq!(fast.stats.exits, slow.stats.exits, "{fence_mode:?}");
+    assert_eq!(fast.stats.completions, slow.stats.completions);
+    assert_eq!(fast.stats.nonstall_delivered, slow.stats.nonstall_delivered);
+}

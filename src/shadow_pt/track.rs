@@ -120,12 +120,23 @@ impl Tracker {
         }
         let first = addr & !(PAGE - 1);
         let last = (end - 1) & !(PAGE - 1);
+        let key = |r: &Role| (r.kind != TableKind::Pd, *r);
+        if first == last {
+            // One page (a page-table entry written): its set is already distinct and sorted.
+            let mut out: Vec<Role> = self
+                .pages
+                .get(&(mem, first))
+                .map(|r| r.iter().copied().collect())
+                .unwrap_or_default();
+            out.sort_by_key(key);
+            return out;
+        }
         let mut out: BTreeSet<Role> = BTreeSet::new();
         for (_, roles) in self.pages.range((mem, first)..=(mem, last)) {
             out.extend(roles.iter().copied());
         }
         let mut out: Vec<Role> = out.into_iter().collect();
-        out.sort_by_key(|r| (r.kind != TableKind::Pd, *r));
+        out.sort_by_key(key);
         out
     }
 

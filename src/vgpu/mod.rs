@@ -672,10 +672,11 @@ impl Vgpu {
     }
 
     /// Lets the physical GPU make progress and delivers what it finished (the same as
-    /// [`crate::host::GpuHost::poll`]). Every access does this too; call it while the guest is
-    /// idle (waiting with `hlt`).
+    /// [`crate::host::GpuHost::poll`], except that while the host has nothing to service it
+    /// returns at once, under this VM's lock alone: counted as `VgpuStats::idle_polls`). Every
+    /// access does this too; call it while the guest is idle (waiting with `hlt`).
     pub fn poll(&self) {
-        self.port.poll();
+        self.port.poll_from(&self.cell);
     }
 
     /// When something next happens on the shared GPU without anyone touching it (see

@@ -46,8 +46,10 @@ pub(crate) trait GpuPort: Send + Sync {
         f: &mut dyn FnMut(&dyn PhysicalGpu, &HostLayout, &mut VmState) -> bool,
     ) -> bool;
 
-    /// Lets the physical GPU make progress and delivers what it finished.
-    fn poll(&self);
+    /// Lets the physical GPU make progress and delivers what it finished — for the VM of
+    /// `cell`, which does nothing, under that VM's lock alone, while the host has nothing to
+    /// service (`host::local`).
+    fn poll_from(&self, cell: &VmCell);
 
     /// When something next happens on the GPU without anyone touching it.
     fn next_event_ns(&self) -> Option<u64>;
