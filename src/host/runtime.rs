@@ -62,12 +62,16 @@ impl ChannelClock {
         cursor: Cursor,
     ) -> Option<u64> {
         let seen = &mut self.seen.as_mut()?[cursor as usize];
+        let busy = phys.channels_busy_ns(chans.clone());
         let mut ns = 0u64;
-        for p in chans {
+        for (i, p) in chans.enumerate() {
             let Some(slot) = seen.get_mut(p as usize) else {
                 continue;
             };
-            let now = phys.channel_busy_ns(p).unwrap_or(*slot);
+            let now = busy
+                .as_ref()
+                .and_then(|b| b.get(i).copied())
+                .unwrap_or(*slot);
             ns = ns.saturating_add(now.saturating_sub(*slot));
             *slot = now.max(*slot);
         }

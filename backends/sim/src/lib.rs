@@ -673,6 +673,14 @@ impl PhysicalGpu for SimGpu {
         SimGpu::channel_busy_ns(self, chid)
     }
 
+    fn channels_busy_ns(&self, chids: std::ops::Range<u32>) -> Option<Vec<u64>> {
+        self.with_state(|s, now| {
+            chids
+                .map(|c| s.fifo.channel_busy_ns(c as usize, now))
+                .collect()
+        })
+    }
+
     fn begin_batch(&self) {
         let mut s = self.lock();
         s.batched = true;

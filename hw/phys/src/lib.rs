@@ -302,6 +302,13 @@ pub trait PhysicalGpu: Send + Sync {
         None
     }
 
+    /// [`PhysicalGpu::channel_busy_ns`] of every channel in `chids`, in order, in one call (a
+    /// backend behind one lock takes it once: the host reads a VM's channels at every service);
+    /// `None` if the backend cannot tell for one of them.
+    fn channels_busy_ns(&self, chids: std::ops::Range<u32>) -> Option<Vec<u64>> {
+        chids.map(|c| self.channel_busy_ns(c)).collect()
+    }
+
     /// What physical channel `chid` is waiting on, if it is parked on a semaphore acquire (its
     /// STATE shows ACQUIRE_PENDING). On a GF100 PBDMA holds the acquire in its SEMAPHORE
     /// registers, saved to RAMFC when the channel is switched out; the simulator knows it
