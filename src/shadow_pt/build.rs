@@ -576,7 +576,8 @@ pub(crate) fn rewrite_pdes(
 }
 
 /// A guest write of `[addr, end)` landed in the `kind` table of PDE `idx` of `pdb`: re-shadows
-/// exactly the entries it touched, with one read and one VRAM write.
+/// exactly the entries it touched, with one read and one VRAM write — no read when `written`
+/// (the bytes the write put at `addr`) covers those entries exactly.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rewrite_ptes(
     mem: &GuestMem,
@@ -587,6 +588,7 @@ pub(crate) fn rewrite_ptes(
     kind: PtKind,
     addr: u64,
     end: u64,
+    written: Option<&[u8]>,
 ) {
     let Some(t) = space.pdes.get(&idx).and_then(|p| p.table(kind)).copied() else {
         return;
@@ -595,7 +597,16 @@ pub(crate) fn rewrite_ptes(
         return;
     };
     let mut input = std::mem::take(&mut books.input.0);
-    let read = walk::read_entries(mem, t.guest.target, t.guest.addr, first, count, &mut input);
+    let whole = t.guest.addr.checked_add(first * mmu::ENTRY_SIZE) == Some(addr)
+        && end - addr == count * mmu::ENTRY_SIZE;
+    let read = match written {
+        Some(data) if whole && data.len() as u64 == end - addr => {
+            input.clear();
+            input.extend_from_slice(data);
+            Ok(())
+        }
+        _ => walk::read_entries(mem, t.guest.target, t.guest.addr, first, count, &mut input),
+    };
     match read {
         Ok(()) => {
             let mut out = std::mem::take(&mut books.output.0);

@@ -374,6 +374,7 @@ impl ShadowPt {
                     PtKind::Small,
                     addr,
                     end,
+                    None,
                 ),
                 TableKind::Large(i) => build::rewrite_ptes(
                     &cx.mem,
@@ -384,6 +385,7 @@ impl ShadowPt {
                     PtKind::Large,
                     addr,
                     end,
+                    None,
                 ),
             }
         }
@@ -409,7 +411,9 @@ impl ShadowPt {
     /// covers are rewritten in place, which needs the VM's memory and the GPU only — no
     /// hypervisor VRAM is allocated or freed — so the VM's lock alone is enough (the fast path's
     /// page-table writes, `host::local`).
-    pub fn guest_wrote_tables(&mut self, mem: &GuestMem, target: Target, addr: u64, len: u64) {
+    /// `data` is what the write put at `addr`.
+    pub fn guest_wrote_tables(&mut self, mem: &GuestMem, target: Target, addr: u64, data: &[u8]) {
+        let len = data.len() as u64;
         if !self.books.tracking || len == 0 {
             return;
         }
@@ -426,7 +430,17 @@ impl ShadowPt {
                     continue;
                 }
             };
-            build::rewrite_ptes(mem, &mut self.books, role.pdb, space, i, kind, addr, end);
+            build::rewrite_ptes(
+                mem,
+                &mut self.books,
+                role.pdb,
+                space,
+                i,
+                kind,
+                addr,
+                end,
+                Some(data),
+            );
         }
     }
 

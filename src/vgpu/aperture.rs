@@ -635,7 +635,7 @@ fn local_guest_write(
     if mem.write(target, addr, data).is_err() {
         return false;
     }
-    vm.shadow.guest_wrote_tables(&mem, target, addr, len);
+    vm.shadow.guest_wrote_tables(&mem, target, addr, data);
     true
 }
 
