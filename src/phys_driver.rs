@@ -21,23 +21,16 @@ pub(crate) fn phys_tlb_flush(
     hub_only: bool,
 ) {
     let _serial = serial.lock();
-    let ok =
-        (0..STATUS_POLLS).any(|_| phys.read_reg(pffb::VM_CFG) & pffb::VM_CFG_FLUSH_SLOTS_MASK != 0);
-    if !ok {
+    let hub = if hub_only { pffb::FLUSH_HUB_ONLY } else { 0 };
+    let (slot, queued) = phys.tlb_flush(
+        pffb::vspace_encode(pd.raw(), Target::Vram),
+        pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL | hub,
+        STATUS_POLLS,
+    );
+    if !slot {
         log::warn!("physical TLB flush: no free flush slot");
     }
-    phys.write_reg(
-        pffb::TLB_FLUSH_VSPACE,
-        pffb::vspace_encode(pd.raw(), Target::Vram),
-    );
-    let hub = if hub_only { pffb::FLUSH_HUB_ONLY } else { 0 };
-    phys.write_reg(
-        pffb::TLB_FLUSH_TRIGGER,
-        pffb::FLUSH_TRIGGER | pffb::FLUSH_PAGE_ALL | hub,
-    );
-    let ok =
-        (0..STATUS_POLLS).any(|_| phys.read_reg(pffb::VM_CFG) & pffb::VM_CFG_FLUSH_QUEUED != 0);
-    if !ok {
+    if !queued {
         log::warn!("physical TLB flush of {pd} not acknowledged");
     }
 }

@@ -673,6 +673,25 @@ impl PhysicalGpu for SimGpu {
         SimGpu::channel_busy_ns(self, chid)
     }
 
+    fn tlb_flush(&self, vspace: u32, trigger: u32, polls: u32) -> (bool, bool) {
+        use gf100::pffb;
+        self.with_state(|s, now| {
+            // The same register accesses as the sequence, under one hold: a free slot and the
+            // acknowledgement are answered at once here.
+            let poll = |s: &mut State, mask: u32| {
+                (0..polls).any(|_| {
+                    s.core.stats.mmio_reads += 1;
+                    s.read_reg(pffb::VM_CFG, now) & mask != 0
+                })
+            };
+            let slot = poll(s, pffb::VM_CFG_FLUSH_SLOTS_MASK);
+            s.core.stats.mmio_writes += 2;
+            s.write_reg(pffb::TLB_FLUSH_VSPACE, vspace, now);
+            s.write_reg(pffb::TLB_FLUSH_TRIGGER, trigger, now);
+            (slot, poll(s, pffb::VM_CFG_FLUSH_QUEUED))
+        })
+    }
+
     fn channels_busy_ns(&self, chids: std::ops::Range<u32>) -> Option<Vec<u64>> {
         self.with_state(|s, now| {
             chids

@@ -302,6 +302,24 @@ pub trait PhysicalGpu: Send + Sync {
         None
     }
 
+    /// The TLB flush handshake in one call (nouveau `gf100_vmm_invalidate`): wait (at most
+    /// `polls` reads) until `VM_CFG` shows a free flush slot, write `TLB_FLUSH_VSPACE` =
+    /// `vspace` and `TLB_FLUSH_TRIGGER` = `trigger`, wait until `VM_CFG` shows the flush
+    /// queued. Returns whether (a slot was free, the flush was acknowledged). The default does
+    /// it through [`PhysicalGpu::read_reg`] and [`PhysicalGpu::write_reg`]; a backend behind one
+    /// lock (the simulator) does it under one hold, so a flush no longer queues four times
+    /// behind everyone else's calls.
+    fn tlb_flush(&self, vspace: u32, trigger: u32, polls: u32) -> (bool, bool) {
+        use gf100::pffb;
+        let slot =
+            (0..polls).any(|_| self.read_reg(pffb::VM_CFG) & pffb::VM_CFG_FLUSH_SLOTS_MASK != 0);
+        self.write_reg(pffb::TLB_FLUSH_VSPACE, vspace);
+        self.write_reg(pffb::TLB_FLUSH_TRIGGER, trigger);
+        let queued =
+            (0..polls).any(|_| self.read_reg(pffb::VM_CFG) & pffb::VM_CFG_FLUSH_QUEUED != 0);
+        (slot, queued)
+    }
+
     /// [`PhysicalGpu::channel_busy_ns`] of every channel in `chids`, in order, in one call (a
     /// backend behind one lock takes it once: the host reads a VM's channels at every service);
     /// `None` if the backend cannot tell for one of them.
