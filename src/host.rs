@@ -353,7 +353,12 @@ impl HostShared {
     fn lock(&self) -> Held<'_> {
         let at = std::panic::Location::caller();
         crate::vgpu::cell::order::acquiring_host();
-        let guard = self.state.write();
+        let guard = self.state.try_write().unwrap_or_else(|| {
+            let t = std::time::Instant::now();
+            let g = self.state.write();
+            self.holds.record_wait(t);
+            g
+        });
         // Whatever this hold changes, fast-path accesses wait for the service until a holder
         // that ends with one says otherwise (`keep_quiet_until`).
         let quiet_before = self

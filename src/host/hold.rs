@@ -22,6 +22,8 @@ pub(crate) struct HoldTimes {
     /// Where the longest hold's lock was taken (`#[track_caller]` up to the host's API).
     max_at: parking_lot::Mutex<Option<&'static Location<'static>>>,
     buckets: [AtomicU64; HOLD_BUCKETS],
+    waits: AtomicU64,
+    waited_ns: AtomicU64,
 }
 
 impl Default for HoldTimes {
@@ -32,6 +34,8 @@ impl Default for HoldTimes {
             max_ns: AtomicU64::new(0),
             max_at: parking_lot::Mutex::new(None),
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
+            waits: AtomicU64::new(0),
+            waited_ns: AtomicU64::new(0),
         }
     }
 }
@@ -48,6 +52,13 @@ impl HoldTimes {
         }
         let b = (63 - ns.max(1).leading_zeros() as usize).min(HOLD_BUCKETS - 1);
         self.buckets[b].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records that a taker found the lock held and waited for it since `since`.
+    pub(crate) fn record_wait(&self, since: Instant) {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.waits.fetch_add(1, Ordering::Relaxed);
+        self.waited_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// Starts a new maximum (the histogram goes on).
@@ -71,6 +82,8 @@ impl HoldTimes {
                 .iter()
                 .map(|b| b.load(Ordering::Relaxed))
                 .collect(),
+            waits: self.waits.load(Ordering::Relaxed),
+            waited_ns: self.waited_ns.load(Ordering::Relaxed),
         }
     }
 }
@@ -89,6 +102,10 @@ pub struct LockHolds {
     pub max_at: Option<String>,
     /// `buckets[i]`: holds of `[2^i, 2^(i+1))` ns ([`HOLD_BUCKETS`] of them).
     pub buckets: Vec<u64>,
+    /// Takers (write holds) that found the lock held and waited.
+    pub waits: u64,
+    /// How long they waited in all, ns.
+    pub waited_ns: u64,
 }
 
 impl LockHolds {
@@ -106,6 +123,8 @@ impl LockHolds {
                 .zip(earlier.buckets.iter().chain(std::iter::repeat(&0)))
                 .map(|(a, b)| a.saturating_sub(*b))
                 .collect(),
+            waits: self.waits.saturating_sub(earlier.waits),
+            waited_ns: self.waited_ns.saturating_sub(earlier.waited_ns),
         }
     }
 
@@ -143,6 +162,7 @@ mod tests {
             max_ns: 9,
             max_at: None,
             buckets: vec![0; HOLD_BUCKETS],
+            ..LockHolds::default()
         };
         l.buckets[1] = 3; // [2, 4) ns
         l.buckets[3] = 1; // [8, 16) ns
@@ -158,5 +178,9 @@ mod tests {
             ..LockHolds::default()
         });
         assert_eq!((d.count, d.buckets[1], d.buckets[3]), (3, 2, 1));
+        let before = h.snapshot();
+        h.record_wait(Instant::now());
+        let w = h.snapshot().since(&before);
+        assert_eq!((w.count, w.waits), (0, 1));
     }
 }

@@ -85,6 +85,8 @@ pub struct Phase {
     pub shadow: ShadowWork,
     /// The GPU's clock (modeled time with the simulated clock) when the phase ended, ns.
     pub end_clock_ns: u64,
+    /// Host time the driver spent waiting in the phase (for its fences above all), ns.
+    pub waited_ns: u64,
 }
 
 impl Phase {
@@ -341,6 +343,7 @@ fn drive(c: Ctx<'_>) -> StagedVm {
             },
             shadow: ShadowWork::between(&start.3, &c.vgpu.stats().shadow),
             end_clock_ns: c.clock.now_ns(),
+            waited_ns: 0,
         }
     };
     let workloads: &[Workload] = &c.opts.virt.workloads;
@@ -375,10 +378,12 @@ fn drive(c: Ctx<'_>) -> StagedVm {
             c.barrier.wait();
         }
         let s = snap(drv.hal().counts());
+        let waited = drv.hal().waited_ns();
         let res = workloads::run(&mut drv, w, c.opts.virt.size)
             .map(|r| (r.bytes, r.gpu_ns, r.verified))
             .map_err(|e| e.to_string());
-        let p = phase(w.name(), &s, drv.hal().counts(), res);
+        let mut p = phase(w.name(), &s, drv.hal().counts(), res);
+        p.waited_ns = drv.hal().waited_ns() - waited;
         (c.on_phase)(c.index, 1 + i, &p);
         runs.push(p);
     }
@@ -428,6 +433,11 @@ mod tests {
         for vm in &r.vms {
             assert!(vm.init.exits() > 0);
             assert!(vm.workloads.iter().all(|w| w.exits() > 0));
+            // Every workload waits for its fence, and its waits are part of its wall time.
+            assert!(vm
+                .workloads
+                .iter()
+                .all(|w| w.waited_ns > 0 && w.waited_ns <= w.run.wall_ns));
         }
         assert!(r.clock_span_ns.1 >= r.clock_span_ns.0);
     }

@@ -168,6 +168,9 @@ pub struct InProcessHal<D> {
     irq: Arc<IrqFlag>,
     counts: MmioCounts,
     dma_errors: u64,
+    /// Host time spent in the driver's waits (`Platform::delay_ns`, `wait_for_interrupt`),
+    /// polls included, ns.
+    waited_ns: u64,
 }
 
 impl<D: InProcessDevice> InProcessHal<D> {
@@ -190,6 +193,7 @@ impl<D: InProcessDevice> InProcessHal<D> {
             dma_base,
             dma_size,
             irq,
+            waited_ns: 0,
             counts: MmioCounts::default(),
             dma_errors: 0,
         }
@@ -210,6 +214,12 @@ impl<D> InProcessHal<D> {
     /// Guest-RAM accesses by the driver that fell outside guest RAM (a driver bug if nonzero).
     pub fn dma_errors(&self) -> u64 {
         self.dma_errors
+    }
+
+    /// Host time the driver has spent waiting so far — for its fences, flush slots and other
+    /// bounded polls, the polls of the device between included — ns.
+    pub fn waited_ns(&self) -> u64 {
+        self.waited_ns
     }
 
     /// The interrupt line the device drives.
@@ -278,11 +288,26 @@ impl<D> Dma for InProcessHal<D> {
 
 impl<D: InProcessDevice> Platform for InProcessHal<D> {
     fn delay_ns(&mut self, ns: u64) {
+        let t = std::time::Instant::now();
         self.clock.wait_ns(ns);
         self.dev.poll();
+        self.waited_ns += t.elapsed().as_nanos() as u64;
     }
 
     fn wait_for_interrupt(&mut self, timeout_ns: u64) -> bool {
+        let t = std::time::Instant::now();
+        let r = self.wait_for_interrupt_inner(timeout_ns);
+        self.waited_ns += t.elapsed().as_nanos() as u64;
+        r
+    }
+
+    fn has_interrupts(&self) -> bool {
+        true
+    }
+}
+
+impl<D: InProcessDevice> InProcessHal<D> {
+    fn wait_for_interrupt_inner(&mut self, timeout_ns: u64) -> bool {
         let deadline = self.clock.now_ns().saturating_add(timeout_ns);
         loop {
             self.dev.poll();
@@ -302,9 +327,5 @@ impl<D: InProcessDevice> Platform for InProcessHal<D> {
                 std::thread::yield_now();
             }
         }
-    }
-
-    fn has_interrupts(&self) -> bool {
-        true
     }
 }

@@ -68,6 +68,10 @@ pub struct ScalePoint {
     pub vms: u32,
     /// Mean over VMs of each VM's measured wall time, ns.
     pub per_vm_wall_ns: u64,
+    /// In-process: of that, the mean time a VM's driver spent waiting (for its fences above
+    /// all, the device's polls included), ns — the rest is its own work and its exits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_vm_waited_ns: Option<u64>,
     /// Slowest VM's measured wall time, ns.
     pub max_vm_wall_ns: u64,
     /// Barrier to the last VM's end, ns.
@@ -121,6 +125,10 @@ pub struct HostLockUse {
     pub sim_lock_waits: u64,
     /// How long they waited in all, ns.
     pub sim_lock_waited_ns: u64,
+    /// Takers of the host lock (write holds) that found it held and waited.
+    pub waits: u64,
+    /// How long they waited in all, ns.
+    pub waited_ns: u64,
 }
 
 /// The report.
@@ -185,6 +193,12 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
             (w + p.run.wall_ns, e + p.exits(), g + p.run.gpu_ns)
         })
     };
+    let waited: u64 = r
+        .vms
+        .iter()
+        .flat_map(|vm| vm.workloads.iter().skip(1))
+        .map(|p| p.waited_ns)
+        .sum();
     let per: Vec<(u64, u64, u64)> = r.vms.iter().map(measured).collect();
     let n = per.len().max(1) as u64;
     let wall_sum: u64 = per.iter().map(|p| p.0).sum();
@@ -194,6 +208,7 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
     Ok(ScalePoint {
         vms,
         per_vm_wall_ns: wall_sum / n,
+        per_vm_waited_ns: Some(waited / n),
         max_vm_wall_ns: per.iter().map(|p| p.0).max().unwrap_or(0),
         aggregate_wall_ns: r.measured_wall_ns,
         per_vm_modeled_ns: wall_sum / n + exits / n * a.exit_ns,
@@ -215,6 +230,8 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
             max_ns: r.measured_holds.max_ns,
             sim_lock_waits: r.measured_sim_lock_waits.0,
             sim_lock_waited_ns: r.measured_sim_lock_waits.1,
+            waits: r.measured_holds.waits,
+            waited_ns: r.measured_holds.waited_ns,
         }),
         mem: Some(r.mem_loaded),
     })
@@ -533,6 +550,7 @@ fn point_kvm(
     Ok(ScalePoint {
         vms,
         per_vm_wall_ns: wall_sum / n,
+        per_vm_waited_ns: None,
         max_vm_wall_ns: per.iter().map(|p| p.0).max().unwrap_or(0),
         aggregate_wall_ns: span,
         per_vm_modeled_ns: wall_sum / n,
