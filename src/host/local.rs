@@ -128,7 +128,8 @@ impl HostShared {
 
     /// True if a poll from the VM of `cell` (`Vgpu::poll`) would find nothing to do: the
     /// condition of the fast path's reads (interrupt line low, the host's next event not come,
-    /// nothing parked, a clock), looked at under that VM's lock alone. The poll is then done:
+    /// nothing parked, the VM's shadows not mid-rebuild, a clock), looked at under that VM's
+    /// lock alone. The poll is then done:
     /// a guest waiting for its fence no longer takes the host lock to learn that nothing is
     /// due.
     pub(crate) fn poll_is_idle(&self, cell: &VmCell) -> bool {
@@ -136,6 +137,9 @@ impl HostShared {
             return false;
         }
         let mut vm = cell.lock();
+        if vm.gone || vm.shadow.rebuilding() {
+            return false;
+        }
         // Read with the VM's lock held, as `access_local` does.
         let quiet_until = self.quiet_until.load(Ordering::Acquire);
         let idle = vm.clock.as_ref().is_some_and(|c| c.now_ns() < quiet_until);
