@@ -188,22 +188,26 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
         &|_, _, _| {},
     )
     .with_context(|| format!("{vms} VMs"))?;
-    let measured = |vm: &gpuvm_harness::exp_overhead::StagedVm| -> (u64, u64, u64) {
-        vm.workloads.iter().skip(1).fold((0, 0, 0), |(w, e, g), p| {
-            (w + p.run.wall_ns, e + p.exits(), g + p.run.gpu_ns)
-        })
+    // Per VM over its measured runs: wall time, exits, GPU time, time waiting.
+    let measured = |vm: &gpuvm_harness::exp_overhead::StagedVm| -> (u64, u64, u64, u64) {
+        vm.workloads
+            .iter()
+            .skip(1)
+            .fold((0, 0, 0, 0), |(w, e, g, t), p| {
+                (
+                    w + p.run.wall_ns,
+                    e + p.exits(),
+                    g + p.run.gpu_ns,
+                    t + p.waited_ns,
+                )
+            })
     };
-    let waited: u64 = r
-        .vms
-        .iter()
-        .flat_map(|vm| vm.workloads.iter().skip(1))
-        .map(|p| p.waited_ns)
-        .sum();
-    let per: Vec<(u64, u64, u64)> = r.vms.iter().map(measured).collect();
+    let per: Vec<(u64, u64, u64, u64)> = r.vms.iter().map(measured).collect();
     let n = per.len().max(1) as u64;
     let wall_sum: u64 = per.iter().map(|p| p.0).sum();
     let exits: u64 = per.iter().map(|p| p.1).sum();
     let gpu: u64 = per.iter().map(|p| p.2).sum();
+    let waited: u64 = per.iter().map(|p| p.3).sum();
     let span = r.clock_span_ns.1.saturating_sub(r.clock_span_ns.0);
     Ok(ScalePoint {
         vms,
