@@ -320,11 +320,18 @@ fn drive(c: Ctx<'_>) -> StagedVm {
             .filter_map(|ch| c.sim.channel_busy_ns(ch))
             .sum::<u64>()
     };
-    let snap = |counts: MmioCounts| (Instant::now(), busy(), counts, c.vgpu.stats().shadow);
+    // The clock is read last at the start of a phase and first at its end, so that a phase's
+    // wall time is the workload's alone, not the snapshots' (a vGPU's `stats()` is an access of
+    // its own), as `native::Meter` does for the bare GPU.
+    let snap = |counts: MmioCounts| {
+        let (busy, shadow) = (busy(), c.vgpu.stats().shadow);
+        (Instant::now(), busy, counts, shadow)
+    };
     let phase = |name: &str,
                  start: &(Instant, u64, MmioCounts, ShadowStats),
                  counts: MmioCounts,
                  res: Result<(u64, u64, bool), String>| {
+        let wall_ns = start.0.elapsed().as_nanos() as u64;
         let (bytes, fence, verified, error) = match res {
             Ok((b, f, v)) => (b, f, v, None),
             Err(e) => (0, 0, false, Some(e)),
@@ -335,7 +342,7 @@ fn drive(c: Ctx<'_>) -> StagedVm {
                 bytes,
                 gpu_ns: busy().saturating_sub(start.1),
                 fence_gpu_ns: fence,
-                wall_ns: start.0.elapsed().as_nanos() as u64,
+                wall_ns,
                 mmio_reads: counts.reads.saturating_sub(start.2.reads),
                 mmio_writes: counts.writes.saturating_sub(start.2.writes),
                 verified,

@@ -211,9 +211,12 @@ struct Meter {
 
 impl Meter {
     fn start(gpu: &Arc<dyn PhysicalGpu>, counts: MmioCounts) -> Meter {
+        // The clock is read last here and first in `finish`: the wall time is the phase's
+        // alone, not the statistics' reads.
+        let busy_ns = gpu.stats().busy_ns;
         Meter {
             wall: Instant::now(),
-            busy_ns: gpu.stats().busy_ns,
+            busy_ns,
             counts,
         }
     }
@@ -229,12 +232,13 @@ impl Meter {
         gpu: &Arc<dyn PhysicalGpu>,
         counts: MmioCounts,
     ) -> WorkloadRun {
+        let wall_ns = self.wall.elapsed().as_nanos() as u64;
         WorkloadRun {
             name: name.to_string(),
             bytes,
             gpu_ns: gpu.stats().busy_ns - self.busy_ns,
             fence_gpu_ns,
-            wall_ns: self.wall.elapsed().as_nanos() as u64,
+            wall_ns,
             mmio_reads: counts.reads - self.counts.reads,
             mmio_writes: counts.writes - self.counts.writes,
             verified,
