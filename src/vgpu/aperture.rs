@@ -18,8 +18,6 @@
 //! Every guest write that lands in memory goes through [`VmCx::guest_write`], which lets the
 //! shadow page tables (write-tracked page tables) and the shadow instance blocks see it.
 
-use std::collections::HashMap;
-
 use gf100::fault::{self, FaultFlags};
 use gf100::mmu::{self, Pde, Pte};
 use gf100::pci::Bar;
@@ -58,15 +56,66 @@ struct Tr {
     read_only: bool,
 }
 
-/// Most translations kept before the software TLB is emptied.
-const TLB_CAPACITY: usize = 4096;
+/// Entries of the software TLB (a power of two).
+const TLB_SLOTS: usize = 512;
+
+/// The software TLB: direct-mapped, like a hardware TLB set of one way — a page's slot is its
+/// page number's low bits (BAR3 and BAR1 pages apart), so a lookup is one compare instead of
+/// hashing a guest-chosen key, and a guest that touches more pages than it holds only evicts
+/// its own translations. A flush bumps the generation instead of clearing every slot: a slot
+/// counts only if it was filled in the current generation.
+#[derive(Debug)]
+struct SoftTlb {
+    /// `(generation, key, translation)`; key = page number << 1 | BAR3.
+    slots: Box<[(u32, u64, Tr)]>,
+    generation: u32,
+}
+
+impl Default for SoftTlb {
+    fn default() -> Self {
+        let empty = Tr {
+            target: Target::Vram,
+            page: 0,
+            read_only: true,
+        };
+        SoftTlb {
+            // Generation 0 is never current (`generation` starts at 1).
+            slots: vec![(0, 0, empty); TLB_SLOTS].into_boxed_slice(),
+            generation: 1,
+        }
+    }
+}
+
+impl SoftTlb {
+    fn key(bar: Bar, va: u64) -> u64 {
+        (va >> gf100::PAGE_SHIFT) << 1 | u64::from(bar == Bar::Bar3)
+    }
+
+    fn get(&self, key: u64) -> Option<Tr> {
+        let (g, k, tr) = self.slots[key as usize & (TLB_SLOTS - 1)];
+        (g == self.generation && k == key).then_some(tr)
+    }
+
+    fn insert(&mut self, key: u64, tr: Tr) {
+        self.slots[key as usize & (TLB_SLOTS - 1)] = (self.generation, key, tr);
+    }
+
+    fn clear(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+        if self.generation == 0 {
+            // Wrapped: slots of an old generation 1.. could look current again; drop them.
+            self.slots.iter_mut().for_each(|s| s.0 = 0);
+            self.generation = 1;
+        }
+    }
+}
 
 /// The guest's BAR1 and BAR3 bindings and the software TLB.
 #[derive(Debug, Default)]
 pub(crate) struct GuestBars {
     bar1: BarVm,
     bar3: BarVm,
-    tlb: HashMap<(bool, u64), Tr>,
+    tlb: SoftTlb,
 }
 
 impl GuestBars {
@@ -86,7 +135,7 @@ impl GuestBars {
     /// The cached translation of `bar`'s page holding `va`: `Err` (the fault reason) for a
     /// write to a read-only page; `None` if none is cached.
     fn cached(&self, bar: Bar, va: u64, write: bool) -> Option<Result<Tr, u32>> {
-        let tr = self.tlb.get(&tlb_key(bar, va)).copied()?;
+        let tr = self.tlb.get(SoftTlb::key(bar, va))?;
         Some(if write && tr.read_only {
             Err(fault::REASON_PAGE_READ_ONLY)
         } else {
@@ -94,18 +143,10 @@ impl GuestBars {
         })
     }
 
-    /// Caches `tr` for `bar`'s page holding `va` (all of the cache is dropped when full).
+    /// Caches `tr` for `bar`'s page holding `va` (evicting the page that shared its slot).
     fn keep(&mut self, bar: Bar, va: u64, tr: Tr) {
-        if self.tlb.len() >= TLB_CAPACITY {
-            self.tlb.clear();
-        }
-        self.tlb.insert(tlb_key(bar, va), tr);
+        self.tlb.insert(SoftTlb::key(bar, va), tr);
     }
-}
-
-/// The software TLB's key of `bar`'s page holding `va`.
-fn tlb_key(bar: Bar, va: u64) -> (bool, u64) {
-    (bar == Bar::Bar3, va >> gf100::PAGE_SHIFT)
 }
 
 /// Reloads both BAR bindings from the guest's registers and instance blocks and empties the
@@ -670,4 +711,72 @@ pub(crate) fn userd_doorbell_fast(vm: &mut VmState, offset: u64, data: &[u8]) ->
     vm.stats.by_class.userd.count(true);
     vm.stats.doorbells += 1;
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tr(page: u64) -> Tr {
+        Tr {
+            target: Target::Vram,
+            page,
+            read_only: false,
+        }
+    }
+
+    #[test]
+    fn the_soft_tlb_keeps_bars_apart_evicts_by_slot_and_forgets_on_flush() {
+        let mut bars = GuestBars::default();
+        let va = 0x1234_5000;
+        bars.keep(Bar::Bar1, va, tr(0x10_0000));
+        assert_eq!(
+            bars.cached(Bar::Bar1, va + 0xffc, false),
+            Some(Ok(tr(0x10_0000)))
+        );
+        // The same offset through BAR3 is another page.
+        assert_eq!(bars.cached(Bar::Bar3, va, false), None);
+        bars.keep(
+            Bar::Bar3,
+            va,
+            Tr {
+                read_only: true,
+                ..tr(0x20_0000)
+            },
+        );
+        assert_eq!(
+            bars.cached(Bar::Bar3, va, true),
+            Some(Err(fault::REASON_PAGE_READ_ONLY))
+        );
+        assert_eq!(bars.cached(Bar::Bar1, va, false), Some(Ok(tr(0x10_0000))));
+        // A page whose number shares the slot evicts it; neither is confused for the other.
+        let alias = va + ((TLB_SLOTS as u64) << (gf100::PAGE_SHIFT - 1));
+        assert_eq!(
+            SoftTlb::key(Bar::Bar1, alias) as usize % TLB_SLOTS,
+            SoftTlb::key(Bar::Bar1, va) as usize % TLB_SLOTS
+        );
+        assert_eq!(bars.cached(Bar::Bar1, alias, false), None);
+        bars.keep(Bar::Bar1, alias, tr(0x30_0000));
+        assert_eq!(bars.cached(Bar::Bar1, va, false), None);
+        assert_eq!(
+            bars.cached(Bar::Bar1, alias, false),
+            Some(Ok(tr(0x30_0000)))
+        );
+        bars.flush();
+        assert_eq!(bars.cached(Bar::Bar1, alias, false), None);
+        assert_eq!(bars.cached(Bar::Bar3, va, false), None);
+    }
+
+    #[test]
+    fn a_wrapped_generation_forgets_every_slot() {
+        let mut tlb = SoftTlb::default();
+        tlb.insert(SoftTlb::key(Bar::Bar1, 0), tr(1));
+        tlb.generation = u32::MAX;
+        tlb.insert(SoftTlb::key(Bar::Bar1, 0x1000), tr(2));
+        tlb.clear();
+        assert_eq!(tlb.generation, 1);
+        // Slot 0 was filled in generation 1 before the wrap: it must not come back.
+        assert_eq!(tlb.get(SoftTlb::key(Bar::Bar1, 0)), None);
+        assert_eq!(tlb.get(SoftTlb::key(Bar::Bar1, 0x1000)), None);
+    }
 }
