@@ -341,7 +341,7 @@ fn drive<H: HarnessHal>(
         Ok(d) => d,
         Err(e) => {
             log::warn!("{id}: driver init failed: {e}");
-            let init = start.failed("init", e.to_string(), busy(), MmioCounts::default());
+            let init = start.failed("init", e.to_string(), &busy, MmioCounts::default());
             return VmReport {
                 vm: id.0,
                 init,
@@ -350,7 +350,7 @@ fn drive<H: HarnessHal>(
             };
         }
     };
-    let init = start.finish("init", 0, 0, true, None, busy(), drv.hal().counts());
+    let init = start.finish("init", 0, 0, true, None, &busy, drv.hal().counts());
     let mut runs = Vec::with_capacity(opts.workloads.len());
     for &w in &opts.workloads {
         drv.hal_mut().phase(w.name());
@@ -362,12 +362,12 @@ fn drive<H: HarnessHal>(
                 r.gpu_ns,
                 r.verified,
                 None,
-                busy(),
+                &busy,
                 drv.hal().counts(),
             ),
             Err(e) => {
                 log::warn!("{id}: workload {} failed: {e}", w.name());
-                m.failed(w.name(), e.to_string(), busy(), drv.hal().counts())
+                m.failed(w.name(), e.to_string(), &busy, drv.hal().counts())
             }
         };
         runs.push(run);
@@ -405,15 +405,17 @@ impl Meter {
         fence_gpu_ns: u64,
         verified: bool,
         error: Option<String>,
-        busy_ns: u64,
+        busy: &dyn Fn() -> u64,
         counts: MmioCounts,
     ) -> WorkloadRun {
+        // The clock first: the wall time is the phase's, not the GPU-time reads'.
+        let wall_ns = self.wall.elapsed().as_nanos() as u64;
         WorkloadRun {
             name: name.to_string(),
             bytes,
-            gpu_ns: busy_ns.saturating_sub(self.busy_ns),
+            gpu_ns: busy().saturating_sub(self.busy_ns),
             fence_gpu_ns,
-            wall_ns: self.wall.elapsed().as_nanos() as u64,
+            wall_ns,
             mmio_reads: counts.reads.saturating_sub(self.counts.reads),
             mmio_writes: counts.writes.saturating_sub(self.counts.writes),
             verified,
@@ -421,8 +423,14 @@ impl Meter {
         }
     }
 
-    fn failed(&self, name: &str, error: String, busy_ns: u64, counts: MmioCounts) -> WorkloadRun {
-        self.finish(name, 0, 0, false, Some(error), busy_ns, counts)
+    fn failed(
+        &self,
+        name: &str,
+        error: String,
+        busy: &dyn Fn() -> u64,
+        counts: MmioCounts,
+    ) -> WorkloadRun {
+        self.finish(name, 0, 0, false, Some(error), busy, counts)
     }
 }
 
