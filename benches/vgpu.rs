@@ -17,7 +17,11 @@
 //!   virtual, the flush itself happens on the trigger write), `write_pfifo_chan_state`
 //!   (shadowed: guest channel -> physical channel, masked, written to the GPU) and
 //!   `read_pmc_boot_0` (virtual). `bare` = the same register on the physical GPU (for CHAN_STATE,
-//!   the physical channel the guest's channel maps to).
+//!   the physical channel the guest's channel maps to). `local` = the same access once the host
+//!   has its clock (`GpuHost::set_clock`, as in every experiment), so that it takes the fast
+//!   path (`host::local`: the VM's lock alone, no service; the two virtual writes and the read).
+//! * `vgpu_bar1`: a 4-byte read of a buffer through the guest's BAR1 page tables (`trapped`,
+//!   and `local` on the fast path) against the same word read from VRAM (`bare`).
 //! * `vgpu_doorbell`: the guest's GP_PUT write into its USERD page in BAR1.
 //!   - `same_put/trapped`: GP_PUT rewritten with the value it has (no new work): trap, BAR1 poll
 //!     area lookup, USERD emulation, doorbell effect that finds nothing to submit.
@@ -68,6 +72,8 @@ const NOP_SEG: u64 = 0x8000;
 /// that channel.
 struct Setup {
     host: GpuHost,
+    /// The simulated clock, given to the host only by [`Setup::fast_path`].
+    clock: Arc<dyn Clock>,
     vgpu: Arc<Vgpu>,
     drv: Gpu<VirtHal>,
     _ram: GuestMemoryMmap,
@@ -115,7 +121,7 @@ fn setup() -> Setup {
     let ram = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), RAM as usize)]).unwrap();
     vgpu.attach_guest_memory(ram.clone()).unwrap();
     let clock: Arc<dyn Clock> = clock;
-    let hal = VirtHal::new(vgpu.clone(), clock, ram.clone(), 0, RAM);
+    let hal = VirtHal::new(vgpu.clone(), clock.clone(), ram.clone(), 0, RAM);
     let mut drv = Gpu::init(hal, DriverConfig::default()).expect("driver init");
     let mut ch = drv.channel_new().expect("channel");
 
@@ -162,6 +168,7 @@ fn setup() -> Setup {
     let phys_chid = vgpu.phys_channels().start + g;
     let s = Setup {
         host,
+        clock,
         vgpu,
         drv,
         _ram: ram,
@@ -176,6 +183,12 @@ fn setup() -> Setup {
 }
 
 impl Setup {
+    /// Gives the host its clock: from now on accesses that involve only the VM take the fast
+    /// path (`host::local`: the VM's lock alone) while nothing is due, as in every experiment.
+    fn fast_path(&self) {
+        self.host.set_clock(self.clock.clone());
+    }
+
     fn phys(&self) -> &dyn PhysicalGpu {
         &**self.host.phys()
     }
@@ -246,7 +259,27 @@ fn bar0(c: &mut Criterion) {
             d
         })
     });
+    // The same with the host's clock set: the fast path.
+    s.fast_path();
+    let fast_before = s.host.stats().fast_path_accesses;
+    for (name, guest_reg, _, value) in &cases[..2] {
+        let bytes = value.to_le_bytes();
+        group.bench_function(BenchmarkId::new(*name, "local"), |b| {
+            b.iter(|| v.bar_write(Bar::Bar0, black_box(u64::from(*guest_reg)), &bytes))
+        });
+    }
+    group.bench_function(BenchmarkId::new("read_pmc_boot_0", "local"), |b| {
+        b.iter(|| {
+            let mut d = [0u8; 4];
+            v.bar_read(Bar::Bar0, black_box(u64::from(pmc::BOOT_0)), &mut d);
+            d
+        })
+    });
     group.finish();
+    assert!(
+        s.host.stats().fast_path_accesses > fast_before,
+        "the local cases took the fast path"
+    );
 
     // The accesses did what they should and nothing else.
     assert_eq!(rd(v, pmc::BOOT_0), pmc::BOOT_0_QUADRO_6000);
@@ -376,7 +409,20 @@ fn bar1(c: &mut Criterion) {
             d
         })
     });
+    s.fast_path();
+    let fast_before = s.host.stats().fast_path_accesses;
+    group.bench_function(BenchmarkId::new("read_aperture", "local"), |b| {
+        b.iter(|| {
+            let mut d = [0u8; 4];
+            v.bar_read(Bar::Bar1, black_box(bva), &mut d);
+            d
+        })
+    });
     group.finish();
+    assert!(
+        s.host.stats().fast_path_accesses > fast_before,
+        "the local case took the fast path"
+    );
     let mut d = [0u8; 4];
     v.bar_read(Bar::Bar1, bva, &mut d);
     assert_eq!(
