@@ -92,7 +92,8 @@ pub(crate) struct Space {
     /// Lazy mode: a flush arrived since the last rebuild.
     pub dirty: bool,
     /// A rebuild in progress, done in budgeted steps ([`rebuild_step`]): the next PDE of the
-    /// directory to re-shadow.
+    /// directory to re-shadow. Changed only by [`set_rebuild_at`], which keeps
+    /// [`Books::rebuilding`] right.
     pub rebuild_at: Option<usize>,
     /// Shadows of the PDEs that have at least one shadow table.
     pub pdes: BTreeMap<u16, PdeShadow>,
@@ -125,6 +126,16 @@ pub(crate) struct Books {
     pub input: Scratch,
     /// Shadow entries to write.
     pub output: Scratch,
+    /// Spaces with a rebuild in progress (`Space::rebuild_at` set): asked on every fast-path
+    /// access, so kept as a count instead of a walk over the spaces.
+    pub rebuilding: usize,
+}
+
+/// Sets `space.rebuild_at`, keeping [`Books::rebuilding`] in step.
+pub(crate) fn set_rebuild_at(books: &mut Books, space: &mut Space, at: Option<usize>) {
+    books.rebuilding =
+        books.rebuilding + usize::from(at.is_some()) - usize::from(space.rebuild_at.is_some());
+    space.rebuild_at = at;
 }
 
 /// Bytes allocated for a shadow of `bytes` bytes.
@@ -143,6 +154,7 @@ impl Books {
             hyp: Default::default(),
             input: Scratch::default(),
             output: Scratch::default(),
+            rebuilding: 0,
         }
     }
 
@@ -432,7 +444,7 @@ pub const REBUILD_BUDGET_PDES: usize = 2;
 
 /// Rebuilds the whole shadow of `pdb` from the guest's tables now (no budget).
 pub(crate) fn rebuild(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, space: &mut Space) {
-    space.rebuild_at = Some(0);
+    set_rebuild_at(books, space, Some(0));
     while !rebuild_step(cx, books, pdb, space, usize::MAX) {}
 }
 
@@ -493,11 +505,11 @@ pub(crate) fn rebuild_step(
         }
     }
     if i >= entries {
-        space.rebuild_at = None;
+        set_rebuild_at(books, space, None);
         books.stats.rebuilds += 1;
         return true;
     }
-    space.rebuild_at = Some(i);
+    set_rebuild_at(books, space, Some(i));
     false
 }
 
@@ -525,7 +537,8 @@ pub(crate) fn create(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb) -> Op
 }
 
 /// Frees every table and the directory of `space` and drops their tracking.
-pub(crate) fn teardown(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, space: Space) {
+pub(crate) fn teardown(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, mut space: Space) {
+    set_rebuild_at(books, &mut space, None);
     for (idx, p) in space.pdes {
         for (kind, t) in [(PtKind::Small, p.small), (PtKind::Large, p.large)] {
             if let Some(t) = t {

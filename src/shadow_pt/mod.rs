@@ -237,7 +237,7 @@ impl ShadowPt {
         for pdb in pdbs {
             if let Some(space) = self.spaces.get_mut(pdb) {
                 space.dirty = false;
-                space.rebuild_at = Some(0);
+                build::set_rebuild_at(&mut self.books, space, Some(0));
                 if build::rebuild_step(cx, &mut self.books, *pdb, space, build::REBUILD_BUDGET_PDES)
                 {
                     out.push(HostVram(space.pd));
@@ -256,7 +256,14 @@ impl ShadowPt {
 
     /// True while any rebuild is in progress.
     pub fn rebuilding(&self) -> bool {
-        self.spaces.values().any(|s| s.rebuild_at.is_some())
+        debug_assert_eq!(
+            self.books.rebuilding,
+            self.spaces
+                .values()
+                .filter(|s| s.rebuild_at.is_some())
+                .count()
+        );
+        self.books.rebuilding > 0
     }
 
     /// One budgeted step of the first rebuild in progress; returns the directory if it
@@ -357,7 +364,7 @@ impl ShadowPt {
             return;
         }
         let end = addr.saturating_add(len);
-        let roles = self.books.tracker.roles_in(Mem::of(target), addr, end);
+        let roles = self.books.tracker.roles_list(Mem::of(target), addr, end);
         for role in roles {
             let Some(space) = self.spaces.get_mut(&role.pdb) else {
                 continue;
@@ -401,9 +408,7 @@ impl ShadowPt {
             && self
                 .books
                 .tracker
-                .roles_in(Mem::of(target), addr, addr.saturating_add(len))
-                .iter()
-                .any(|r| r.kind == TableKind::Pd)
+                .directory_in(Mem::of(target), addr, addr.saturating_add(len))
     }
 
     /// [`ShadowPt::guest_wrote`] for a write that reaches no page directory
@@ -418,7 +423,7 @@ impl ShadowPt {
             return;
         }
         let end = addr.saturating_add(len);
-        for role in self.books.tracker.roles_in(Mem::of(target), addr, end) {
+        for role in self.books.tracker.roles_list(Mem::of(target), addr, end) {
             let Some(space) = self.spaces.get_mut(&role.pdb) else {
                 continue;
             };

@@ -15,6 +15,27 @@ use gf100::Target;
 
 use super::GuestPdb;
 
+/// The roles [`Tracker::roles_list`] found, in [`Tracker::roles_in`]'s order: none or one held
+/// inline, or a list.
+#[derive(Debug)]
+pub(crate) enum RoleList {
+    /// None or one role (one page holding at most one table).
+    One(Option<Role>),
+    /// Any number.
+    Many(std::vec::IntoIter<Role>),
+}
+
+impl Iterator for RoleList {
+    type Item = Role;
+
+    fn next(&mut self) -> Option<Role> {
+        match self {
+            RoleList::One(r) => r.take(),
+            RoleList::Many(it) => it.next(),
+        }
+    }
+}
+
 /// 4 KiB: the tracking granularity.
 const PAGE: u64 = gf100::PAGE_SIZE;
 
@@ -109,6 +130,35 @@ impl Tracker {
     /// True if the page holding `addr` in `mem` holds any table.
     pub(crate) fn is_tracked(&self, mem: Mem, addr: u64) -> bool {
         self.pages.contains_key(&(mem, addr & !(PAGE - 1)))
+    }
+
+    /// [`Tracker::roles_in`] without allocating when the range lies on one page holding at
+    /// most one table (a page-table entry written: the common case on every write path).
+    pub(crate) fn roles_list(&self, mem: Mem, addr: u64, end: u64) -> RoleList {
+        if end > addr && addr & !(PAGE - 1) == (end - 1) & !(PAGE - 1) {
+            match self.pages.get(&(mem, addr & !(PAGE - 1))) {
+                None => return RoleList::One(None),
+                Some(r) if r.len() == 1 => return RoleList::One(r.first().copied()),
+                Some(_) => {}
+            }
+        }
+        RoleList::Many(self.roles_in(mem, addr, end).into_iter())
+    }
+
+    /// True if a page overlapping `[addr, end)` in `mem` holds a page directory (no allocation).
+    pub(crate) fn directory_in(&self, mem: Mem, addr: u64, end: u64) -> bool {
+        if end <= addr {
+            return false;
+        }
+        let first = addr & !(PAGE - 1);
+        let last = (end - 1) & !(PAGE - 1);
+        let pd = |roles: &BTreeSet<Role>| roles.iter().any(|r| r.kind == TableKind::Pd);
+        if first == last {
+            return self.pages.get(&(mem, first)).is_some_and(pd);
+        }
+        self.pages
+            .range((mem, first)..=(mem, last))
+            .any(|(_, roles)| pd(roles))
     }
 
     /// The roles of every table on a page overlapping `[addr, end)` in `mem`, each once, in a
@@ -212,6 +262,34 @@ mod tests {
             t.roles_at(Mem::Vram, 0x11000).copied().collect::<Vec<_>>(),
             vec![b, a]
         );
+        // The non-allocating forms agree with `roles_in`, on one page and across pages.
+        for (lo, hi) in [
+            (0x10ff8, 0x11008),
+            (0x10000, 0x10008),
+            (0x11000, 0x11008),
+            (0x12000, 0x12008),
+            (5, 5),
+        ] {
+            assert_eq!(
+                t.roles_list(Mem::Vram, lo, hi).collect::<Vec<_>>(),
+                t.roles_in(Mem::Vram, lo, hi),
+                "{lo:#x}..{hi:#x}"
+            );
+            assert_eq!(
+                t.directory_in(Mem::Vram, lo, hi),
+                t.roles_in(Mem::Vram, lo, hi)
+                    .iter()
+                    .any(|r| r.kind == TableKind::Pd),
+                "{lo:#x}..{hi:#x}"
+            );
+        }
+        assert!(
+            matches!(t.roles_list(Mem::Vram, 0x10000, 0x10008), RoleList::One(Some(r)) if r == a)
+        );
+        assert!(matches!(
+            t.roles_list(Mem::Vram, 0x11000, 0x11008),
+            RoleList::Many(_)
+        ));
         t.untrack(Mem::Vram, 0x10000, 0x2000, a);
         assert_eq!(t.len(), 1);
         assert_eq!(t.roles_in(Mem::Vram, 0, u64::MAX), vec![b]);
