@@ -9,7 +9,9 @@
 //! PDE, small-page table first then large-page table (the GF100 walk `gf100::mmu` describes),
 //! read-only check; every table read and the final page go through the VM's memory check
 //! ([`crate::guest_mem`]), so a guest BAR page table can only reach the VM's own slice and RAM.
-//! Successful translations are kept in a small software TLB, emptied on every guest TLB flush.
+//! Successful translations are kept in a small software TLB, emptied by a binding write and by
+//! a guest TLB flush of all page directories or of BAR1's or BAR3's (a flush of another address
+//! space leaves them, as the hardware's flush by page directory does).
 //! A failing translation behaves like the hardware's: the read returns all-ones, the rest of the
 //! write is dropped, and an MMU fault (unit BAR1 4 / BAR3 5, client BAR_READ / BAR_WRITE, hub) is
 //! raised on *this VM's* virtual PFIFO only. A page-table entry that leads outside the VM's memory
@@ -149,12 +151,38 @@ impl GuestBars {
     }
 }
 
-/// Reloads both BAR bindings from the guest's registers and instance blocks and empties the
-/// software TLB (after a binding write or a guest TLB flush).
-pub(crate) fn reload(cx: &mut VmCx) {
-    cx.vm.bars.tlb.clear();
+/// Why the BAR bindings are reloaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reload {
+    /// A binding register was written, or the state restored: every translation goes.
+    Binding,
+    /// A guest TLB flush of one page directory (`Some`) or of all (`None`, ALL_PDB).
+    Flush(Option<(u64, Target)>),
+}
+
+impl Reload {
+    /// True if the software TLB must be emptied, given the bindings before and after: always
+    /// for a binding write, a changed binding or a flush of all directories; for a flush of one
+    /// directory only if it is BAR1's or BAR3's — a flush of another address space leaves the
+    /// BARs' translations as they were, as the hardware's TLB flush by page directory does.
+    fn clears_tlb(self, before: &GuestBars, after: (BarVm, BarVm)) -> bool {
+        match self {
+            Reload::Binding => true,
+            Reload::Flush(pd) => {
+                (before.bar1, before.bar3) != after || flushes_bar_tables(before, pd)
+            }
+        }
+    }
+}
+
+/// Reloads both BAR bindings from the guest's registers and instance blocks (after a binding
+/// write or a guest TLB flush) and empties the software TLB as `why` says.
+pub(crate) fn reload(cx: &mut VmCx, why: Reload) {
     let b1 = load_binding(cx, cx.vm.regs.bar1_inst, "BAR1");
     let b3 = load_binding(cx, cx.vm.regs.bar3_inst, "BAR3");
+    if why.clears_tlb(&cx.vm.bars, (b1, b3)) {
+        cx.vm.bars.tlb.clear();
+    }
     if (b1, b3) != (cx.vm.bars.bar1, cx.vm.bars.bar3) {
         // The direct-map plan follows the bindings (a flush of their tables bumps it too, see
         // `flushes_bar_tables`).
@@ -240,7 +268,7 @@ fn load_binding_in(m: &GuestMem, reg: u32) -> Result<BarVm, (u64, Violation)> {
 
 /// [`reload`] with only the VM's state (a TLB flush on the fast path): false, nothing changed,
 /// if reading a binding's instance block meets a violation (the usual path counts it).
-pub(crate) fn reload_local(phys: &dyn PhysicalGpu, vm: &mut VmState) -> bool {
+pub(crate) fn reload_local(phys: &dyn PhysicalGpu, vm: &mut VmState, why: Reload) -> bool {
     let m = vm.mem.view(phys);
     let (Ok(b1), Ok(b3)) = (
         load_binding_in(&m, vm.regs.bar1_inst),
@@ -248,7 +276,9 @@ pub(crate) fn reload_local(phys: &dyn PhysicalGpu, vm: &mut VmState) -> bool {
     ) else {
         return false;
     };
-    vm.bars.tlb.clear();
+    if why.clears_tlb(&vm.bars, (b1, b3)) {
+        vm.bars.tlb.clear();
+    }
     if (b1, b3) != (vm.bars.bar1, vm.bars.bar3) {
         vm.map_gen += 1;
     }

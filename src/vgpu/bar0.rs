@@ -490,7 +490,7 @@ fn write_handler(cx: &mut VmCx, h: Handler, off: u32, v: u32) -> bool {
             } else {
                 r.bar3_inst = v;
             }
-            aperture::reload(cx);
+            aperture::reload(cx, aperture::Reload::Binding);
         }
         Handler::Pramin => {
             aperture::pramin_write(cx, u64::from(off - pbus::PRAMIN_BASE), &v.to_le_bytes())
@@ -588,7 +588,8 @@ fn tlb_flush_local(
     let Some(pds) = vm.shadow.tlb_flush_in_place(pdb) else {
         return false;
     };
-    if !aperture::reload_local(phys, vm) {
+    let flushed = pdb.map(|p| (p.addr, p.target));
+    if !aperture::reload_local(phys, vm, aperture::Reload::Flush(flushed)) {
         return false;
     }
     vm.regs.flush_queued = true;
@@ -617,9 +618,13 @@ fn flush_target(trigger: u32, vspace: u32) -> Option<Option<GuestPdb>> {
 /// flushed for every shadow page directory they changed.
 pub(crate) fn guest_tlb_flush(cx: &mut VmCx, trigger: u32) {
     cx.vm.stats.guest_tlb_flushes += 1;
-    aperture::reload(cx);
     let vspace = cx.vm.regs.tlb_flush_vspace;
-    let Some(pdb) = flush_target(trigger, vspace) else {
+    let target = flush_target(trigger, vspace);
+    // A page directory of the invalid target flushes nothing the BARs could name: reloaded as
+    // for ALL_PDB, the conservative choice.
+    let flushed = target.flatten().map(|p| (p.addr, p.target));
+    aperture::reload(cx, aperture::Reload::Flush(flushed));
+    let Some(pdb) = target else {
         cx.vm.map_gen += 1;
         cx.violation(ViolationKind::InvalidTarget, || {
             format!("TLB flush of a page directory with the invalid target ({vspace:#010x})")

@@ -195,7 +195,7 @@ pub(crate) fn apply(cx: &mut VmCx, st: &DeviceState) -> Result<(), StateError> {
         super::unmap_windows(cx);
     }
     cx.vm.regs = st.regs.clone();
-    super::aperture::reload(cx);
+    super::aperture::reload(cx, super::aperture::Reload::Binding);
     cx.vm.map_gen += 1;
     for (g, c) in st.chans.iter().enumerate() {
         let g = g as u32;
