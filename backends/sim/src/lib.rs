@@ -458,6 +458,25 @@ impl SimGpu {
 }
 
 impl SimGpu {
+    /// Runs the memory access `f` on the state: while the GPU has nothing in flight, queued or
+    /// blocked (`Fifo::idle`) under the lock alone — catching up with the clock would only move
+    /// the GPU's idle time, and a memory access changes no interrupt and no next event —,
+    /// otherwise as every call does ([`SimGpu::with_state`]: the GPU advanced first, so that
+    /// the access lands after the engine work due by now).
+    fn with_memory<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let mut f = Some(f);
+        {
+            let mut guard = self.lock();
+            if guard.fifo.idle() {
+                if let Some(f) = f.take() {
+                    return f(&mut guard);
+                }
+            }
+        }
+        let f = f.take().expect("not run above");
+        self.with_state(|s, _| f(s))
+    }
+
     /// True when VRAM is read and written without the state's lock: with the engine worker and
     /// a real clock, where nothing needs the GPU advanced before a memory access (the worker
     /// advances it; a simulated clock moves only with calls, which must then advance it).
@@ -568,7 +587,7 @@ impl PhysicalGpu for SimGpu {
             self.vram.read(addr.raw(), data);
             return;
         }
-        self.with_state(|s, _| {
+        self.with_memory(|s| {
             s.core.mem.vram.read(addr.raw(), data);
         })
     }
@@ -583,7 +602,7 @@ impl PhysicalGpu for SimGpu {
             self.vram.write(addr.raw(), data);
             return;
         }
-        self.with_state(|s, _| {
+        self.with_memory(|s| {
             s.core.mem.vram.write(addr.raw(), data);
         })
     }

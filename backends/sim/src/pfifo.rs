@@ -445,12 +445,18 @@ impl Fifo {
         }
     }
 
+    /// True while nothing is in flight, queued or blocked: [`Fifo::advance`] would only move
+    /// the GPU's idle time.
+    pub(crate) fn idle(&self) -> bool {
+        self.inflight.is_none() && !self.dirty && self.n_blocked == 0
+    }
+
     /// Runs everything due at `now`: completes timed work whose end has come, re-checks blocked
     /// acquires, and lets channels run until the GPU is busy past `now` or has nothing to do.
     /// With `engines` false an engine operation in flight is left to the engine worker
     /// (`crate::worker`): the GPU is busy with it until the worker has completed it.
     pub(crate) fn advance(&mut self, core: &mut Core, now: u64, engines: bool) {
-        if self.inflight.is_none() && !self.dirty && self.n_blocked == 0 {
+        if self.idle() {
             self.gpu_time = self.gpu_time.max(now);
             return;
         }
