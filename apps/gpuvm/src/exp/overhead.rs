@@ -298,13 +298,18 @@ fn run_once(
     match scheme {
         _ if kvm => run_kvm_once(scheme, size, list),
         Scheme::Native => {
-            let r = run_native(&NativeOptions {
+            let opts = NativeOptions {
                 size,
                 clock: ClockKind::Sim,
                 workloads: list.to_vec(),
                 ..NativeOptions::default()
-            })
-            .context("native run")?;
+            };
+            // On a thread of its own, as the vGPU schemes run their guest driver (one thread
+            // per VM): both then start from a fresh thread's heap, not native from the main
+            // thread's heap that the previous repetitions warmed.
+            let r = std::thread::scope(|s| s.spawn(|| run_native(&opts)).join())
+                .map_err(|_| anyhow::anyhow!("the native run's thread panicked"))?
+                .context("native run")?;
             Ok(std::iter::once(&r.init)
                 .chain(&r.workloads)
                 .map(|w| Sample {
