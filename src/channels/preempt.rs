@@ -76,11 +76,9 @@ pub(crate) fn is_off(phys: &dyn PhysicalGpu, p: u32, busy: &[Option<u32>]) -> bo
 
 /// The physical channel each engine is running an operation of (ENG_STATE).
 pub(crate) fn busy_channels(phys: &dyn PhysicalGpu) -> Vec<Option<u32>> {
-    (0..pfifo::ENGINES)
-        .map(|e| {
-            let s = phys.read_reg(pfifo::eng_state(e));
-            (s & pfifo::ENG_STATE_BUSY != 0).then_some(s & pfifo::ENG_STATE_CHID_MASK)
-        })
+    phys.engine_states()
+        .into_iter()
+        .map(|s| (s & pfifo::ENG_STATE_BUSY != 0).then_some(s & pfifo::ENG_STATE_CHID_MASK))
         .collect()
 }
 

@@ -296,10 +296,10 @@ fn watchdog_measured(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watch
 /// The physical channel an engine is busy with while no submission of it is in flight (work the
 /// scheduler does not account), if any.
 fn unaccounted_busy_channel(st: &HostState, phys: &dyn PhysicalGpu) -> Option<u32> {
-    let busy = (0..pfifo::ENGINES).find_map(|e| {
-        let s = phys.read_reg(pfifo::eng_state(e));
-        (s & pfifo::ENG_STATE_BUSY != 0).then_some(s & pfifo::ENG_STATE_CHID_MASK)
-    });
+    let busy = phys
+        .engine_states()
+        .into_iter()
+        .find_map(|s| (s & pfifo::ENG_STATE_BUSY != 0).then_some(s & pfifo::ENG_STATE_CHID_MASK));
     busy.filter(|&p| !st.inflight.iter().any(|f| f.sub.phys_chid == p))
 }
 

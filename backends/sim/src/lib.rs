@@ -711,6 +711,13 @@ impl PhysicalGpu for SimGpu {
         })
     }
 
+    fn engine_states(&self) -> [u32; gf100::pfifo::ENGINES as usize] {
+        self.with_state(|s, now| {
+            s.core.stats.mmio_reads += u64::from(gf100::pfifo::ENGINES);
+            std::array::from_fn(|e| s.read_reg(gf100::pfifo::eng_state(e as u32), now))
+        })
+    }
+
     fn channels_busy_ns(&self, chids: std::ops::Range<u32>) -> Option<Vec<u64>> {
         self.with_state(|s, now| {
             chids

@@ -320,6 +320,14 @@ pub trait PhysicalGpu: Send + Sync {
         (slot, queued)
     }
 
+    /// PFIFO's ENG_STATE of every engine (`gf100::pfifo::eng_state`), in engine order, in one
+    /// call: the host reads them all at every service while work is in flight (which channel
+    /// each engine runs), and a backend behind one lock takes it once. The default reads the
+    /// registers one by one.
+    fn engine_states(&self) -> [u32; gf100::pfifo::ENGINES as usize] {
+        std::array::from_fn(|e| self.read_reg(gf100::pfifo::eng_state(e as u32)))
+    }
+
     /// [`PhysicalGpu::channel_busy_ns`] of every channel in `chids`, in order, in one call (a
     /// backend behind one lock takes it once: the host reads a VM's channels at every service);
     /// `None` if the backend cannot tell for one of them.
