@@ -519,9 +519,9 @@ impl HostState {
     pub(crate) fn charge_ran(&mut self, phys: &dyn PhysicalGpu, id: VmId, now: u64) -> Option<u64> {
         let vm = self.vms.get(&id)?;
         let chans = vm.chan_base..vm.chan_base + vm.nchan();
-        let acct = self.runtime.take(phys, chans.clone(), Cursor::Acct)?;
+        let (acct, sched) = self.runtime.take_both(phys, chans)?;
         self.acct.charge_measured(id, acct, now);
-        self.runtime.take(phys, chans, Cursor::Sched)
+        Some(sched)
     }
 
     /// Measured mode: brings every VM's accounted GPU time up to date (what its channels ran,

@@ -61,8 +61,34 @@ impl ChannelClock {
         chans: Range<u32>,
         cursor: Cursor,
     ) -> Option<u64> {
-        let seen = &mut self.seen.as_mut()?[cursor as usize];
+        self.seen.as_ref()?;
         let busy = phys.channels_busy_ns(chans.clone());
+        self.take_read(busy.as_deref(), chans, cursor)
+    }
+
+    /// [`ChannelClock::take`] for both cursors from one read of the channels' counters (a
+    /// completion charges the accounting and tells the scheduler at once).
+    pub(crate) fn take_both(
+        &mut self,
+        phys: &dyn PhysicalGpu,
+        chans: Range<u32>,
+    ) -> Option<(u64, u64)> {
+        self.seen.as_ref()?;
+        let busy = phys.channels_busy_ns(chans.clone());
+        let acct = self.take_read(busy.as_deref(), chans.clone(), Cursor::Acct)?;
+        let sched = self.take_read(busy.as_deref(), chans, Cursor::Sched)?;
+        Some((acct, sched))
+    }
+
+    /// Charges `cursor` what `chans` ran up to `busy` (their counters, in order; a channel
+    /// without one keeps its mark).
+    fn take_read(
+        &mut self,
+        busy: Option<&[u64]>,
+        chans: Range<u32>,
+        cursor: Cursor,
+    ) -> Option<u64> {
+        let seen = &mut self.seen.as_mut()?[cursor as usize];
         let mut ns = 0u64;
         for (i, p) in chans.enumerate() {
             let Some(slot) = seen.get_mut(p as usize) else {

@@ -59,8 +59,13 @@ use crate::profile::ShadowMode;
 use crate::vram_alloc::HypVram;
 
 use build::{Books, Space};
-use track::{Mem, TableKind};
+use track::{Mem, RoleList, TableKind};
 use walk::PtKind;
+
+/// The page tables one guest write lands in, looked up by [`ShadowPt::local_write`] before the
+/// write and applied by [`ShadowPt::guest_wrote_tables`] after it.
+#[derive(Debug)]
+pub(crate) struct TablesHit(RoleList);
 
 /// Default of [`ShadowPt::set_shadow_limit`]: 256 MiB of hypervisor VRAM per VM (a VM mapping
 /// its whole 6 GiB in small pages through one directory needs about 12 MiB).
@@ -398,32 +403,41 @@ impl ShadowPt {
         }
     }
 
-    /// True if a guest write of `len` bytes at `addr` reaches one of the VM's shadowed page
-    /// directories. Its shadow tables come and go with its PDEs, allocated from the hypervisor
-    /// VRAM the host shares out, so only [`ShadowPt::guest_wrote`] (with the host lock) may
-    /// apply such a write; a write that reaches none may go to [`ShadowPt::guest_wrote_tables`].
-    pub fn write_reaches_directory(&self, target: Target, addr: u64, len: u64) -> bool {
-        self.books.tracking
-            && len > 0
-            && self
-                .books
-                .tracker
-                .directory_in(Mem::of(target), addr, addr.saturating_add(len))
+    /// Looks up, once, the tables a guest write of `len` bytes at `addr` lands in, for the fast
+    /// path: `None` if it reaches one of the VM's shadowed page directories — their shadow
+    /// tables come and go with their PDEs, allocated from the hypervisor VRAM the host shares
+    /// out, so only [`ShadowPt::guest_wrote`] (with the host lock) may apply such a write —,
+    /// else the page tables, for [`ShadowPt::guest_wrote_tables`] once the write has landed.
+    pub(crate) fn local_write(&self, target: Target, addr: u64, len: u64) -> Option<TablesHit> {
+        if !self.books.tracking || len == 0 {
+            return Some(TablesHit(RoleList::One(None)));
+        }
+        let roles = self
+            .books
+            .tracker
+            .roles_list(Mem::of(target), addr, addr.saturating_add(len));
+        let directory = match &roles {
+            RoleList::One(r) => r.is_some_and(|r| r.kind == TableKind::Pd),
+            RoleList::Many(it) => it.as_slice().iter().any(|r| r.kind == TableKind::Pd),
+        };
+        (!directory).then_some(TablesHit(roles))
     }
 
-    /// [`ShadowPt::guest_wrote`] for a write that reaches no page directory
-    /// ([`ShadowPt::write_reaches_directory`] false): the shadow entries of the page tables it
+    /// [`ShadowPt::guest_wrote`] for a write that reaches no page directory (`hit`, from
+    /// [`ShadowPt::local_write`] for the same write): the shadow entries of the page tables it
     /// covers are rewritten in place, which needs the VM's memory and the GPU only — no
     /// hypervisor VRAM is allocated or freed — so the VM's lock alone is enough (the fast path's
     /// page-table writes, `host::local`).
     /// `data` is what the write put at `addr`.
-    pub fn guest_wrote_tables(&mut self, mem: &GuestMem, target: Target, addr: u64, data: &[u8]) {
-        let len = data.len() as u64;
-        if !self.books.tracking || len == 0 {
-            return;
-        }
-        let end = addr.saturating_add(len);
-        for role in self.books.tracker.roles_list(Mem::of(target), addr, end) {
+    pub(crate) fn guest_wrote_tables(
+        &mut self,
+        mem: &GuestMem,
+        hit: TablesHit,
+        addr: u64,
+        data: &[u8],
+    ) {
+        let end = addr.saturating_add(data.len() as u64);
+        for role in hit.0 {
             let Some(space) = self.spaces.get_mut(&role.pdb) else {
                 continue;
             };

@@ -145,22 +145,6 @@ impl Tracker {
         RoleList::Many(self.roles_in(mem, addr, end).into_iter())
     }
 
-    /// True if a page overlapping `[addr, end)` in `mem` holds a page directory (no allocation).
-    pub(crate) fn directory_in(&self, mem: Mem, addr: u64, end: u64) -> bool {
-        if end <= addr {
-            return false;
-        }
-        let first = addr & !(PAGE - 1);
-        let last = (end - 1) & !(PAGE - 1);
-        let pd = |roles: &BTreeSet<Role>| roles.iter().any(|r| r.kind == TableKind::Pd);
-        if first == last {
-            return self.pages.get(&(mem, first)).is_some_and(pd);
-        }
-        self.pages
-            .range((mem, first)..=(mem, last))
-            .any(|(_, roles)| pd(roles))
-    }
-
     /// The roles of every table on a page overlapping `[addr, end)` in `mem`, each once, in a
     /// stable order (page directories first, so a write that changes a PDE and lands in one of
     /// its tables re-walks the table before touching single entries of it).
@@ -262,7 +246,7 @@ mod tests {
             t.roles_at(Mem::Vram, 0x11000).copied().collect::<Vec<_>>(),
             vec![b, a]
         );
-        // The non-allocating forms agree with `roles_in`, on one page and across pages.
+        // The non-allocating form agrees with `roles_in`, on one page and across pages.
         for (lo, hi) in [
             (0x10ff8, 0x11008),
             (0x10000, 0x10008),
@@ -273,13 +257,6 @@ mod tests {
             assert_eq!(
                 t.roles_list(Mem::Vram, lo, hi).collect::<Vec<_>>(),
                 t.roles_in(Mem::Vram, lo, hi),
-                "{lo:#x}..{hi:#x}"
-            );
-            assert_eq!(
-                t.directory_in(Mem::Vram, lo, hi),
-                t.roles_in(Mem::Vram, lo, hi)
-                    .iter()
-                    .any(|r| r.kind == TableKind::Pd),
                 "{lo:#x}..{hi:#x}"
             );
         }

@@ -638,7 +638,7 @@ pub(crate) fn aperture_read_fast(
 /// page holding a bound channel's instance block, and reaching none of the VM's shadowed page
 /// directories; the write goes through the VM's memory view (which checks the range again) and
 /// the shadow entries of the page tables it covers are rewritten in place
-/// ([`crate::shadow_pt::ShadowPt::guest_wrote_tables`]). False, nothing done, for anything else
+/// ([`crate::shadow_pt::ShadowPt::local_write`], `guest_wrote_tables`). False, nothing done, for anything else
 /// (the usual path translates, faults, counts, and lets the shadows and channels see it).
 pub(crate) fn aperture_write_fast(
     phys: &dyn PhysicalGpu,
@@ -697,16 +697,18 @@ fn local_guest_write(
     data: &[u8],
 ) -> bool {
     let len = data.len() as u64;
-    if crate::channels::write_reaches_instance(&vm.inst_pages, target, addr, len)
-        || vm.shadow.write_reaches_directory(target, addr, len)
-    {
+    if crate::channels::write_reaches_instance(&vm.inst_pages, target, addr, len) {
         return false;
     }
+    // `None`: it reaches a page directory.
+    let Some(hit) = vm.shadow.local_write(target, addr, len) else {
+        return false;
+    };
     let mem = vm.mem.view(phys);
     if mem.write(target, addr, data).is_err() {
         return false;
     }
-    vm.shadow.guest_wrote_tables(&mem, target, addr, data);
+    vm.shadow.guest_wrote_tables(&mem, hit, addr, data);
     true
 }
 
