@@ -178,6 +178,11 @@ impl CapLayer {
     /// is positive again to the inner policy, and takes back the queued work of VMs whose
     /// bucket is empty.
     fn refill(&mut self, now: u64) {
+        // Without a capped VM (the common case: it runs at every decision) nothing to refill,
+        // and no list of them to allocate.
+        if self.vms.values().all(|c| self.cap_of(c).is_none()) {
+            return;
+        }
         let ids: Vec<VmId> = self.vms.keys().copied().collect();
         for vm in ids {
             let c = &self.vms[&vm];

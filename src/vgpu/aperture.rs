@@ -254,9 +254,13 @@ fn load_binding_in(m: &GuestMem, reg: u32) -> Result<BarVm, (u64, Violation)> {
     let Some((inst, target)) = pbus::bar_inst_decode(reg) else {
         return Ok(BarVm::NoInstance);
     };
-    let r = m
-        .read_u64(target, inst + inst::PDB_LO)
-        .and_then(|pdb| Ok((pdb, m.read_u64(target, inst + inst::LIMIT_LO)?)));
+    // PDB and LIMIT are adjacent (0x200..0x210): one read of the VM's memory.
+    const _: () = assert!(inst::LIMIT_LO == inst::PDB_LO + 8);
+    let mut b = [0u8; 16];
+    let r = m.read(target, inst + inst::PDB_LO, &mut b).map(|()| {
+        let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        (word(0), word(8))
+    });
     match r {
         Ok((pdb, limit)) => Ok(BarVm::Vm {
             pd: inst::pdb_decode(pdb),
