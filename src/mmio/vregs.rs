@@ -167,6 +167,11 @@ impl VRegs {
 
     /// The level of the VM's interrupt line.
     pub(crate) fn line_level(&self) -> bool {
+        // Both enables off (a driver that polls): low whatever is pending, without aggregating
+        // the sources — asked after every access (`vgpu::cell::VmGuard`).
+        if self.pmc_intr_en_host & (pmc::INTR_EN_HARDWARE | pmc::INTR_EN_SOFTWARE) == 0 {
+            return false;
+        }
         pmc::line_asserted(self.pmc_intr(), self.pmc_intr_en_host)
     }
 
@@ -237,6 +242,25 @@ mod tests {
         assert!(!r.line_level(), "software interrupt needs INTR_EN bit 1");
         r.pmc_intr_en_host |= pmc::INTR_EN_SOFTWARE;
         assert!(r.line_level());
+        // The short cut for both enables off gives what the whole chain gives, for every
+        // combination of enables and pending sources.
+        for en in 0..8u32 {
+            for (sw, runlist) in [
+                (false, 0),
+                (true, 0),
+                (false, pfifo::INTR_RUNLIST_EVENT),
+                (true, pfifo::INTR_RUNLIST_EVENT),
+            ] {
+                r.pmc_intr_en_host = en;
+                r.pmc_software = sw;
+                r.runlist_intr = runlist;
+                assert_eq!(
+                    r.line_level(),
+                    pmc::line_asserted(r.pmc_intr(), en),
+                    "{en} {sw} {runlist}"
+                );
+            }
+        }
     }
 
     #[test]
