@@ -156,7 +156,8 @@ impl Tracker {
         let last = (end - 1) & !(PAGE - 1);
         let key = |r: &Role| (r.kind != TableKind::Pd, *r);
         if first == last {
-            // One page (a page-table entry written): its set is already distinct and sorted.
+            // One page (a page-table entry written): its set is already distinct, so no set
+            // to merge into; only the directories-first order is left to make.
             let mut out: Vec<Role> = self
                 .pages
                 .get(&(mem, first))

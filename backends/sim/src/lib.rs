@@ -464,16 +464,12 @@ impl SimGpu {
     /// otherwise as every call does ([`SimGpu::with_state`]: the GPU advanced first, so that
     /// the access lands after the engine work due by now).
     fn with_memory<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        let mut f = Some(f);
         {
             let mut guard = self.lock();
             if guard.fifo.idle() {
-                if let Some(f) = f.take() {
-                    return f(&mut guard);
-                }
+                return f(&mut guard);
             }
         }
-        let f = f.take().expect("not run above");
         self.with_state(|s, _| f(s))
     }
 
