@@ -277,6 +277,42 @@ mod tests {
     }
 
     #[test]
+    fn a_completed_matrix_kernel_hands_its_staging_to_the_next() {
+        let (mut c, vs) = setup();
+        let n = 40u32;
+        let words = (n * n) as usize;
+        let k = |c_va| Kernel::Mmul {
+            a: 0x1000,
+            b: 0x3000,
+            c: c_va,
+            n,
+        };
+        let mut first = EngineOp::kernel(&c, &k(0x5000), vs, 0, 0);
+        let mut second = EngineOp::kernel(&c, &k(0x7000), vs, 0, 0);
+        let (a, b): (Vec<u32>, Vec<u32>) = ((0..words as u32).collect(), vec![2; words]);
+        put(&mut c, &vs, 0x1000, &a);
+        put(&mut c, &vs, 0x3000, &b);
+        assert!(run_to_end(&mut c, &mut first).is_ok());
+        assert_eq!(
+            c.matmul_stage.capacity(),
+            0,
+            "the first kernel still holds it"
+        );
+        first.recycle(&mut c);
+        let stage = (c.matmul_stage.as_ptr(), c.matmul_stage.capacity());
+        assert!(stage.1 >= words);
+        // The next kernel loads `b` into the same memory, with other values this time.
+        put(&mut c, &vs, 0x3000, &vec![3; words]);
+        assert!(run_to_end(&mut c, &mut second).is_ok());
+        second.recycle(&mut c);
+        assert_eq!((c.matmul_stage.as_ptr(), c.matmul_stage.capacity()), stage);
+        let row_sum = |i: u32, m: u32| (0..n).map(|k| (i * n + k) * m).sum::<u32>();
+        assert_eq!(get(&mut c, &vs, 0x5000, 1), vec![row_sum(0, 2)]);
+        let last = 0x7000 + u64::from(n * n - 1) * 4;
+        assert_eq!(get(&mut c, &vs, last, 1), vec![row_sum(n - 1, 3)]);
+    }
+
+    #[test]
     fn loop_writes_the_closed_form_result() {
         let (mut c, vs) = setup();
         let t = run(

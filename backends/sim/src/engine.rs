@@ -364,7 +364,10 @@ impl Job {
                 // `b` kept as it is in memory, row by row: a block then walks rows of it
                 // contiguously (no transposition: each load touches only its own rows).
                 if rows.start == 0 {
-                    *b = Arc::new(Vec::with_capacity(n * n));
+                    let mut stage = std::mem::take(&mut core.matmul_stage);
+                    stage.clear();
+                    stage.reserve(n * n);
+                    *b = Arc::new(stage);
                 }
                 let words = read_words(core, vs, r[0].0, r[0].1 as usize / 4)?;
                 Arc::make_mut(b).extend_from_slice(&words);
@@ -787,6 +790,19 @@ impl EngineOp {
         self.next += 1;
         budget.count_piece();
         core.write_va(&self.vspace, o.block.dst, data)
+    }
+
+    /// Hands a completed matrix kernel's `b` staging back to `core` for the next kernel
+    /// (`Core::matmul_stage`); nothing when a block still shares it or the staging kept is
+    /// larger.
+    pub(crate) fn recycle(&mut self, core: &mut Core) {
+        if let Job::Matmul { b, .. } = &mut self.job {
+            if let Some(v) = Arc::get_mut(b) {
+                if v.capacity() > core.matmul_stage.capacity() {
+                    core.matmul_stage = std::mem::take(v);
+                }
+            }
+        }
     }
 
     /// When the next piece is due (the end once every piece is done; `start` while scanning).

@@ -119,6 +119,12 @@ pub(crate) struct Core {
     pub cost: CostModel,
     /// Incremented by every TLB flush (BAR bindings reload their VM when it changes).
     pub flush_epoch: u64,
+    /// The staging a matrix kernel loads its `b` operand into (`engine`), handed back when the
+    /// kernel completes and reused by the next one: its pages stay mapped. A fresh 4 MiB
+    /// allocation per kernel faulted each of its 1,024 pages in under the simulator's lock
+    /// (1-15 us a fault on this project's 2-core host: holds of up to 0.5 ms per 64 KiB load,
+    /// `gpuvm exp lockhold`).
+    pub matmul_stage: Vec<u32>,
 }
 
 impl Core {
@@ -130,6 +136,7 @@ impl Core {
             stats: GpuStats::default(),
             cost,
             flush_epoch: 0,
+            matmul_stage: Vec::new(),
         }
     }
 

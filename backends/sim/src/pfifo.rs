@@ -485,6 +485,7 @@ impl Fifo {
                             return;
                         }
                         Step::Complete => {
+                            op.recycle(core);
                             f.end = f.start.saturating_add(op.duration().unwrap_or(0));
                         }
                     }
