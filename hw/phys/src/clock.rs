@@ -14,9 +14,8 @@ pub trait Clock: Send + Sync + Debug {
     /// Nanoseconds since the clock's epoch. Never decreases.
     fn now_ns(&self) -> u64;
 
-    /// Lets `ns` nanoseconds pass: a simulated clock jumps; a real clock yields until they have
-    /// passed, sleeping through most of a long wait ([`RealClock`]). Used by drivers that poll
-    /// with a delay (like nouveau's `nvkm_usec` and its fence wait).
+    /// Lets `ns` nanoseconds pass: a simulated clock jumps, a real clock spins/yields until they
+    /// have passed. Used by drivers that poll with a delay (like nouveau's `nvkm_usec`).
     fn wait_ns(&self, ns: u64);
 
     /// True for a simulated clock.
@@ -94,21 +93,7 @@ impl Clock for SimClock {
     }
 }
 
-/// A [`RealClock`] wait at least this long sleeps through most of it.
-pub const SLEEP_FROM_NS: u64 = 200_000;
-
-/// What a sleeping wait leaves to yield through at its end: more than Linux's default timer
-/// slack (50 us), so the sleep does not overshoot the wait.
-const SLEEP_MARGIN_NS: u64 = 100_000;
-
 /// The host's monotonic clock, with its epoch at creation.
-///
-/// A wait shorter than [`SLEEP_FROM_NS`] yields the CPU in a loop until it has passed, as a
-/// kernel's `udelay` spins; a longer one sleeps until shortly before its end and yields through
-/// the rest, as nouveau's fence wait sleeps (`nouveau_fence_wait_legacy`: `schedule_hrtimeout`
-/// from 1 us, doubling up to 1 ms). A waiter that kept a core while it waited would take it from
-/// the threads doing the work it waits for; on a host with fewer cores than busy threads, from
-/// whoever holds a lock others wait on (`gpuvm exp lockhold`, docs/benchmarks.md).
 #[derive(Debug)]
 pub struct RealClock {
     epoch: Instant,
@@ -136,9 +121,6 @@ impl Clock for RealClock {
 
     fn wait_ns(&self, ns: u64) {
         let end = self.now_ns().saturating_add(ns);
-        if ns >= SLEEP_FROM_NS {
-            std::thread::sleep(std::time::Duration::from_nanos(ns - SLEEP_MARGIN_NS));
-        }
         while self.now_ns() < end {
             std::thread::yield_now();
         }
@@ -173,9 +155,5 @@ mod tests {
         c.wait_ns(1_000);
         let b = c.now_ns();
         assert!(b >= a + 1_000, "{a} -> {b}");
-        // A long wait sleeps most of it and still lasts at least as long as asked.
-        c.wait_ns(SLEEP_FROM_NS);
-        let d = c.now_ns();
-        assert!(d >= b + SLEEP_FROM_NS, "{b} -> {d}");
     }
 }
