@@ -310,6 +310,14 @@ pub(crate) struct HostShared {
     pub quiet_until: std::sync::atomic::AtomicU64,
     /// Fast-path accesses of destroyed VMs (`host/local.rs`; the live VMs' are in their cells).
     pub fast_gone: std::sync::atomic::AtomicU64,
+    /// Times the physical GPU reported work it finished on its own thread (its event waker,
+    /// [`PhysicalGpu::set_event_waker`]; possibly later than its next event said).
+    pub gpu_events: Arc<std::sync::atomic::AtomicU64>,
+    /// Set by such a report, taken by the first poll or fast-path write of any VM that comes
+    /// next, which then services the GPU (`host/local.rs`): the completion is handled at once
+    /// instead of when the date the GPU could not give comes. One taker per report, so a
+    /// completion does not send every VM's next access the slow way.
+    pub gpu_event_pending: Arc<std::sync::atomic::AtomicBool>,
     /// The host's structures in VRAM (fixed at bring-up; a copy of `HostState::layout` for
     /// the fast path).
     pub layout: HostLayout,
@@ -426,6 +434,18 @@ impl HostShared {
         self.quiet_until
             .store(st.quiet_until(next), std::sync::atomic::Ordering::Release);
         next
+    }
+
+    /// The physical GPU's event waker ([`PhysicalGpu::set_event_waker`]): work finished on the
+    /// GPU's own thread, so whatever waits for it is due now. It holds the two counters,
+    /// not the host: the GPU's thread never keeps the host alive (nor drops it).
+    fn event_waker(&self) -> Arc<dyn Fn() + Send + Sync> {
+        use std::sync::atomic::Ordering;
+        let (events, pending) = (self.gpu_events.clone(), self.gpu_event_pending.clone());
+        Arc::new(move || {
+            events.fetch_add(1, Ordering::Relaxed);
+            pending.store(true, Ordering::Release);
+        })
     }
 
     /// See [`GpuHost::next_event_ns`].
@@ -748,7 +768,7 @@ impl GpuHost {
             hyp_size >> 20,
             slots
         );
-        Ok(GpuHost {
+        let host = GpuHost {
             shared: Arc::new(HostShared {
                 phys,
                 cfg,
@@ -757,9 +777,13 @@ impl GpuHost {
                 holds: hold::HoldTimes::default(),
                 quiet_until: std::sync::atomic::AtomicU64::new(0),
                 fast_gone: std::sync::atomic::AtomicU64::new(0),
+                gpu_events: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+                gpu_event_pending: Arc::new(std::sync::atomic::AtomicBool::new(false)),
                 layout: layout.clone(),
             }),
-        })
+        };
+        host.shared.phys.set_event_waker(host.shared.event_waker());
+        Ok(host)
     }
 
     /// Replaces the scheduling policy (only while no VM exists).
@@ -1039,6 +1063,10 @@ impl GpuHost {
             phys_pbdma_errors: c.phys_pbdma_errors,
             phys_nonstall: c.phys_nonstall,
             phys_fifo_errors: c.phys_fifo_errors,
+            gpu_events: self
+                .shared
+                .gpu_events
+                .load(std::sync::atomic::Ordering::Relaxed),
             unrouted: c.unrouted,
             hypervisor_vram_quarantined: st.hyp.retired_bytes(),
             hypervisor_vram_released: c.hyp_released,

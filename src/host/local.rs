@@ -118,7 +118,7 @@ impl HostShared {
             }
             cell.fast_accesses.fetch_add(1, Ordering::Relaxed);
             let quiet_until = self.quiet_until.load(Ordering::Acquire);
-            quiet_until != 0 && now >= quiet_until
+            (quiet_until != 0 && now >= quiet_until) || self.take_gpu_event()
         };
         if due || self.irq.is_asserted() {
             self.poll();
@@ -142,11 +142,19 @@ impl HostShared {
         }
         // Read with the VM's lock held, as `access_local` does.
         let quiet_until = self.quiet_until.load(Ordering::Acquire);
-        let idle = vm.clock.as_ref().is_some_and(|c| c.now_ns() < quiet_until);
+        let idle =
+            vm.clock.as_ref().is_some_and(|c| c.now_ns() < quiet_until) && !self.take_gpu_event();
         if idle {
             vm.stats.idle_polls += 1;
         }
         idle
+    }
+
+    /// Takes the GPU's report of finished work (`HostShared::gpu_event_pending`), if one is
+    /// pending: the taker services the GPU.
+    fn take_gpu_event(&self) -> bool {
+        self.gpu_event_pending.load(Ordering::Relaxed)
+            && self.gpu_event_pending.swap(false, Ordering::AcqRel)
     }
 
     /// Fast-path accesses so far, destroyed VMs' included.

@@ -54,6 +54,10 @@ pub struct HostStats {
     pub phys_nonstall: u64,
     /// Physical channel-table and scheduling errors (the host caused them; should be 0).
     pub phys_fifo_errors: u64,
+    /// Times the physical GPU reported work it finished on its own thread
+    /// (`PhysicalGpu::set_event_waker`: the simulator's engine worker with a real clock), each
+    /// making the host's service due at once.
+    pub gpu_events: u64,
     /// Faults and errors that could not be routed to a VM.
     pub unrouted: u64,
     /// Hypervisor VRAM freed by the device model but not yet released, because a channel that

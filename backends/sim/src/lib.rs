@@ -248,6 +248,8 @@ impl State {
 struct LineOut {
     line: Option<Arc<dyn IrqLine>>,
     applied: u64,
+    /// [`PhysicalGpu::set_event_waker`]'s waker.
+    waker: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 /// What the GPU's callers and its engine worker share.
@@ -316,6 +318,15 @@ impl Shared {
             if let Some(line) = &out.line {
                 line.set_level(level);
             }
+        }
+    }
+
+    /// Calls the event waker, if one is connected (the engine worker, after it finished work
+    /// with a real clock: `worker`).
+    fn wake_event(&self) {
+        let waker = self.line.lock().waker.clone();
+        if let Some(w) = waker {
+            w();
         }
     }
 }
@@ -674,6 +685,10 @@ impl PhysicalGpu for SimGpu {
             (s.line_seq, s.line)
         });
         self.shared.apply_line(seq, level);
+    }
+
+    fn set_event_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {
+        self.shared.line.lock().waker = Some(waker);
     }
 
     fn poll(&self) {

@@ -93,6 +93,9 @@ pub(crate) struct Fifo {
     pub(crate) budget: Budget,
     /// A piece the engine worker is to compute outside the lock (`crate::worker`).
     offload: Option<Offload>,
+    /// Timed work finished so far (fetches, context restores, engine operations): the engine
+    /// worker calls the event waker when its batch moved it (`crate::worker`).
+    pub(crate) finished: u64,
     /// Launches so far (each engine operation's serial).
     launches: u64,
 }
@@ -123,6 +126,7 @@ impl Default for Fifo {
             mode: EngineWrites::default(),
             budget: Budget::default(),
             offload: None,
+            finished: 0,
             launches: 0,
         }
     }
@@ -445,6 +449,11 @@ impl Fifo {
         }
     }
 
+    /// True while timed work is in flight (a fetch, a context restore, an engine operation).
+    pub(crate) fn busy(&self) -> bool {
+        self.inflight.is_some()
+    }
+
     /// True while nothing is in flight, queued or blocked: [`Fifo::advance`] would only move
     /// the GPU's idle time.
     pub(crate) fn idle(&self) -> bool {
@@ -759,6 +768,7 @@ impl Fifo {
     /// operation captured at launch (a fault names that context's instance block; the channel
     /// is stopped only if it is still the same binding).
     fn finish(&mut self, core: &mut Core, f: InFlight) {
+        self.finished += 1;
         self.charge(core, f.chid, f.end - f.start);
         self.dirty = true;
         let Work::Engine(op) = f.work else {

@@ -290,6 +290,18 @@ pub trait PhysicalGpu: Send + Sync {
     /// advances its clock to this time.
     fn next_event_ns(&self) -> Option<u64>;
 
+    /// Connects a waker the GPU calls, from a thread of its own and with none of its locks
+    /// held, when it finished work there and has nothing more in flight: the simulator's
+    /// engine worker, with a real clock, completing the last operation or fetch of what it was
+    /// given. Such work may end later than [`PhysicalGpu::next_event_ns`] said (a worker behind
+    /// the clock cannot date it), so a caller that sleeps until the next event, or treats the
+    /// GPU as quiet until then, learns of the change at once — as a driver learns of a
+    /// completion from the GPU's interrupt instead of its next poll. The default never calls
+    /// it (a backend whose next event is exact needs no waker).
+    fn set_event_waker(&self, waker: Arc<dyn Fn() + Send + Sync>) {
+        let _ = waker;
+    }
+
     /// A snapshot of the counters.
     fn stats(&self) -> GpuStats;
 
