@@ -300,9 +300,13 @@ impl Job {
         match self {
             Job::Copy { .. } => {
                 let (src, n) = r[0];
-                let mut stage = vec![0u8; n as usize];
-                core.read_va(vs, src, &mut stage)?;
-                core.write_va(vs, r[1].0, &stage)
+                let mut stage = std::mem::take(&mut core.stage);
+                stage.resize(n as usize, 0);
+                let copied = core
+                    .read_va(vs, src, &mut stage)
+                    .and_then(|()| core.write_va(vs, r[1].0, &stage));
+                core.stage = stage;
+                copied
             }
             Job::Memset { value, .. } => {
                 let (dst, n) = r[0];
@@ -369,8 +373,7 @@ impl Job {
                     stage.reserve(n * n);
                     *b = Arc::new(stage);
                 }
-                let words = read_words(core, vs, r[0].0, r[0].1 as usize / 4)?;
-                Arc::make_mut(b).extend_from_slice(&words);
+                read_words_into(core, vs, r[0].0, r[0].1 as usize / 4, Arc::make_mut(b))?;
                 Ok(None)
             }
             MatmulPiece::Block { rows, cols } => {
@@ -446,7 +449,11 @@ impl MatmulBlock {
             } else {
                 matmul_row_u32(self.n, &self.b, row_a, c0, c1)
             };
-            out.extend(row.into_iter().flat_map(u32::to_le_bytes));
+            let at = out.len();
+            out.resize(at + row.len() * 4, 0);
+            for (o, v) in out[at..].chunks_exact_mut(4).zip(row) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
         }
         out
     }
@@ -457,7 +464,11 @@ impl MatmulBlock {
 // is the same bits either way (each sum in the same order, no fused multiply-add).
 
 /// Columns `c0..c1` of `row_a` times the `n`x`n` matrix `b` (row-major), wrapping `u32`.
-#[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512cd+avx512dq+avx512vl",
+    "x86_64+avx2",
+    "x86_64+sse4.1"
+))]
 fn matmul_row_u32(n: usize, b: &[u32], row_a: &[u32], c0: usize, c1: usize) -> Vec<u32> {
     let mut acc = vec![0u32; c1 - c0];
     for (&a, row) in row_a.iter().zip(b.chunks_exact(n)) {
@@ -470,7 +481,11 @@ fn matmul_row_u32(n: usize, b: &[u32], row_a: &[u32], c0: usize, c1: usize) -> V
 
 /// [`matmul_row_u32`] for `f32` bit patterns: a separate multiply and add per term, `k` in
 /// increasing order.
-#[multiversion::multiversion(targets("x86_64+avx2", "x86_64+sse4.1"))]
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512cd+avx512dq+avx512vl",
+    "x86_64+avx2",
+    "x86_64+sse4.1"
+))]
 fn matmul_row_f32(n: usize, b: &[u32], row_a: &[u32], c0: usize, c1: usize) -> Vec<u32> {
     let mut acc = vec![0f32; c1 - c0];
     for (&a, row) in row_a.iter().zip(b.chunks_exact(n)) {
@@ -558,12 +573,32 @@ impl MatmulPieces {
 }
 
 fn read_words(core: &mut Core, vs: &Vspace, va: u64, count: usize) -> Result<Vec<u32>, VaFault> {
-    let mut bytes = vec![0u8; count * 4];
-    core.read_va(vs, va, &mut bytes)?;
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect())
+    let mut words = Vec::with_capacity(count);
+    read_words_into(core, vs, va, count, &mut words)?;
+    Ok(words)
+}
+
+/// Appends the `count` little-endian words at `va` to `out`, read through the core's staging
+/// (`Core::stage`, reused: no allocation or zeroing per piece). Nothing is appended on a fault.
+fn read_words_into(
+    core: &mut Core,
+    vs: &Vspace,
+    va: u64,
+    count: usize,
+    out: &mut Vec<u32>,
+) -> Result<(), VaFault> {
+    let mut bytes = std::mem::take(&mut core.stage);
+    bytes.resize(count * 4, 0);
+    let read = core.read_va(vs, va, &mut bytes);
+    if read.is_ok() {
+        out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        );
+    }
+    core.stage = bytes;
+    read
 }
 
 /// Where an operation stands after a call to [`EngineOp::progress`].

@@ -125,6 +125,9 @@ pub(crate) struct Core {
     /// (1-15 us a fault on this project's 2-core host: holds of up to 0.5 ms per 64 KiB load,
     /// `gpuvm exp lockhold`).
     pub matmul_stage: Vec<u32>,
+    /// Bytes an engine piece reads into before it writes or converts them (a copy's 64 KiB,
+    /// a kernel's operands), kept between pieces: no allocation or zeroing per piece.
+    pub stage: Vec<u8>,
 }
 
 impl Core {
@@ -137,6 +140,7 @@ impl Core {
             cost,
             flush_epoch: 0,
             matmul_stage: Vec::new(),
+            stage: Vec::new(),
         }
     }
 
