@@ -11,7 +11,8 @@
 //! A fault stops the kernel where it happened (MMU fault unit PGRAPH, GPC client CTXCTL), when its
 //! piece is reached; results written before it stay written. `fmmul` sums k in
 //! increasing order with separate f32 multiply and add, so results are bit-exact and
-//! reproducible on the guest side.
+//! reproducible on the guest side — NaN results aside, whose bits are not specified (a guest
+//! comparing must treat any NaN as equal).
 
 use gf100::compute::{self as cc, Kernel};
 

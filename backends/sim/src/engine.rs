@@ -461,7 +461,8 @@ impl MatmulBlock {
 
 // The two loops below are compiled for the host's vector units too and picked at run time
 // (`multiversion`: AVX2 has an 8-lane 32-bit multiply, the x86-64 baseline none); the result
-// is the same bits either way (each sum in the same order, no fused multiply-add).
+// is the same bits either way (each sum in the same order, no fused multiply-add), except which
+// NaN a NaN result is (not specified for `f32`; vector code may commute an add's operands).
 
 /// Columns `c0..c1` of `row_a` times the `n`x`n` matrix `b` (row-major), wrapping `u32`.
 #[multiversion::multiversion(targets(
@@ -889,6 +890,108 @@ pub(crate) fn run_to_end(core: &mut Core, op: &mut EngineOp) -> Result<u64, VaFa
             Step::Fault { fault, .. } => return Err(fault),
             Step::Offload(o) => op.commit(core, &o, &o.block.compute(), &mut b)?,
             Step::Waiting | Step::Deferred => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One result at a time, one term at a time, `k` in order: the definition the vector
+    /// loops must match bit for bit.
+    fn reference(block: &MatmulBlock) -> Vec<u8> {
+        let n = block.n;
+        let mut out = Vec::new();
+        for row in block.row_a.chunks_exact(n) {
+            for j in block.cols.clone() {
+                let v = if block.float {
+                    let mut s = 0f32;
+                    for k in 0..n {
+                        s += f32::from_bits(row[k]) * f32::from_bits(block.b[k * n + j]);
+                    }
+                    s.to_bits()
+                } else {
+                    (0..n).fold(0u32, |s, k| {
+                        s.wrapping_add(row[k].wrapping_mul(block.b[k * n + j]))
+                    })
+                };
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn vector_loops_give_the_bits_of_one_term_at_a_time() {
+        // Values that make float sums order-sensitive: signed zeros, infinities, NaN,
+        // subnormals, large and small magnitudes.
+        let specials = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -3.5,
+            f32::INFINITY,
+            f32::NAN,
+            1e-40,
+            3e38,
+            -7e-3,
+        ];
+        let mut x = 0x2545_f491u32;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x
+        };
+        // One row and several; widths that fill whole vectors and partial ones.
+        for (n, rows, cols) in [
+            (3, 2, 0..3),
+            (40, 9, 0..40),
+            (50, 6, 7..50),
+            (130, 1, 17..99),
+        ] {
+            for float in [false, true] {
+                let word = |next: &mut dyn FnMut() -> u32| {
+                    let r = next();
+                    if float && r % 5 == 0 {
+                        specials[(r / 5) as usize % specials.len()].to_bits()
+                    } else if float {
+                        (((r % 2001) as f32 - 1000.0) / 7.0).to_bits()
+                    } else {
+                        r
+                    }
+                };
+                let block = MatmulBlock {
+                    n,
+                    float,
+                    b: Arc::new((0..n * n).map(|_| word(&mut next)).collect()),
+                    row_a: Arc::new((0..rows * n).map(|_| word(&mut next)).collect()),
+                    cols: cols.clone(),
+                    dst: 0,
+                };
+                // Bit for bit, except that any NaN matches any NaN: which NaN an operation
+                // returns is not specified (Rust's `f32` docs), and vector code may commute
+                // the operands of an add.
+                let words = |bytes: Vec<u8>| -> Vec<u32> {
+                    bytes
+                        .chunks_exact(4)
+                        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                        .map(|w| {
+                            if float && f32::from_bits(w).is_nan() {
+                                u32::MAX
+                            } else {
+                                w
+                            }
+                        })
+                        .collect()
+                };
+                assert_eq!(
+                    words(block.compute()),
+                    words(reference(&block)),
+                    "n {n} rows {rows} cols {cols:?} float {float}"
+                );
+            }
         }
     }
 }
