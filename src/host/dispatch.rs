@@ -72,6 +72,10 @@ pub(crate) struct InFlight {
     /// watchdog's reference — a submission is hung when its channel has *run* `watchdog_ns`
     /// since, however long it waited behind others.
     pub ran_at: Option<u64>,
+    /// Clock time of dispatch, never restarted: a channel runs at most as fast as the clock, so
+    /// by clock time `t` it cannot have run more than `t - dispatched_ns` since `ran_at` was
+    /// read — the watchdog asks the GPU what it ran only once that could be `watchdog_ns`.
+    pub dispatched_ns: u64,
     /// The host is taking it off the GPU (its channel is disabled and switched out); it leaves
     /// once no engine runs it.
     pub preempting: bool,
@@ -83,6 +87,12 @@ impl InFlight {
         let at = self.ran_at?;
         let now = st.runtime.ran(phys, self.sub.phys_chid)?;
         Some(now.saturating_sub(at))
+    }
+
+    /// True if the channel may have run `ns` since dispatch by clock time `now` (measured
+    /// mode): false is certain, true means "ask the GPU" ([`InFlight::ran`]).
+    fn may_have_run(&self, now: u64, ns: u64) -> bool {
+        self.ran_at.is_some() && now.saturating_sub(self.dispatched_ns) >= ns
     }
 }
 
@@ -198,6 +208,18 @@ pub(crate) fn watchdog_deadline(
         // The earliest time a channel could have run `watchdog_ns` (each runs at most as fast
         // as the clock): the host looks again then, and kills only what really ran that long.
         let now = st.now(phys);
+        // Without asking the GPU: none can before `watchdog_ns` after its dispatch. A
+        // per-channel read is a call into the GPU for every submission in flight, at every
+        // service and quiet-date computation; only past that bound is it needed.
+        let bound = st
+            .inflight
+            .iter()
+            .filter(|f| f.ran_at.is_some())
+            .map(|f| f.dispatched_ns.saturating_add(watchdog_ns))
+            .min();
+        if st.engine_watch.is_none() && bound.is_some_and(|t| t > now) {
+            return bound.map(|t| t.next_multiple_of(WATCHDOG_GRANULE_NS));
+        }
         let ran = st
             .inflight
             .iter()
@@ -269,7 +291,9 @@ fn watchdog_measured(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watch
         .inflight
         .iter()
         .copied()
-        .filter(|f| f.ran(st, phys).is_some_and(|r| r >= watchdog_ns))
+        .filter(|f| {
+            f.may_have_run(now, watchdog_ns) && f.ran(st, phys).is_some_and(|r| r >= watchdog_ns)
+        })
         .collect();
     for f in hung {
         kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
@@ -830,6 +854,7 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
             sub: s,
             start_ns: now,
             ran_at,
+            dispatched_ns: now,
             preempting: false,
         });
         st.acct.dispatched(s.vm, now);
