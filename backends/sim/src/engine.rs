@@ -907,8 +907,8 @@ mod tests {
             for j in block.cols.clone() {
                 let v = if block.float {
                     let mut s = 0f32;
-                    for k in 0..n {
-                        s += f32::from_bits(row[k]) * f32::from_bits(block.b[k * n + j]);
+                    for (k, &x) in row.iter().enumerate() {
+                        s += f32::from_bits(x) * f32::from_bits(block.b[k * n + j]);
                     }
                     s.to_bits()
                 } else {
@@ -954,7 +954,7 @@ mod tests {
             for float in [false, true] {
                 let word = |next: &mut dyn FnMut() -> u32| {
                     let r = next();
-                    if float && r % 5 == 0 {
+                    if float && r.is_multiple_of(5) {
                         specials[(r / 5) as usize % specials.len()].to_bits()
                     } else if float {
                         (((r % 2001) as f32 - 1000.0) / 7.0).to_bits()
