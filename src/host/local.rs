@@ -26,6 +26,10 @@
 //! and the host was given its clock (`GpuHost::set_clock`; without it "now" is a GPU register
 //! read). Otherwise the access takes the usual path, whose result is the same.
 //!
+//! The physical GPU may also report work it finished on its own thread (its event waker:
+//! `HostShared::gpu_event_pending`); the next VM poll or fast-path write takes the report and
+//! services the GPU, one taker per report.
+//!
 //! A VM's poll (`Vgpu::poll`: a guest waiting for its fence, or idle) under the same
 //! conditions does nothing, under that VM's lock alone ([`HostShared::poll_is_idle`], counted
 //! as `VgpuStats::idle_polls`): the service it would run would find nothing to do. Measured by

@@ -20,12 +20,12 @@
 //! fault meanwhile drops them, as the hardware's aborted operation writes nothing more).
 //!
 //! When a batch finishes timed work (an engine operation, a fetch) and leaves nothing in
-//! flight, and the clock is real, the worker calls the GPU's event waker once it has released
-//! the lock
-//! ([`gpuvm_phys::PhysicalGpu::set_event_waker`]): a worker behind the clock finishes work later
-//! than the next event the callers were told, and a caller treating the GPU as quiet until then
-//! learns of it at once — the interrupt a driver takes instead of waiting for its next poll
-//! (measured: `gpuvm exp scale --vms 1`, docs/benchmarks.md).
+//! flight, and the clock is real, the worker calls the GPU's event waker
+//! ([`gpuvm_phys::PhysicalGpu::set_event_waker`]) once it has released the lock: a worker
+//! behind the clock finishes work later than the next event the callers were told, and a caller
+//! treating the GPU as quiet until then learns of it at once — the interrupt a driver takes
+//! instead of waiting for its next poll (measured: `gpuvm exp scale --vms 1`,
+//! docs/benchmarks.md).
 //!
 //! Modeled time is unchanged by who runs the pieces: due times, durations and busy accounting
 //! are fixed at launch (`crate::engine`). A worker that falls behind the clock completes work
