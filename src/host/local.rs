@@ -192,3 +192,46 @@ impl HostState {
         next_event.unwrap_or(u64::MAX)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    use crate::clock::{Clock, SimClock};
+    use crate::host::{GpuHost, HostConfig};
+
+    #[test]
+    fn a_gpu_report_is_due_now_calls_the_hook_and_one_poll_takes_it() {
+        let clock = Arc::new(SimClock::new());
+        let gpu = gpuvm_sim::SimGpu::new(gpuvm_sim::SimConfig {
+            clock: clock.clone(),
+            ..gpuvm_sim::SimConfig::default()
+        });
+        let host = GpuHost::new(Arc::new(gpu), HostConfig::default()).expect("host");
+        host.set_clock(clock.clone());
+        clock.advance(1_000);
+        assert_eq!(host.next_event_ns(), None, "an idle GPU has nothing due");
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = calls.clone();
+        host.set_event_hook(Some(Arc::new(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        })));
+        // What the GPU's thread calls when it finished work there.
+        let report = host.shared.event_waker();
+        report();
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        assert_eq!(host.stats().gpu_events, 1);
+        assert_eq!(host.next_event_ns(), Some(clock.now_ns()), "due now");
+        assert_eq!(host.next_event_ns(), Some(clock.now_ns()), "until serviced");
+        host.poll();
+        assert_eq!(host.next_event_ns(), None, "the poll took it");
+        host.set_event_hook(None);
+        report();
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "a removed hook is not called"
+        );
+    }
+}
