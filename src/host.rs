@@ -318,9 +318,6 @@ pub(crate) struct HostShared {
     /// instead of when the date the GPU could not give comes. One taker per report, so a
     /// completion does not send every VM's next access the slow way.
     pub gpu_event_pending: Arc<std::sync::atomic::AtomicBool>,
-    /// Called after each such report ([`GpuHost::set_event_hook`]): a VMM whose poller sleeps
-    /// until the host's next event wakes it here.
-    pub event_hook: Arc<parking_lot::Mutex<Option<EventHook>>>,
     /// The host's structures in VRAM (fixed at bring-up; a copy of `HostState::layout` for
     /// the fast path).
     pub layout: HostLayout,
@@ -355,9 +352,6 @@ impl Drop for Held<'_> {
         self.holds.record(self.since, self.at);
     }
 }
-
-/// What [`GpuHost::set_event_hook`] installs.
-pub type EventHook = Arc<dyn Fn() + Send + Sync>;
 
 /// (line, change number, level) to apply after the lock is released.
 type LineChange = (Arc<LineSlot>, u64, bool);
@@ -448,38 +442,22 @@ impl HostShared {
     fn event_waker(&self) -> Arc<dyn Fn() + Send + Sync> {
         use std::sync::atomic::Ordering;
         let (events, pending) = (self.gpu_events.clone(), self.gpu_event_pending.clone());
-        let hook = self.event_hook.clone();
         Arc::new(move || {
             events.fetch_add(1, Ordering::Relaxed);
             pending.store(true, Ordering::Release);
-            let hook = hook.lock().clone();
-            if let Some(h) = hook {
-                h();
-            }
         })
     }
 
     /// See [`GpuHost::next_event_ns`].
     pub(crate) fn next_event_ns(&self) -> Option<u64> {
         let st = self.lock();
-        let next = self.keep_quiet_until(&st);
-        if self
-            .gpu_event_pending
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
-            // Reported finished work waits for a service: due now.
-            return Some(st.now(&*self.phys).min(next.unwrap_or(u64::MAX)));
-        }
-        next
+        self.keep_quiet_until(&st)
     }
 
     /// Services the physical GPU.
     pub(crate) fn poll(&self) {
         let lines = {
             let mut st = self.lock();
-            // This service handles whatever the GPU reported finished.
-            self.gpu_event_pending
-                .store(false, std::sync::atomic::Ordering::Release);
             self.phys.poll();
             st.service(&*self.phys, &self.irq, &self.cfg);
             if st.clock.is_some() {
@@ -801,7 +779,6 @@ impl GpuHost {
                 fast_gone: std::sync::atomic::AtomicU64::new(0),
                 gpu_events: Arc::new(std::sync::atomic::AtomicU64::new(0)),
                 gpu_event_pending: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-                event_hook: Arc::new(parking_lot::Mutex::new(None)),
                 layout: layout.clone(),
             }),
         };
@@ -839,8 +816,7 @@ impl GpuHost {
     /// deadline ([`HostConfig::watchdog_ns`] after the dispatch of the oldest submission in
     /// flight). A driver of a simulated
     /// clock advances it to this time and calls [`GpuHost::poll`] (or lets a guest access the
-    /// device); `None` when nothing is pending. "Now" while work the GPU reported finished
-    /// waits for a service ([`GpuHost::set_event_hook`]).
+    /// device); `None` when nothing is pending.
     pub fn next_event_ns(&self) -> Option<u64> {
         self.shared.next_event_ns()
     }
@@ -1036,16 +1012,6 @@ impl GpuHost {
             return Err(HostError::NoSuchVm(v.id));
         }
         self.shared.destroy(v.id)
-    }
-
-    /// Installs `hook`, called — from the physical GPU's own thread, with no lock held — each
-    /// time the GPU reports work it finished there (`PhysicalGpu::set_event_waker`: the
-    /// simulator's engine worker with a real clock). [`GpuHost::next_event_ns`] is then "now"
-    /// until a [`GpuHost::poll`] (or a guest access) services it: a VMM whose poller sleeps until
-    /// the next event wakes it from the hook instead of at a date the GPU could not give (while
-    /// its engine worker is behind the clock, 100 µs ahead). `None` removes it.
-    pub fn set_event_hook(&self, hook: Option<EventHook>) {
-        *self.shared.event_hook.lock() = hook;
     }
 
     /// Lets the physical GPU make progress; services its interrupts and completions and

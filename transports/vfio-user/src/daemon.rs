@@ -536,11 +536,6 @@ impl Daemon {
             waker: waker.clone(),
             poller: Mutex::new(None),
         };
-        // Work the GPU finishes on its own thread (the simulator's engine worker) wakes the
-        // poller at once, instead of at the 100 µs date the host gives while the worker is
-        // behind the clock: a guest that sleeps until its interrupt gets it sooner.
-        let kick = waker.clone();
-        host.set_event_hook(Some(Arc::new(move || kick.kick())));
         let mut poller = Poller::new(host, clock, waker.clone())?;
         poller.service();
         let mut em = EventManager::<Arc<Mutex<dyn MutEventSubscriber + Send>>>::new()
@@ -770,7 +765,6 @@ impl Daemon {
     /// in the crate's read (it cannot be woken from outside); its vGPU is already gone, so it
     /// only answers all-ones until the client closes or the process exits.
     pub fn shutdown(&self) {
-        self.host.set_event_hook(None);
         self.waker.stop.store(true, Ordering::SeqCst);
         self.waker.kick();
         let mut vms = std::mem::take(&mut *self.entries());
