@@ -210,7 +210,9 @@ pub(crate) fn watchdog_deadline(
         let now = st.now(phys);
         // Without asking the GPU: none can before `watchdog_ns` after its dispatch. A
         // per-channel read is a call into the GPU for every submission in flight, at every
-        // service and quiet-date computation; only past that bound is it needed.
+        // service and quiet-date computation; only past that bound is it needed. The bound is
+        // never later than the exact deadline with the host's clock (`GpuHost::set_clock`);
+        // a host that reads PTIMER instead sees time in 32 ns steps and may look that late.
         let bound = st
             .inflight
             .iter()

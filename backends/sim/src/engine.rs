@@ -300,6 +300,7 @@ impl Job {
         match self {
             Job::Copy { .. } => {
                 let (src, n) = r[0];
+                // Reused, not zeroed: `read_va` writes all of it or faults (`read_words_into`).
                 let mut stage = std::mem::take(&mut core.stage);
                 stage.resize(n as usize, 0);
                 let copied = core
@@ -581,6 +582,11 @@ fn read_words(core: &mut Core, vs: &Vspace, va: u64, count: usize) -> Result<Vec
 
 /// Appends the `count` little-endian words at `va` to `out`, read through the core's staging
 /// (`Core::stage`, reused: no allocation or zeroing per piece). Nothing is appended on a fault.
+///
+/// The staging holds the last piece's bytes — possibly another VM's — so this relies on
+/// `Core::read_va` writing every byte of its buffer when it succeeds (memory, or zeros or
+/// all-ones where nothing answers: `Memory::read_raw`, `Vram::read`, `DmaWindows::read`); a
+/// read that faults returns before anything is used.
 fn read_words_into(
     core: &mut Core,
     vs: &Vspace,

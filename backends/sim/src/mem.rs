@@ -136,6 +136,17 @@ mod tests {
         assert!(!m.write(Target::SysNonCoherent, 0, &[1]));
         assert_eq!(m.errors, 3);
         assert_eq!(m.read_u32(Target::SysCoherent, 0), None);
+        // Every byte of the buffer is written, hit or miss: the engines read into a reused
+        // staging (`Core::stage`) and must never see what an earlier piece left there.
+        for (target, addr) in [
+            (Target::Vram, 0x100),
+            (Target::Vram, (1 << 20) - 2),
+            (Target::SysCoherent, 0x1000),
+        ] {
+            let mut b = [0xabu8; 64];
+            m.read(target, addr, &mut b);
+            assert!(!b.contains(&0xab), "{target:?} {addr:#x}: {b:?}");
+        }
     }
 
     #[test]
