@@ -354,6 +354,12 @@ fn exp_scale_json_reports_each_vm_count_verified() {
             assert!(p[f].as_u64().unwrap() > 0, "{f}: {p}");
         }
         assert!(p["utilization"].as_f64().is_some());
+        // The engine worker's time by activity: it did the kernels' pieces under the
+        // simulator's lock and computed their blocks beside it.
+        let w = &p["engine_worker"];
+        for f in ["locked_ns", "computing_ns"] {
+            assert!(w[f].as_u64().unwrap() > 0, "{f}: {w}");
+        }
     }
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
     let _ = std::fs::remove_dir_all(&dir);

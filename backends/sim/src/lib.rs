@@ -41,6 +41,7 @@ mod pfifo;
 mod regs;
 mod vram;
 mod worker;
+mod worker_time;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -56,6 +57,7 @@ use gpuvm_phys::{Bar, ChannelStateError, DmaError, GpuStats, PhysicalGpu};
 
 pub use cost::CostModel;
 pub use engine::{EngineWorkStats, EngineWrites, WORK_BUDGET};
+pub use worker_time::WorkerTimes;
 
 /// Name of the engine worker's thread (`Executor::Worker`), as profilers and `/proc` show it.
 pub const ENGINE_THREAD_NAME: &str = "gpuvm-sim-engines";
@@ -282,6 +284,8 @@ struct Shared {
     /// [`PhysicalGpu::next_event_ns`] answer without the lock when the answer is in the future
     /// (a locked call would have done nothing then).
     next_event: AtomicU64,
+    /// Where the engine worker's time went ([`SimGpu::worker_times`]).
+    worker_times: worker_time::Totals,
 }
 
 /// [`Shared::next_event`]: nothing in flight.
@@ -375,6 +379,7 @@ impl SimGpu {
             wake: Condvar::new(),
             stop: AtomicBool::new(false),
             worker_wants: AtomicU64::new(0),
+            worker_times: worker_time::Totals::default(),
             waits: AtomicU64::new(0),
             waited_ns: AtomicU64::new(0),
             next_event: AtomicU64::new(0),
@@ -425,6 +430,12 @@ impl SimGpu {
             self.shared.waits.load(Ordering::Relaxed),
             self.shared.waited_ns.load(Ordering::Relaxed),
         )
+    }
+
+    /// Where the engine worker's wall time went since the GPU was created, by activity (all
+    /// zero without a worker): whether the engines bound a run or wait for work.
+    pub fn worker_times(&self) -> WorkerTimes {
+        self.shared.worker_times.read()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -27,6 +27,9 @@
 //! instead of waiting for its next poll (measured: `gpuvm exp scale --vms 1`,
 //! docs/benchmarks.md).
 //!
+//! The worker's wall time is metered by activity (`crate::worker_time`, [`crate::WorkerTimes`]):
+//! computing, under the lock, waiting for it, ahead of the modeled clock, idle.
+//!
 //! Modeled time is unchanged by who runs the pieces: due times, durations and busy accounting
 //! are fixed at launch (`crate::engine`). A worker that falls behind the clock completes work
 //! late in host time but stamps it with its modeled end, as an inline caller does.
@@ -37,6 +40,7 @@ use std::time::Duration;
 
 use parking_lot::MutexGuard;
 
+use super::worker_time::{Activity, Meter};
 use super::{Shared, State};
 
 /// Units of engine work the worker does per hold of the lock (64 Ki units: 256 KiB copied or
@@ -69,7 +73,9 @@ fn run(shared: &Shared) {
         let since = if on { shared.clock.now_ns() + 1 } else { 0 };
         shared.worker_wants.store(since, Ordering::Relaxed);
     };
+    let mut m = Meter::new(&shared.worker_times, Activity::LockWait);
     let mut guard = shared.state.lock();
+    m.to(Activity::Locked);
     let mut seen = guard.fifo.finished;
     // True when work finished since the last look and the GPU has nothing more in flight
     // (never with a simulated clock: its callers date every event themselves, and runs on it
@@ -99,43 +105,63 @@ fn run(shared: &Shared) {
         if let Some(o) = guard.fifo.take_offload() {
             // A matrix block: computed without the lock, written under it.
             let data = MutexGuard::unlocked_fair(&mut guard, || {
+                m.to(Activity::Computing);
                 let data = o.block.compute();
                 wants(true);
+                m.to(Activity::LockWait);
                 data
             });
+            m.to(Activity::Locked);
             let s = &mut *guard;
             s.fifo.commit_offload(&mut s.core, o, &data);
             shared.publish_next_event(s, shared.clock.now_ns());
             let woke = finished(&guard);
             if change.is_some() || woke {
-                MutexGuard::unlocked_fair(&mut guard, || notify(change, woke));
+                MutexGuard::unlocked_fair(&mut guard, || {
+                    m.to(Activity::Notifying);
+                    notify(change, woke);
+                    m.to(Activity::LockWait);
+                });
+                m.to(Activity::Locked);
             }
             continue;
         }
         let woke = finished(&guard);
         if change.is_some() || woke {
-            MutexGuard::unlocked_fair(&mut guard, || notify(change, woke));
+            MutexGuard::unlocked_fair(&mut guard, || {
+                m.to(Activity::Notifying);
+                notify(change, woke);
+                m.to(Activity::LockWait);
+            });
+            m.to(Activity::Locked);
             continue;
         }
         match next {
             Some(t) if t <= now => {
                 wants(true);
+                m.to(Activity::LockWait);
                 MutexGuard::bump(&mut guard);
             }
-            Some(t) if t - now < SPIN_NS => MutexGuard::unlocked_fair(&mut guard, || {
-                std::thread::yield_now();
-                wants(true);
-            }),
+            Some(t) if t - now < SPIN_NS => {
+                m.to(Activity::DueWait);
+                MutexGuard::unlocked_fair(&mut guard, || {
+                    std::thread::yield_now();
+                    wants(true);
+                });
+            }
             Some(t) => {
+                m.to(Activity::DueWait);
                 let wait = Duration::from_nanos((t - now).min(MAX_WAIT_NS));
                 let _ = shared.wake.wait_for(&mut guard, wait);
             }
             None => {
+                m.to(Activity::Idle);
                 guard.worker_idle = true;
                 let _ = shared.wake.wait_for(&mut guard, IDLE_WAIT);
                 guard.worker_idle = false;
             }
         }
+        m.to(Activity::Locked);
     }
 }
 

@@ -138,6 +138,9 @@ pub struct StagedReport {
     /// Calls into the simulated GPU that waited for its lock, and how long in all (ns), from
     /// the barrier (or the start) to the last VM's end (`SimGpu::lock_waits`).
     pub measured_sim_lock_waits: (u64, u64),
+    /// Where the simulated GPU's engine worker's wall time went from the barrier (or the start)
+    /// to the last VM's end (`SimGpu::worker_times`).
+    pub measured_worker: gpuvm_sim::WorkerTimes,
     /// Host counters after every VM was destroyed.
     pub host: HostStats,
     /// Host memory right after every VM finished (threads joined, VMs not yet destroyed).
@@ -256,6 +259,7 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
         holds: LockHolds::default(),
         cpu: SpanCpu::default(),
         sim_waits: (0, 0),
+        worker: Default::default(),
     });
     Ok(StagedReport {
         scheduler: opts.policy.unwrap_or(Policy::Fifo).name().to_string(),
@@ -269,6 +273,7 @@ pub fn run_staged(opts: &StagedOptions, on_phase: &OnPhase) -> Result<StagedRepo
             end.sim_waits.0.saturating_sub(from.sim_waits.0),
             end.sim_waits.1.saturating_sub(from.sim_waits.1),
         ),
+        measured_worker: end.worker.since(&from.worker),
         host: host.stats(),
         mem_loaded,
     })
@@ -281,6 +286,7 @@ struct SpanMark {
     holds: LockHolds,
     cpu: SpanCpu,
     sim_waits: (u64, u64),
+    worker: gpuvm_sim::WorkerTimes,
 }
 
 impl SpanMark {
@@ -291,6 +297,7 @@ impl SpanMark {
             holds: host.stats().lock_holds,
             cpu: SpanCpu::now(),
             sim_waits: sim.lock_waits(),
+            worker: sim.worker_times(),
         }
     }
 }

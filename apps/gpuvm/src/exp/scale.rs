@@ -104,6 +104,11 @@ pub struct ScalePoint {
     /// it bounds the run).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu: Option<gpuvm_harness::cpu::SpanCpu>,
+    /// In-process: the engine worker's wall time in the measured part by activity — computing,
+    /// under the simulator's lock, waiting for it, idle with nothing in flight, … (where it is
+    /// idle, the GPU waited for the host to dispatch; where it is never idle, it bounds the run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_worker: Option<gpuvm_sim::WorkerTimes>,
     /// In-process: this process's memory with every VM of the point alive and finished (before
     /// they are destroyed). `rss_anon` holds the device model and guest RAM, `rss_shmem` and
     /// `vram_resident` the simulated VRAM (`gpuvm_harness::mem`).
@@ -228,6 +233,7 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
         verified: r.all_verified() && r.vms.len() == vms as usize,
         bring_up_ns: None,
         cpu: Some(r.measured_cpu),
+        engine_worker: Some(r.measured_worker),
         host_lock: Some(HostLockUse {
             holds: r.measured_holds.count,
             held_ns: r.measured_holds.total_ns,
@@ -571,6 +577,7 @@ fn point_kvm(
         bring_up_ns: r.gate_open_ns,
         host_lock: None,
         cpu: None,
+        engine_worker: None,
         mem: None,
     })
 }
