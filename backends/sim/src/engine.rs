@@ -443,60 +443,165 @@ impl MatmulBlock {
     /// with a separate multiply and add (`fmmul` results are bit-exact and reproducible).
     pub(crate) fn compute(&self) -> Vec<u8> {
         let (c0, c1) = (self.cols.start, self.cols.end);
-        let mut out = Vec::with_capacity(self.row_a.len() / self.n.max(1) * (c1 - c0) * 4);
-        for row_a in self.row_a.chunks_exact(self.n.max(1)) {
-            let row = if self.float {
-                matmul_row_f32(self.n, &self.b, row_a, c0, c1)
-            } else {
-                matmul_row_u32(self.n, &self.b, row_a, c0, c1)
-            };
-            let at = out.len();
-            out.resize(at + row.len() * 4, 0);
-            for (o, v) in out[at..].chunks_exact_mut(4).zip(row) {
-                o.copy_from_slice(&v.to_le_bytes());
-            }
+        let n = self.n.max(1);
+        let mut words = vec![0u32; self.row_a.len() / n * (c1 - c0)];
+        if self.float {
+            matmul_block_f32(n, &self.b, &self.row_a, c0, c1, &mut words);
+        } else {
+            matmul_block_u32(n, &self.b, &self.row_a, c0, c1, &mut words);
+        }
+        let mut out = vec![0u8; words.len() * 4];
+        for (o, w) in out.chunks_exact_mut(4).zip(words) {
+            o.copy_from_slice(&w.to_le_bytes());
         }
         out
     }
 }
 
-// The two loops below are compiled for the host's vector units too and picked at run time
+// The loops below are compiled for the host's vector units too and picked at run time
 // (`multiversion`: AVX2 has an 8-lane 32-bit multiply, the x86-64 baseline none); the result
 // is the same bits either way (each sum in the same order, no fused multiply-add), except which
 // NaN a NaN result is (not specified for `f32`; vector code may commute an add's operands).
 
-/// Columns `c0..c1` of `row_a` times the `n`x`n` matrix `b` (row-major), wrapping `u32`.
+/// Columns `c0..c1` of the rows `row_a` (each `n` words) times the `n`x`n` matrix `b`
+/// (row-major), wrapping `u32`, into `out` (row-major, `c1 - c0` words a row).
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512cd+avx512dq+avx512vl",
     "x86_64+avx2",
     "x86_64+sse4.1"
 ))]
-fn matmul_row_u32(n: usize, b: &[u32], row_a: &[u32], c0: usize, c1: usize) -> Vec<u32> {
-    let mut acc = vec![0u32; c1 - c0];
-    for (&a, row) in row_a.iter().zip(b.chunks_exact(n)) {
-        for (o, &b) in acc.iter_mut().zip(&row[c0..c1]) {
-            *o = o.wrapping_add(a.wrapping_mul(b));
-        }
-    }
-    acc
+fn matmul_block_u32(n: usize, b: &[u32], row_a: &[u32], c0: usize, c1: usize, out: &mut [u32]) {
+    matmul_block(
+        Operands { n, b, row_a },
+        c0..c1,
+        out,
+        0u32,
+        |acc: u32, a: u32, b: u32| acc.wrapping_add(a.wrapping_mul(b)),
+        |v| v,
+    );
 }
 
-/// [`matmul_row_u32`] for `f32` bit patterns: a separate multiply and add per term, `k` in
+/// [`matmul_block_u32`] for `f32` bit patterns: a separate multiply and add per term, `k` in
 /// increasing order.
 #[multiversion::multiversion(targets(
     "x86_64+avx512f+avx512bw+avx512cd+avx512dq+avx512vl",
     "x86_64+avx2",
     "x86_64+sse4.1"
 ))]
-fn matmul_row_f32(n: usize, b: &[u32], row_a: &[u32], c0: usize, c1: usize) -> Vec<u32> {
-    let mut acc = vec![0f32; c1 - c0];
-    for (&a, row) in row_a.iter().zip(b.chunks_exact(n)) {
-        let a = f32::from_bits(a);
-        for (o, &b) in acc.iter_mut().zip(&row[c0..c1]) {
-            *o += a * f32::from_bits(b);
+fn matmul_block_f32(n: usize, b: &[u32], row_a: &[u32], c0: usize, c1: usize, out: &mut [u32]) {
+    matmul_block(
+        Operands { n, b, row_a },
+        c0..c1,
+        out,
+        0f32,
+        |acc: f32, a: u32, b: u32| acc + f32::from_bits(a) * f32::from_bits(b),
+        f32::to_bits,
+    );
+}
+
+/// A block's operands: rows of `a` (`n` words each) and the whole `b`.
+#[derive(Clone, Copy)]
+struct Operands<'a> {
+    n: usize,
+    b: &'a [u32],
+    row_a: &'a [u32],
+}
+
+impl Operands<'_> {
+    fn row(&self, r: usize) -> &[u32] {
+        &self.row_a[r * self.n..(r + 1) * self.n]
+    }
+}
+
+/// Result columns a tile spans: with `TILE_ROWS` rows, its sums fill the vector registers of
+/// AVX-512 (16 of 32) and are never stored until the tile ends.
+const TILE_COLS: usize = 64;
+/// Result rows a tile spans: each loaded vector of `b` serves this many rows.
+const TILE_ROWS: usize = 4;
+
+/// The block's results by tiles of [`TILE_ROWS`] x [`TILE_COLS`] (inlined into each
+/// `multiversion` target, so compiled for its vector units); rows and columns left over are
+/// summed one row at a time. `mac(acc, a, b)` is one term; every result sums `k` in increasing
+/// order whichever path computes it.
+#[inline(always)]
+fn matmul_block<T: Copy>(
+    ops: Operands<'_>,
+    cols: std::ops::Range<usize>,
+    out: &mut [u32],
+    zero: T,
+    mac: impl Fn(T, u32, u32) -> T + Copy,
+    bits: impl Fn(T) -> u32 + Copy,
+) {
+    let n = ops.n;
+    let width = cols.end - cols.start;
+    let rows = ops.row_a.len() / n;
+    let mut r = 0;
+    while r < rows {
+        let take = if rows - r >= TILE_ROWS { TILE_ROWS } else { 1 };
+        let mut c = cols.start;
+        while cols.end - c >= TILE_COLS {
+            let at = r * width + (c - cols.start);
+            if take == TILE_ROWS {
+                let tile: [&[u32]; TILE_ROWS] = std::array::from_fn(|i| ops.row(r + i));
+                matmul_tile(ops, tile, c, zero, mac, bits, &mut out[at..], width);
+            } else {
+                matmul_tile(ops, [ops.row(r)], c, zero, mac, bits, &mut out[at..], width);
+            }
+            c += TILE_COLS;
+        }
+        if c < cols.end {
+            for i in 0..take {
+                let mut acc = [zero; TILE_COLS];
+                let acc = &mut acc[..cols.end - c];
+                for (k, &a) in ops.row(r + i).iter().enumerate() {
+                    let brow = &ops.b[k * n + c..k * n + cols.end];
+                    for (o, &bv) in acc.iter_mut().zip(brow) {
+                        *o = mac(*o, a, bv);
+                    }
+                }
+                let at = (r + i) * width + (c - cols.start);
+                for (o, &v) in out[at..at + acc.len()].iter_mut().zip(acc.iter()) {
+                    *o = bits(v);
+                }
+            }
+        }
+        r += take;
+    }
+}
+
+/// Columns `c..c + TILE_COLS` of the `R` rows `rows`, written at `out[i * stride + j]`: the
+/// sums live in registers across the whole `k` loop, each row of `b` loaded once for all `R`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn matmul_tile<const R: usize, T: Copy>(
+    ops: Operands<'_>,
+    rows: [&[u32]; R],
+    c: usize,
+    zero: T,
+    mac: impl Fn(T, u32, u32) -> T,
+    bits: impl Fn(T) -> u32,
+    out: &mut [u32],
+    stride: usize,
+) {
+    let n = ops.n;
+    let mut acc = [[zero; TILE_COLS]; R];
+    for k in 0..n {
+        let Ok(brow) = <&[u32; TILE_COLS]>::try_from(&ops.b[k * n + c..k * n + c + TILE_COLS])
+        else {
+            unreachable!("a slice of TILE_COLS words");
+        };
+        for (acc, row) in acc.iter_mut().zip(rows) {
+            let a = row[k];
+            for (o, &bv) in acc.iter_mut().zip(brow) {
+                *o = mac(*o, a, bv);
+            }
         }
     }
-    acc.into_iter().map(f32::to_bits).collect()
+    for (i, acc) in acc.iter().enumerate() {
+        for (o, &v) in out[i * stride..i * stride + TILE_COLS].iter_mut().zip(acc) {
+            *o = bits(v);
+        }
+    }
 }
 
 /// A piece's computation taken out of the simulator's lock by the engine worker: the block,
@@ -956,6 +1061,10 @@ mod tests {
             (40, 9, 0..40),
             (50, 6, 7..50),
             (130, 1, 17..99),
+            // Whole tiles, tiles and a tail, rows left over from the tiles.
+            (128, 4, 0..128),
+            (70, 5, 3..70),
+            (130, 6, 0..130),
         ] {
             for float in [false, true] {
                 let word = |next: &mut dyn FnMut() -> u32| {
