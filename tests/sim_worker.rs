@@ -19,7 +19,16 @@ struct Outcome {
 }
 
 fn run(executor: Executor) -> Outcome {
-    let mut r = Rig::with_executor(CostModel::quadro_6000(), 1 << 30, executor);
+    run_with(
+        Rig::with_executor(CostModel::quadro_6000(), 1 << 30, executor),
+        false,
+    )
+}
+
+/// One run on `r`. With `overlap`, `c` starts half a matrix after `a`: later rows of `a` are
+/// overwritten by earlier rows of the product before they are read, so a block may not be
+/// computed before the ones above it land.
+fn run_with(mut r: Rig, overlap: bool) -> Outcome {
     let n = 300u64; // loads b in 6 pieces, each result row in 2 blocks
     let words = n * n;
     let mut c = r.channel(3);
@@ -31,11 +40,16 @@ fn run(executor: Executor) -> Outcome {
         .collect();
     let b: Vec<u32> = (0..words as u32).map(|i| i ^ 0x5a5a).collect();
     put_words(&r, pa, &a);
-    put_words(&r, pa + words * 4, &b);
+    let (b_off, c_off) = if overlap {
+        (2 * words * 4, words * 2)
+    } else {
+        (words * 4, 2 * words * 4)
+    };
+    put_words(&r, pa + b_off, &b);
     let src = pa + 3 * words * 4;
     let pattern: Vec<u32> = (0..(1u32 << 18)).map(|i| i.rotate_left(7)).collect();
     put_words(&r, src, &pattern);
-    let (va_a, va_b, va_c) = (DATA_VA, DATA_VA + words * 4, DATA_VA + 2 * words * 4);
+    let (va_a, va_b, va_c) = (DATA_VA, DATA_VA + b_off, DATA_VA + c_off);
     let mut p = bind_compute();
     p.extend(launch_kernel(&Kernel::Mmul {
         a: va_a,
@@ -58,7 +72,7 @@ fn run(executor: Executor) -> Outcome {
     assert!(r.runnable(&c), "the work stopped the channel");
     assert_eq!(r.gp_get(&c), c.put);
     Outcome {
-        product: get_words(&r, pa + 2 * words * 4, words as usize),
+        product: get_words(&r, pa + c_off, words as usize),
         copied: get_words(&r, src + (1 << 20), 1 << 18),
         busy_ns: r.gpu.stats().busy_ns,
         work: r.gpu.engine_work(),
@@ -96,6 +110,45 @@ fn the_worker_computes_what_the_caller_computes_in_the_same_modeled_time() {
         worker.work.worker_pieces, worker.work.pieces,
         "no call performed a piece of engine work"
     );
+}
+
+#[test]
+fn blocks_gathered_ahead_with_a_real_clock_leave_what_one_at_a_time_leaves() {
+    let quadro = CostModel::quadro_6000;
+    for overlap in [false, true] {
+        let inline = run_with(
+            Rig::with_executor(quadro(), 1 << 30, Executor::Inline),
+            overlap,
+        );
+        let real = run_with(Rig::with_real_clock(quadro(), 1 << 30), overlap);
+        assert_eq!(real.product, inline.product, "overlap {overlap}");
+        assert_eq!(real.copied, inline.copied);
+        assert_eq!(real.work.pieces, inline.work.pieces);
+        // Apart, the worker ran ahead of the block it was at (a 300^3 product takes far
+        // longer on a CPU than its modeled time, so its blocks are due); over `a`, never.
+        assert_eq!(
+            real.work.gathered_ahead > 0,
+            !overlap,
+            "overlap {overlap}: {:?}",
+            real.work
+        );
+        assert_eq!(inline.work.gathered_ahead, 0);
+    }
+    // With a simulated clock the worker takes one block at a time (deterministic runs).
+    let worker = run(Executor::Worker);
+    assert_eq!(worker.work.gathered_ahead, 0);
+    // With `c` over `a` the product is not a x b: later rows read what earlier ones wrote.
+    let n = 300usize;
+    let apart = run_with(
+        Rig::with_executor(quadro(), 1 << 30, Executor::Inline),
+        false,
+    );
+    let over = run_with(
+        Rig::with_executor(quadro(), 1 << 30, Executor::Inline),
+        true,
+    );
+    assert_eq!(over.product[..n * n / 2], apart.product[..n * n / 2]);
+    assert_ne!(over.product[n * n / 2..], apart.product[n * n / 2..]);
 }
 
 #[test]

@@ -49,6 +49,8 @@ pub struct Chan {
 pub struct Rig {
     pub gpu: SimGpu,
     pub clock: Arc<SimClock>,
+    /// The GPU runs on the host's clock instead of `clock` ([`Rig::with_real_clock`]).
+    pub real: bool,
     pub next: u64,
     pub userd: u64,
     pub bar1: Vm,
@@ -164,10 +166,25 @@ impl Rig {
 
     /// A rig whose GPU runs its engines' work by `executor`.
     pub fn with_executor(cost: CostModel, vram_size: u64, executor: Executor) -> Rig {
+        Rig::build(cost, vram_size, executor, false)
+    }
+
+    /// A rig whose GPU runs on the host's clock (`RealClock`; with the default executor, the
+    /// engine worker): `settle` waits in host time.
+    pub fn with_real_clock(cost: CostModel, vram_size: u64) -> Rig {
+        Rig::build(cost, vram_size, Executor::Auto, true)
+    }
+
+    fn build(cost: CostModel, vram_size: u64, executor: Executor, real: bool) -> Rig {
         let clock = Arc::new(SimClock::new());
+        let gpu_clock: Arc<dyn Clock> = if real {
+            Arc::new(gpuvm::clock::RealClock::new())
+        } else {
+            clock.clone()
+        };
         let gpu = SimGpu::new(SimConfig {
             vram_size,
-            clock: clock.clone(),
+            clock: gpu_clock,
             cost,
             executor,
             ..SimConfig::default()
@@ -175,6 +192,7 @@ impl Rig {
         let mut rig = Rig {
             gpu,
             clock,
+            real,
             next: 0x10_0000,
             userd: 0,
             bar1: Vm {
@@ -385,8 +403,22 @@ impl Rig {
         u32::from_le_bytes(b)
     }
 
-    /// Advances the simulated clock event by event until the GPU is idle.
+    /// Advances the simulated clock event by event until the GPU is idle (with a real clock,
+    /// waits until it is).
     pub fn settle(&self) {
+        if self.real {
+            // In host time: the worker does the work as the clock reaches it (a hang guard of a
+            // minute, not a timing).
+            let start = std::time::Instant::now();
+            while self.gpu.next_event_ns().is_some() {
+                assert!(
+                    start.elapsed() < std::time::Duration::from_secs(60),
+                    "the GPU did not settle"
+                );
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            return;
+        }
         for _ in 0..100_000 {
             match self.gpu.next_event_ns() {
                 Some(t) => self.clock.advance_to(t.max(self.clock.now_ns())),

@@ -79,6 +79,9 @@ pub struct EngineWorkStats {
     pub deferred_calls: u64,
     /// Of `pieces`, those the engine worker performed (`Executor::Worker`).
     pub worker_pieces: u64,
+    /// Matrix blocks the engine worker gathered ahead of the one it was at, to compute a run
+    /// of blocks with the lock released once ([`crate::worker`]).
+    pub gathered_ahead: u64,
 }
 
 /// The per-call allowance of engine work.
@@ -610,7 +613,7 @@ fn matmul_tile<const R: usize, T: Copy>(
 #[derive(Debug)]
 pub(crate) struct Offload {
     pub serial: u64,
-    piece: u64,
+    pub piece: u64,
     /// When the piece was due.
     pub due: u64,
     pub block: MatmulBlock,
@@ -937,6 +940,56 @@ impl EngineOp {
         self.next += 1;
         budget.count_piece();
         core.write_va(&self.vspace, o.block.dst, data)
+    }
+
+    /// Gathers up to `max` more blocks of a matrix kernel after `after` (a piece just handed
+    /// out as an [`Offload`], not yet committed), so that the engine worker computes a run of
+    /// blocks with the lock released once: only blocks due by `now`, and only when `c` and `a`
+    /// do not overlap — a block's row of `a` is read when it is gathered, so it must be one no
+    /// block before it writes (`b` is read into the staging before the first block). Commits
+    /// land in piece order ([`EngineOp::commit`]), so memory ends up as one block at a time
+    /// leaves it. Stops at the first block that would fault: that one faults when it is reached
+    /// in order.
+    pub(crate) fn gather_ahead(
+        &mut self,
+        core: &mut Core,
+        start: u64,
+        now: u64,
+        mode: EngineWrites,
+        after: u64,
+        max: usize,
+    ) -> Vec<Offload> {
+        let mut out = Vec::new();
+        let Job::Matmul {
+            abc: [a, _, c], n, ..
+        } = self.job
+        else {
+            return out;
+        };
+        let bytes = n.saturating_mul(n).saturating_mul(4);
+        let apart = a.checked_add(bytes).is_some_and(|end| end <= c)
+            || c.checked_add(bytes).is_some_and(|end| end <= a);
+        if !apart || after + 1 < self.next {
+            return out;
+        }
+        let mut i = after + 1;
+        while out.len() < max && i < self.pieces {
+            let at = self.due(i, start, mode);
+            if at > now {
+                break;
+            }
+            match self.job.gather(i, core, &self.vspace) {
+                Ok(Some(block)) => out.push(Offload {
+                    serial: self.serial,
+                    piece: i,
+                    due: at,
+                    block,
+                }),
+                Ok(None) | Err(_) => break,
+            }
+            i += 1;
+        }
+        out
     }
 
     /// Hands a completed matrix kernel's `b` staging back to `core` for the next kernel

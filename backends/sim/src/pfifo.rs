@@ -565,6 +565,27 @@ impl Fifo {
         self.offload.take()
     }
 
+    /// Up to `max` more blocks of the engine operation in flight after the offloaded piece
+    /// `after` ([`EngineOp::gather_ahead`](super::engine::EngineOp::gather_ahead)).
+    pub(crate) fn gather_ahead(
+        &mut self,
+        core: &mut Core,
+        now: u64,
+        after: u64,
+        max: usize,
+    ) -> Vec<Offload> {
+        let mode = self.mode;
+        let more = match self.inflight.as_mut() {
+            Some(f) => match &mut f.work {
+                Work::Engine(op) => op.gather_ahead(core, f.start, now, mode, after, max),
+                _ => Vec::new(),
+            },
+            None => Vec::new(),
+        };
+        self.budget.stats.gathered_ahead += more.len() as u64;
+        more
+    }
+
     /// Writes an offloaded piece's results, computed outside the lock, if its operation is
     /// still in flight at that piece (an engine reset or fault meanwhile drops them); a fault
     /// writing them ends the operation as a fault in the piece would.
