@@ -318,10 +318,15 @@ fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
     cx.vm.stats.channel_binds += 1;
 }
 
+/// Guest instance-block pages of bound channels: (sysram?, page address) -> guest chids. Looked
+/// up at every guest memory write ([`write_reaches_instance`]), so hashed with aHash, not
+/// SipHash (keys random per map as SipHash's are; the map is the VM's own).
+pub type InstPages = std::collections::HashMap<(bool, u64), Vec<u32>, ahash::RandomState>;
+
 /// True if a guest write of `len` bytes at `addr` in `target` reaches a page holding one of
 /// the VM's bound channels' instance blocks ([`on_guest_write`] refreshes their shadows).
 pub(crate) fn write_reaches_instance(
-    inst_pages: &std::collections::HashMap<(bool, u64), Vec<u32>>,
+    inst_pages: &InstPages,
     target: Target,
     addr: u64,
     len: u64,

@@ -4,8 +4,6 @@
 //! physical GPU, the hypervisor VRAM, the host's layout). The channel code never sees the rest
 //! of the VM or the host; what it needs the host to do afterwards it returns as [`Effect`]s.
 
-use std::collections::HashMap;
-
 use crate::addr::HostVram;
 use crate::guest_mem::{GuestMem, VmMem};
 use crate::layout::HostLayout;
@@ -41,7 +39,7 @@ pub(crate) struct ChanVm<'a> {
     /// The VM's accepted runlist (guest channel ids, in order).
     pub runlist: &'a mut Vec<u32>,
     /// Guest instance-block pages of bound channels: (sysram?, page address) -> guest chids.
-    pub inst_pages: &'a mut HashMap<(bool, u64), Vec<u32>>,
+    pub inst_pages: &'a mut crate::channels::InstPages,
     /// Shadow instance blocks freed but still quarantined (faults for them are this VM's).
     pub retired_insts: &'a mut Vec<RetiredInst>,
     /// Host-level effects queued by this access.

@@ -28,7 +28,6 @@ mod pv;
 pub mod state;
 pub mod tap;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -170,7 +169,7 @@ pub(crate) struct VmState {
     /// The VM's accepted runlist (guest channel ids, in order).
     pub runlist: Vec<u32>,
     /// Guest instance-block pages of bound channels: (sysram?, page address) -> guest chids.
-    pub inst_pages: HashMap<(bool, u64), Vec<u32>>,
+    pub inst_pages: crate::channels::InstPages,
     /// Bumped whenever the direct-map plan of BAR1/BAR3 may have changed for a reason other
     /// than the tracked set (binding, TLB flush, poll area, instance pages): see `direct_map`.
     pub map_gen: u64,
