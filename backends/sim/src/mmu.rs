@@ -15,7 +15,7 @@
 //! stale translation, as on hardware. It holds at most [`TLB_CAPACITY`] entries and is emptied
 //! when full.
 
-use ahash::AHashMap;
+use std::collections::HashMap;
 
 use gf100::mmu::{self, Pde, PtRef, Pte};
 use gf100::{fault, inst, Target};
@@ -73,11 +73,30 @@ type TlbKey = (u64, bool, u64);
 /// The translation cache, one for the whole GPU. Hashed with aHash, not the default SipHash:
 /// every engine piece and BAR access translates, and hashing was nearly all of a hit's cost
 /// (callgrind: 660 K of the engine worker's 711 K instructions in `translate_as` over an
-/// `exp scale --vms 1` run). aHash's keys are random per table as SipHash's are, so a guest
-/// choosing page numbers cannot make its entries collide and slow every VM's lookups.
-#[derive(Debug, Default)]
+/// `exp scale --vms 1` run). Its keys are random per table ([`Tlb::default`]), as SipHash's
+/// are, so a guest choosing page numbers cannot make its entries collide and slow every VM's
+/// lookups.
+#[derive(Debug)]
 pub(crate) struct Tlb {
-    entries: AHashMap<TlbKey, TlbEntry>,
+    entries: HashMap<TlbKey, TlbEntry, ahash::RandomState>,
+}
+
+impl Default for Tlb {
+    /// An empty TLB whose aHash keys come from the standard library's random per-process keys
+    /// (aHash's own source of them would bring `getrandom` and its platform crates).
+    fn default() -> Tlb {
+        use std::hash::{BuildHasher, RandomState};
+        let std_keys = RandomState::new();
+        let key = |i: u64| std_keys.hash_one(i);
+        Tlb {
+            entries: HashMap::with_hasher(ahash::RandomState::with_seeds(
+                key(0),
+                key(1),
+                key(2),
+                key(3),
+            )),
+        }
+    }
 }
 
 impl Tlb {
