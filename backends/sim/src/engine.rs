@@ -448,10 +448,16 @@ impl MatmulBlock {
         let (c0, c1) = (self.cols.start, self.cols.end);
         let n = self.n.max(1);
         let mut words = vec![0u32; self.row_a.len() / n * (c1 - c0)];
+        // Every load of `b` precedes the kernel's blocks and a fault in one ends the kernel, so
+        // `b` is whole and the columns lie within a row; were it otherwise the block would
+        // give zeros rather than index out of bounds on the GPU's thread.
+        let (Some(b), true) = (self.b.get(..n * n), c0 <= c1 && c1 <= n) else {
+            return vec![0u8; words.len() * 4];
+        };
         if self.float {
-            matmul_block_f32(n, &self.b, &self.row_a, c0, c1, &mut words);
+            matmul_block_f32(n, b, &self.row_a, c0, c1, &mut words);
         } else {
-            matmul_block_u32(n, &self.b, &self.row_a, c0, c1, &mut words);
+            matmul_block_u32(n, b, &self.row_a, c0, c1, &mut words);
         }
         let mut out = vec![0u8; words.len() * 4];
         for (o, w) in out.chunks_exact_mut(4).zip(words) {
