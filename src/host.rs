@@ -537,8 +537,7 @@ impl HostState {
     /// Measured mode: charges VM `id` the GPU time its channels ran since its last charge and
     /// returns it (`None` where the backend cannot measure: the caller charges the interval).
     pub(crate) fn charge_ran(&mut self, phys: &dyn PhysicalGpu, id: VmId, now: u64) -> Option<u64> {
-        let vm = self.vms.get(&id)?;
-        let chans = vm.chan_base..vm.chan_base + vm.nchan();
+        let chans = self.vms.get(&id)?.ran_chans();
         let (acct, sched) = self.runtime.take_both(phys, chans)?;
         self.acct.charge_measured(id, acct, now);
         Some(sched)
@@ -554,7 +553,7 @@ impl HostState {
         let vms: Vec<(VmId, std::ops::Range<u32>)> = self
             .vms
             .values()
-            .map(|vm| (vm.id, vm.chan_base..vm.chan_base + vm.nchan()))
+            .map(|vm| (vm.id, vm.ran_chans()))
             .collect();
         for (id, chans) in vms {
             if let Some(ns) = self.runtime.take(phys, chans, Cursor::Acct) {

@@ -93,6 +93,10 @@ pub(crate) struct VChan {
     /// CHAN word as the guest wrote it.
     pub chan_word: u32,
     pub bound: Option<BoundChan>,
+    /// Bound at least once since the VM was created: only such a physical channel can have run
+    /// for this VM, so measured charges read no channel above the last of them
+    /// (`VmState::ran_chans`).
+    pub ever_bound: bool,
     /// GP_PUT as the guest last wrote it (what its USERD reads show).
     pub gp_put: u32,
     /// GP_PUT last written to the physical channel.
@@ -287,6 +291,7 @@ fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
         guest: Vec::new(),
         grctx: None,
     });
+    cx.vm.chans[gi].ever_bound = true;
     cx.vm.chans[gi].gp_put = 0;
     cx.vm.chans[gi].phys_put = 0;
     cx.vm.chans[gi].done_put = None;

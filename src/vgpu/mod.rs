@@ -202,6 +202,20 @@ impl VmState {
         self.chans.len() as u32
     }
 
+    /// The physical channels that can have run for this VM: its partition up to the last
+    /// channel it ever bound (an unbound physical channel never runs; the host makes a channel
+    /// RUNNABLE only for a submission of a bound one). Reading the GPU's counters of the rest
+    /// at each measured charge cost FV ~1.8 K instructions of a memcpy_dtoh run with a
+    /// 128-channel partition (callgrind).
+    pub(crate) fn ran_chans(&self) -> std::ops::Range<u32> {
+        let used = self
+            .chans
+            .iter()
+            .rposition(|c| c.ever_bound)
+            .map_or(0, |i| i as u32 + 1);
+        self.chan_base..self.chan_base + used
+    }
+
     /// A snapshot of the counters, shadow counters included.
     pub(crate) fn stats_snapshot(&self) -> VgpuStats {
         let mut s = self.stats.clone();

@@ -697,6 +697,19 @@ fn work_runs_and_completes_through_the_scheduler() {
         "eager: the invalidate rebuilt the shadow"
     );
     assert!(r.host.stats().gpu.busy_ns > 0);
+    // Measured charges read the channels the VM ever bound (`VmState::ran_chans`): what its
+    // channel ran is what it was charged.
+    let ran = r.gpu.channel_busy_ns(v.phys_channels().start).unwrap();
+    let charged = r
+        .host
+        .sched_stats()
+        .vms
+        .iter()
+        .find(|s| s.vm == v.id())
+        .unwrap()
+        .busy_ns;
+    assert!(ran > 0);
+    assert_eq!(charged, ran);
 }
 
 #[test]
