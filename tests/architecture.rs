@@ -143,8 +143,29 @@ fn cargo_metadata(manifest: &Path, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("metadata JSON")
 }
 
+/// The host's target triple (`rustc -vV`), for `cargo metadata --filter-platform`.
+fn host_triple() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = std::process::Command::new(rustc)
+        .arg("-vV")
+        .output()
+        .expect("run rustc -vV");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .to_string()
+}
+
 fn normal_deps() -> BTreeMap<String, BTreeSet<String>> {
-    let v = cargo_metadata(&root().join("Cargo.toml"), &[]);
+    // The resolve for the host only: a build downloads just the host's packages, and the full
+    // resolve would need every platform's (clap's Windows console crate, for one) — offline,
+    // on a fresh cargo home, it failed.
+    let host = host_triple();
+    let v = cargo_metadata(
+        &root().join("Cargo.toml"),
+        &["--filter-platform", host.as_str()],
+    );
     let mut names = BTreeMap::new();
     for p in v["packages"].as_array().expect("packages") {
         names.insert(
