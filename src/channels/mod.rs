@@ -326,8 +326,8 @@ fn chan_write(cx: &mut ChanCx, g: u32, value: u32) {
 /// Guest instance-block pages of bound channels: (sysram?, page address) -> guest chids. Looked
 /// up at every guest memory write ([`write_reaches_instance`]), so hashed with aHash, not
 /// SipHash. With aHash's keys fixed per process (`AHasher::default`): the map is the VM's own and
-/// holds at most one entry per channel it has bound, too few for colliding keys to cost
-/// anything.
+/// holds at most one entry per channel bound now (a rebind or unbind removes the old one), too
+/// few for colliding keys to cost anything.
 pub type InstPages =
     std::collections::HashMap<(bool, u64), Vec<u32>, std::hash::BuildHasherDefault<ahash::AHasher>>;
 

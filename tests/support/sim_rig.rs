@@ -49,8 +49,9 @@ pub struct Chan {
 pub struct Rig {
     pub gpu: SimGpu,
     pub clock: Arc<SimClock>,
-    /// The GPU runs on the host's clock instead of `clock` ([`Rig::with_real_clock`]).
-    pub real: bool,
+    /// With the GPU on the host's clock ([`Rig::with_real_clock`]): the GPU's event reports
+    /// (its waker, called when work it finished left nothing in flight), for `settle`.
+    pub events: Option<std::sync::mpsc::Receiver<()>>,
     pub next: u64,
     pub userd: u64,
     pub bar1: Vm,
@@ -189,10 +190,17 @@ impl Rig {
             executor,
             ..SimConfig::default()
         });
+        let events = real.then(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            gpu.set_event_waker(Arc::new(move || {
+                let _ = tx.send(());
+            }));
+            rx
+        });
         let mut rig = Rig {
             gpu,
             clock,
-            real,
+            events,
             next: 0x10_0000,
             userd: 0,
             bar1: Vm {
@@ -406,16 +414,13 @@ impl Rig {
     /// Advances the simulated clock event by event until the GPU is idle (with a real clock,
     /// waits until it is).
     pub fn settle(&self) {
-        if self.real {
-            // In host time: the worker does the work as the clock reaches it (a hang guard of a
-            // minute, not a timing).
-            let start = std::time::Instant::now();
+        if let Some(events) = &self.events {
+            // In host time: the worker does the work as the clock reaches it and reports when
+            // it leaves nothing in flight; wait for that report (a minute without one is a
+            // hang, not a timing).
             while self.gpu.next_event_ns().is_some() {
-                assert!(
-                    start.elapsed() < std::time::Duration::from_secs(60),
-                    "the GPU did not settle"
-                );
-                std::thread::sleep(std::time::Duration::from_micros(50));
+                let report = events.recv_timeout(std::time::Duration::from_secs(60));
+                assert!(report.is_ok(), "the GPU did not settle");
             }
             return;
         }

@@ -78,17 +78,25 @@ pub(crate) struct Meter<'a> {
 
 impl<'a> Meter<'a> {
     pub(crate) fn new(totals: &'a Totals, start: Activity) -> Meter<'a> {
+        Meter::new_at(totals, start, Instant::now())
+    }
+
+    fn new_at(totals: &'a Totals, start: Activity, t: Instant) -> Meter<'a> {
         Meter {
             totals,
             now: start,
-            since: Instant::now(),
+            since: t,
         }
     }
 
     /// The worker turns to `next`: the time since the last change goes to the activity it
     /// leaves.
     pub(crate) fn to(&mut self, next: Activity) {
-        let t = Instant::now();
+        self.turn_at(next, Instant::now());
+    }
+
+    /// [`Meter::to`] at time `t`.
+    fn turn_at(&mut self, next: Activity, t: Instant) {
         let ns = t.saturating_duration_since(self.since).as_nanos() as u64;
         self.totals.0[self.now as usize].fetch_add(ns, Ordering::Relaxed);
         self.now = next;
@@ -98,22 +106,27 @@ impl<'a> Meter<'a> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
     fn time_goes_to_the_activity_left_and_since_subtracts() {
         let totals = Totals::default();
-        let mut m = Meter::new(&totals, Activity::Idle);
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        m.to(Activity::Computing);
+        let t0 = Instant::now();
+        let mut m = Meter::new_at(&totals, Activity::Idle, t0);
+        m.turn_at(Activity::Computing, t0 + Duration::from_micros(2_000));
         let first = totals.read();
-        assert!(first.idle_ns >= 2_000_000, "{first:?}");
+        assert_eq!(first.idle_ns, 2_000_000, "{first:?}");
         assert_eq!(first.computing_ns, 0);
-        std::thread::sleep(std::time::Duration::from_millis(1));
-        m.to(Activity::Locked);
+        m.turn_at(Activity::Locked, t0 + Duration::from_micros(3_000));
         let second = totals.read();
-        assert!(second.computing_ns >= 1_000_000, "{second:?}");
+        assert_eq!(second.computing_ns, 1_000_000, "{second:?}");
         assert_eq!(second.idle_ns, first.idle_ns);
+        // A time before the last change (clocks never go back; a caller's stale instant)
+        // counts nothing rather than wrapping.
+        m.turn_at(Activity::Idle, t0);
+        assert_eq!(totals.read().locked_ns, 0);
         let d = second.since(&first);
         assert_eq!(d.idle_ns, 0);
         assert_eq!(d.computing_ns, second.computing_ns);
