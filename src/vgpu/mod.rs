@@ -684,6 +684,20 @@ impl Vgpu {
             .unwrap_or_default()
     }
 
+    /// The VM's counters as they stand, read under this VM's lock alone: no host lock and no
+    /// service of the GPU, so a reader between a guest's runs (a harness, a monitor polling
+    /// many VMs) makes no other VM's exit wait. What finished on the GPU since the last access
+    /// or poll is not in it yet ([`Vgpu::stats`] services the GPU first); counters that only
+    /// the VM's own accesses move (its exits, shadow work, doorbells) are exact. Zeros once
+    /// the VM is destroyed, as [`Vgpu::stats`].
+    pub fn stats_local(&self) -> VgpuStats {
+        let vm = self.cell.lock();
+        if vm.gone {
+            return VgpuStats::default();
+        }
+        vm.stats_snapshot()
+    }
+
     /// Lets the physical GPU make progress and delivers what it finished (the same as
     /// [`crate::host::GpuHost::poll`], except that while the host has nothing to service it
     /// returns at once, under this VM's lock alone: counted as `VgpuStats::idle_polls`). Every

@@ -15,7 +15,7 @@ use crate::host::{GpuHost, HostConfig, HostError};
 use crate::irq::IrqFlag;
 use crate::phys::{Bar, PhysicalGpu};
 use crate::profile::{ShadowMode, VgpuProfile};
-use crate::vgpu::Vgpu;
+use crate::vgpu::{Vgpu, VgpuStats};
 use gpuvm_sim::{SimConfig, SimGpu};
 
 const HYP: u64 = 32 << 20;
@@ -752,6 +752,36 @@ fn destroy_scrubs_and_frees_everything() {
         0,
         "dropping the last handle destroys the VM"
     );
+}
+
+#[test]
+fn local_stats_read_the_vms_own_counters_without_the_host_lock() {
+    let r = rig();
+    let a = r.vm(ShadowMode::Incremental);
+    let b = r.vm(ShadowMode::Incremental);
+    guest_channel(&a, 0, None);
+    pramin_wr(&a, 0x77_0000, &0xdead_beefu32.to_le_bytes());
+    let _ = rd(&a, pmc::BOOT_0);
+    // The same counters as the serviced read: nothing of them is the host's.
+    let local = a.stats_local();
+    assert_eq!(local, a.stats());
+    assert!(
+        local.exits.bar0.writes > 0 && local.exits.bar0.reads > 0,
+        "{local:?}"
+    );
+    // The other VM's counters are its own.
+    assert_eq!(b.stats_local(), b.stats());
+    assert_eq!(b.stats_local().exits.bar0.writes, 0);
+    // No hold of the host lock: only the second host-stats read's own first one is counted.
+    let holds = r.host.stats().lock_holds.count;
+    for _ in 0..3 {
+        assert_eq!(a.stats_local(), local);
+    }
+    assert_eq!(r.host.stats().lock_holds.count, holds + 1);
+    // Zeros once destroyed, as the serviced read.
+    r.host.destroy_vgpu(&a).unwrap();
+    assert_eq!(a.stats_local(), VgpuStats::default());
+    assert_eq!(a.stats(), VgpuStats::default());
 }
 
 #[test]

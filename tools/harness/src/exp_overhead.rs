@@ -321,17 +321,20 @@ struct Ctx<'a> {
 fn drive(c: Ctx<'_>) -> StagedVm {
     let hal = VirtHal::new(c.vgpu.clone(), c.clock.clone(), c.mem.clone(), 0, c.ram);
     let chans = c.vgpu.phys_channels();
+    // One read of the partition's counters (one hold of the simulator's lock) and the VM's
+    // shadow counters under its own lock: between the runs of a measured span, harness reads
+    // that took the host lock (a vGPU's `stats()`) and the simulator's lock once per channel
+    // made the VMs of a many-VM run queue for both.
     let busy = || {
-        chans
-            .clone()
-            .filter_map(|ch| c.sim.channel_busy_ns(ch))
-            .sum::<u64>()
+        c.sim
+            .channels_busy_ns(chans.clone())
+            .map_or(0, |v| v.iter().sum::<u64>())
     };
     // The clock is read last at the start of a phase and first at its end, so that a phase's
     // wall time is the workload's alone, not the snapshots' (a vGPU's `stats()` is an access of
     // its own), as `native::Meter` does for the bare GPU.
     let snap = |counts: MmioCounts| {
-        let (busy, shadow) = (busy(), c.vgpu.stats().shadow);
+        let (busy, shadow) = (busy(), c.vgpu.stats_local().shadow);
         (Instant::now(), busy, counts, shadow)
     };
     let phase = |name: &str,
@@ -355,7 +358,7 @@ fn drive(c: Ctx<'_>) -> StagedVm {
                 verified,
                 error,
             },
-            shadow: ShadowWork::between(&start.3, &c.vgpu.stats().shadow),
+            shadow: ShadowWork::between(&start.3, &c.vgpu.stats_local().shadow),
             end_clock_ns: c.clock.now_ns(),
             waited_ns: 0,
         }
