@@ -314,30 +314,24 @@ impl Job {
             }
             Job::Memset { value, .. } => {
                 let (dst, n) = r[0];
-                let data: Vec<u8> = value
-                    .to_le_bytes()
-                    .iter()
-                    .copied()
-                    .cycle()
-                    .take(n as usize)
-                    .collect();
+                // The pattern word by word, then its tail (a byte count that is no multiple of
+                // four ends inside a word, as the byte-wise pattern did).
+                let mut data = value.to_le_bytes().repeat(n as usize / 4);
+                data.extend_from_slice(&value.to_le_bytes()[..n as usize % 4]);
                 core.write_va(vs, dst, &data)
             }
             Job::Elementwise { float, .. } => {
                 let x = read_words(core, vs, r[0].0, r[0].1 as usize / 4)?;
                 let y = read_words(core, vs, r[1].0, r[1].1 as usize / 4)?;
-                let out: Vec<u8> = x
-                    .iter()
-                    .zip(&y)
-                    .flat_map(|(&x, &y)| {
-                        if *float {
-                            (f32::from_bits(x) + f32::from_bits(y)).to_bits()
-                        } else {
-                            x.wrapping_add(y)
-                        }
-                        .to_le_bytes()
-                    })
-                    .collect();
+                let mut out = vec![0u8; x.len().min(y.len()) * 4];
+                for ((o, &x), &y) in out.chunks_exact_mut(4).zip(&x).zip(&y) {
+                    let w = if *float {
+                        (f32::from_bits(x) + f32::from_bits(y)).to_bits()
+                    } else {
+                        x.wrapping_add(y)
+                    };
+                    o.copy_from_slice(&w.to_le_bytes());
+                }
                 core.write_va(vs, r[2].0, &out)
             }
             Job::Matmul { .. } => match self.gather(i, core, vs)? {
