@@ -31,6 +31,8 @@
 
 use std::sync::Arc;
 
+use zerocopy::IntoBytes;
+
 use gf100::compute::{self as cc, Kernel};
 use gf100::{fault, host, Target};
 
@@ -436,28 +438,46 @@ pub(crate) struct MatmulBlock {
 }
 
 impl MatmulBlock {
-    /// The block's results, little-endian words. Each result sums `k` in increasing order
-    /// with a separate multiply and add (`fmmul` results are bit-exact and reproducible).
-    pub(crate) fn compute(&self) -> Vec<u8> {
+    /// The block's results, as little-endian words in memory. Each result sums `k` in increasing
+    /// order with a separate multiply and add (`fmmul` results are bit-exact and reproducible).
+    pub(crate) fn compute(&self) -> BlockResults {
         let (c0, c1) = (self.cols.start, self.cols.end);
         let n = self.n.max(1);
-        let mut words = vec![0u32; self.row_a.len() / n * (c1 - c0)];
+        let mut words = vec![0u32; self.row_a.len() / n * c1.saturating_sub(c0)];
         // Every load of `b` precedes the kernel's blocks and a fault in one ends the kernel, so
         // `b` is whole and the columns lie within a row; were it otherwise the block would
         // give zeros rather than index out of bounds on the GPU's thread.
         let (Some(b), true) = (self.b.get(..n * n), c0 <= c1 && c1 <= n) else {
-            return vec![0u8; words.len() * 4];
+            return BlockResults::new(words);
         };
         if self.float {
             matmul_block_f32(n, b, &self.row_a, c0, c1, &mut words);
         } else {
             matmul_block_u32(n, b, &self.row_a, c0, c1, &mut words);
         }
-        let mut out = vec![0u8; words.len() * 4];
-        for (o, w) in out.chunks_exact_mut(4).zip(words) {
-            o.copy_from_slice(&w.to_le_bytes());
+        BlockResults::new(words)
+    }
+}
+
+/// A block's results as GPU memory holds them: little-endian words, whose bytes
+/// ([`std::ops::Deref`]) are written as they are — no copy into a byte buffer.
+#[derive(Debug)]
+pub(crate) struct BlockResults(Vec<u32>);
+
+impl BlockResults {
+    /// `words` (host order) made little-endian in place (nothing to do on a little-endian host).
+    fn new(mut words: Vec<u32>) -> BlockResults {
+        for w in &mut words {
+            *w = w.to_le();
         }
-        out
+        BlockResults(words)
+    }
+}
+
+impl std::ops::Deref for BlockResults {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.as_bytes()
     }
 }
 
@@ -688,13 +708,8 @@ fn read_words(core: &mut Core, vs: &Vspace, va: u64, count: usize) -> Result<Vec
     Ok(words)
 }
 
-/// Appends the `count` little-endian words at `va` to `out`, read through the core's staging
-/// (`Core::stage`, reused: no allocation or zeroing per piece). Nothing is appended on a fault.
-///
-/// The staging holds the last piece's bytes — possibly another VM's — so this relies on
-/// `Core::read_va` writing every byte of its buffer when it succeeds (memory, or zeros or
-/// all-ones where nothing answers: `Memory::read_raw`, `Vram::read`, `DmaWindows::read`); a
-/// read that faults returns before anything is used.
+/// Appends the `count` little-endian words at `va` to `out`, read straight into `out`'s new
+/// (zeroed) words. Nothing is appended on a fault.
 fn read_words_into(
     core: &mut Core,
     vs: &Vspace,
@@ -702,17 +717,18 @@ fn read_words_into(
     count: usize,
     out: &mut Vec<u32>,
 ) -> Result<(), VaFault> {
-    let mut bytes = std::mem::take(&mut core.stage);
-    bytes.resize(count * 4, 0);
-    let read = core.read_va(vs, va, &mut bytes);
-    if read.is_ok() {
-        out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        );
+    let start = out.len();
+    out.resize(start + count, 0);
+    let read = core.read_va(vs, va, out[start..].as_mut_bytes());
+    match read {
+        Ok(()) => {
+            // Little-endian in memory: nothing to do on a little-endian host.
+            for w in &mut out[start..] {
+                *w = u32::from_le(*w);
+            }
+        }
+        Err(_) => out.truncate(start),
     }
-    core.stage = bytes;
     read
 }
 
@@ -1155,7 +1171,7 @@ mod tests {
                         .collect()
                 };
                 assert_eq!(
-                    words(block.compute()),
+                    words(block.compute().to_vec()),
                     words(reference(&block)),
                     "n {n} rows {rows} cols {cols:?} float {float}"
                 );

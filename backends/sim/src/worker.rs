@@ -125,7 +125,7 @@ fn run(shared: &Shared) {
             };
             let data = MutexGuard::unlocked_fair(&mut guard, || {
                 m.to(Activity::Computing);
-                let data: Vec<Vec<u8>> = std::iter::once(&o)
+                let data: Vec<_> = std::iter::once(&o)
                     .chain(&more)
                     .map(|o| o.block.compute())
                     .collect();
