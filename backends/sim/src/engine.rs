@@ -305,7 +305,10 @@ impl Job {
         match self {
             Job::Copy { .. } => {
                 let (src, n) = r[0];
-                // Reused, not zeroed: `read_va` writes all of it or faults (`read_words_into`).
+                // Reused, not zeroed, so it holds the last copy's bytes — possibly another VM's:
+                // `read_va` writes every byte of it when it succeeds (memory, or zeros or all-ones
+                // where nothing answers: `Memory::read_raw`, `Vram::read`, `DmaWindows::read`),
+                // and a copy that faults writes nothing from it.
                 let mut stage = std::mem::take(&mut core.stage);
                 stage.resize(n as usize, 0);
                 let copied = core

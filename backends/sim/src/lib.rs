@@ -127,8 +127,8 @@ pub(crate) struct Core {
     /// (1-15 us a fault on this project's 2-core host: holds of up to 0.5 ms per 64 KiB load,
     /// `gpuvm exp lockhold`).
     pub matmul_stage: Vec<u32>,
-    /// Bytes an engine piece reads into before it writes or converts them (a copy's 64 KiB,
-    /// a kernel's operands), kept between pieces: no allocation or zeroing per piece.
+    /// Bytes a copy's piece reads into before it writes them (64 KiB), kept between pieces:
+    /// no allocation or zeroing per piece.
     pub stage: Vec<u8>,
 }
 
