@@ -24,6 +24,8 @@ pub(crate) struct HoldTimes {
     buckets: [AtomicU64; HOLD_BUCKETS],
     waits: AtomicU64,
     waited_ns: AtomicU64,
+    fast_waits: AtomicU64,
+    fast_waited_ns: AtomicU64,
 }
 
 impl Default for HoldTimes {
@@ -36,6 +38,8 @@ impl Default for HoldTimes {
             buckets: std::array::from_fn(|_| AtomicU64::new(0)),
             waits: AtomicU64::new(0),
             waited_ns: AtomicU64::new(0),
+            fast_waits: AtomicU64::new(0),
+            fast_waited_ns: AtomicU64::new(0),
         }
     }
 }
@@ -61,6 +65,14 @@ impl HoldTimes {
         self.waited_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
+    /// Records that a fast-path access found a hold in progress and waited since `since` for it
+    /// to end (`host/local.rs`: it then looks again, and may take the usual path).
+    pub(crate) fn record_fast_wait(&self, since: Instant) {
+        let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.fast_waits.fetch_add(1, Ordering::Relaxed);
+        self.fast_waited_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
     /// Starts a new maximum (the histogram goes on).
     pub(crate) fn reset_max(&self) {
         self.max_ns.store(0, Ordering::Relaxed);
@@ -84,6 +96,8 @@ impl HoldTimes {
                 .collect(),
             waits: self.waits.load(Ordering::Relaxed),
             waited_ns: self.waited_ns.load(Ordering::Relaxed),
+            fast_waits: self.fast_waits.load(Ordering::Relaxed),
+            fast_waited_ns: self.fast_waited_ns.load(Ordering::Relaxed),
         }
     }
 }
@@ -106,6 +120,11 @@ pub struct LockHolds {
     pub waits: u64,
     /// How long they waited in all, ns.
     pub waited_ns: u64,
+    /// Fast-path accesses (`host/local.rs`) that found a hold in progress and waited for it to
+    /// end (not holds: they then run beside other VMs or take the usual path, counted above).
+    pub fast_waits: u64,
+    /// How long they waited in all, ns.
+    pub fast_waited_ns: u64,
 }
 
 impl LockHolds {
@@ -125,6 +144,8 @@ impl LockHolds {
                 .collect(),
             waits: self.waits.saturating_sub(earlier.waits),
             waited_ns: self.waited_ns.saturating_sub(earlier.waited_ns),
+            fast_waits: self.fast_waits.saturating_sub(earlier.fast_waits),
+            fast_waited_ns: self.fast_waited_ns.saturating_sub(earlier.fast_waited_ns),
         }
     }
 
@@ -181,6 +202,9 @@ mod tests {
         let before = h.snapshot();
         h.record_wait(Instant::now());
         let w = h.snapshot().since(&before);
-        assert_eq!((w.count, w.waits), (0, 1));
+        assert_eq!((w.count, w.waits, w.fast_waits), (0, 1, 0));
+        h.record_fast_wait(Instant::now());
+        let w = h.snapshot().since(&before);
+        assert_eq!((w.count, w.waits, w.fast_waits), (0, 1, 1));
     }
 }

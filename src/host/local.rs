@@ -36,7 +36,8 @@
 //! `gpuvm exp overhead`, this was most of what FV cost over native for the small workloads.
 //!
 //! Not measured by `LockHolds` (which times write holds: what makes other VMs wait); counted
-//! as `HostStats::fast_path_accesses`.
+//! as `HostStats::fast_path_accesses`. Their waits for a hold in progress to end are in
+//! `LockHolds::fast_waits` and `fast_waited_ns` (`gpuvm exp scale --json`: `host_lock`).
 
 use std::sync::atomic::Ordering;
 
@@ -92,7 +93,9 @@ impl HostShared {
             if quiet_until != 0 || attempt > 0 || !self.state.is_locked_exclusive() {
                 return false;
             }
+            let since = std::time::Instant::now();
             drop(self.state.read());
+            self.holds.record_fast_wait(since);
         }
         false
     }

@@ -360,6 +360,16 @@ fn exp_scale_json_reports_each_vm_count_verified() {
         for f in ["locked_ns", "computing_ns"] {
             assert!(w[f].as_u64().unwrap() > 0, "{f}: {w}");
         }
+        // Fast-path waits for holds happen on the VMs' threads inside the measured span: at
+        // most the span once per VM.
+        let h = &p["host_lock"];
+        let vms = p["vms"].as_u64().unwrap();
+        let span = p["aggregate_wall_ns"].as_u64().unwrap();
+        assert!(h["fast_path_waits"].as_u64().is_some(), "{h}");
+        assert!(
+            h["fast_path_waited_ns"].as_u64().unwrap() <= vms * span,
+            "{h}"
+        );
     }
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -134,6 +134,10 @@ pub struct HostLockUse {
     pub waits: u64,
     /// How long they waited in all, ns.
     pub waited_ns: u64,
+    /// Fast-path accesses that found a hold in progress and waited for it to end.
+    pub fast_path_waits: u64,
+    /// How long they waited in all, ns.
+    pub fast_path_waited_ns: u64,
 }
 
 /// The report.
@@ -242,6 +246,8 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
             sim_lock_waited_ns: r.measured_sim_lock_waits.1,
             waits: r.measured_holds.waits,
             waited_ns: r.measured_holds.waited_ns,
+            fast_path_waits: r.measured_holds.fast_waits,
+            fast_path_waited_ns: r.measured_holds.fast_waited_ns,
         }),
         mem: Some(r.mem_loaded),
     })
