@@ -89,16 +89,12 @@ impl HostShared {
             // writers behind one hold keep the lock busy for each other and never come back
             // (measured on 16 cores: 16 VMs fell to 2.7 M accesses/s from 29 M at 8 VMs, 2 %
             // of accesses slow). The wait is a read lock — parked, not spinning — taken
-            // without the VM's lock, which the holder may want, and recursive: it waits for
-            // the hold in progress only, not behind writers queued after it (a plain read
-            // lock queues behind every parked writer; held for no time, it starves none).
-            // 16-core `exp traps --vms 1,16` with GPU work: 11.0-12.3x one VM against
-            // 2.0-5.1x with the plain read lock (docs/benchmarks.md, ninth round).
+            // without the VM's lock, which the holder may want.
             if quiet_until != 0 || attempt > 0 || !self.state.is_locked_exclusive() {
                 return false;
             }
             let since = std::time::Instant::now();
-            drop(self.state.read_recursive());
+            drop(self.state.read());
             self.holds.record_fast_wait(since);
         }
         false
