@@ -227,11 +227,15 @@ fn two_vmms_share_the_daemon_and_killing_one_hurts_only_its_vgpu() {
     assert_verified(&out, &v, &["madd", "fmmul"]);
     let (out, v) = a.finish();
     assert_verified(&out, &v, &a_work);
-    assert_eq!(v["vms"][0]["kvm"]["fence_irq"], true, "{v:#}");
-    assert!(
-        v["vms"][0]["kvm"]["irqs_seen"].as_u64().unwrap() > 0,
-        "{v:#}"
-    );
+    let k = &v["vms"][0]["kvm"];
+    assert_eq!(k["fence_irq"], true, "{v:#}");
+    // The daemon's INTx reached the guest: handled while it waited for a fence, or — when
+    // every fence was done before the guest had to wait (a loaded machine can deschedule it
+    // right after its doorbell) — still pending in its local APIC at the end.
+    let pending = k["final_lapic"]
+        .as_str()
+        .is_some_and(|l| l.contains("IRR[") && l.ends_with("] true"));
+    assert!(k["irqs_seen"].as_u64().unwrap() > 0 || pending, "{v:#}");
     // SIGTERM: clean exit, sockets gone.
     let (s0, s1) = (serve.socket("vm0"), serve.socket("vm1"));
     let status = serve.terminate();
