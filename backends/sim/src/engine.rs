@@ -319,10 +319,9 @@ impl Job {
             }
             Job::Memset { value, .. } => {
                 let (dst, n) = r[0];
-                // The pattern word by word, then its tail (a byte count that is no multiple of
-                // four ends inside a word, as the byte-wise pattern did).
-                let mut data = value.to_le_bytes().repeat(n as usize / 4);
-                data.extend_from_slice(&value.to_le_bytes()[..n as usize % 4]);
+                // Whole words: a memset's size is a multiple of four (`Kernel::decode`), and so
+                // is every piece of it.
+                let data = value.to_le_bytes().repeat(n as usize / 4);
                 core.write_va(vs, dst, &data)
             }
             Job::Elementwise { float, .. } => {
