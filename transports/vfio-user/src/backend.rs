@@ -578,7 +578,10 @@ pub struct VgpuBackend {
     vgpu: Arc<Vgpu>,
     dma: DmaMaps,
     accesses: u64,
+    /// The "work on the GPU" event was logged for this client.
     submitting: bool,
+    /// Submissions finished at the last look, if work was outstanding then.
+    outstanding_at: Option<u64>,
     traffic: Traffic,
     /// A configuration access was seen (the restore check looks at the first one only).
     config_seen: bool,
@@ -626,6 +629,7 @@ impl VgpuBackend {
             dma,
             accesses: 0,
             submitting: false,
+            outstanding_at: None,
             traffic: Traffic::default(),
             config_seen: false,
             restored: false,
@@ -716,6 +720,7 @@ impl VgpuBackend {
             self.config_seen = true;
             self.restored = false;
             self.submitting = false;
+            self.outstanding_at = None;
         }
     }
 
@@ -790,18 +795,26 @@ impl VgpuBackend {
         }
     }
 
-    /// Reports, once per client, when the guest's first submission reached the device
-    /// (looked at every 64 BAR accesses: a guest that submitted goes on writing or polling).
+    /// Reports, once per client, when the guest first has lasting work on the GPU: a
+    /// submission dispatched and still unfinished at two looks 64 BAR accesses apart (a guest
+    /// with work in flight goes on polling; a driver's short set-up submissions finish within
+    /// a few polls).
     fn note_access(&mut self) {
         self.accesses += 1;
-        if !self.submitting && self.accesses.is_multiple_of(64) {
-            let doorbells = self.vgpu.stats().doorbells;
-            if doorbells > 0 {
-                self.submitting = true;
-                self.dev
-                    .event(&format!("submissions started ({doorbells} doorbells)"));
-            }
+        if self.submitting || !self.accesses.is_multiple_of(64) {
+            return;
         }
+        let s = self.vgpu.stats();
+        let finished = s.completions.saturating_add(s.aborted);
+        let outstanding = s.submissions > finished;
+        if outstanding && self.outstanding_at == Some(finished) {
+            self.submitting = true;
+            self.dev.event(&format!(
+                "work on the GPU ({} doorbells, {} submissions dispatched, {finished} finished)",
+                s.doorbells, s.submissions
+            ));
+        }
+        self.outstanding_at = outstanding.then_some(finished);
     }
 
     fn set_irqs(
@@ -983,6 +996,7 @@ impl ServerBackend for VgpuBackend {
         self.generation = self.dev.generation();
         self.dev.line.restore_eventfds(eventfds);
         self.submitting = false;
+        self.outstanding_at = None;
         self.reattach()
     }
 

@@ -315,7 +315,14 @@ fn serve_vm(
         dev.clear_holder();
         dev.disconnected();
         dev.set_ram(None);
-        dev.event(&format!("connection ended: {}", backend.traffic()));
+        let line = dev.line();
+        dev.event(&format!(
+            "connection ended: {}; interrupt edges so far: {} signalled ({} as MSI), {} not (masked, no eventfd or a failed write)",
+            backend.traffic(),
+            line.raised(),
+            line.raised_msi(),
+            line.dropped()
+        ));
         if stop.load(Ordering::SeqCst) {
             break;
         }
