@@ -798,13 +798,15 @@ impl VgpuBackend {
     /// Reports, once per client, when the guest first has lasting work on the GPU: a
     /// submission dispatched and still unfinished at two looks 64 BAR accesses apart (a guest
     /// with work in flight goes on polling; a driver's short set-up submissions finish within
-    /// a few polls).
+    /// a few polls). The looks read the VM's own counters (`Vgpu::stats_local`: its lock
+    /// alone), not the host's: a client that never has lasting work is looked at for as long
+    /// as it runs, and a host-lock hold every 64 of its exits would make other VMs wait.
     fn note_access(&mut self) {
         self.accesses += 1;
         if self.submitting || !self.accesses.is_multiple_of(64) {
             return;
         }
-        let s = self.vgpu.stats();
+        let s = self.vgpu.stats_local();
         let finished = s.completions.saturating_add(s.aborted);
         let outstanding = s.submissions > finished;
         if outstanding && self.outstanding_at == Some(finished) {
