@@ -31,6 +31,7 @@ use super::walk::{self, GuestTable, PtKind};
 use super::{GuestPdb, ShadowCtx, ShadowStats};
 use crate::addr::HostVram;
 use crate::guest_mem::GuestMem;
+use crate::phys::PhysicalGpu;
 
 /// PDE bits that name tables (LPT target 1:0, SPT target 33:32).
 pub(crate) const PDE_TABLE_BITS: u64 = 0x3 | 0x3 << 32;
@@ -274,7 +275,7 @@ fn translate_entries(
     // per-entry translation below runs only where the guest wrote something.
     let mut at = 0;
     for block in input.chunks(ZERO_BLOCK.len()) {
-        if block == ZERO_BLOCK {
+        if all_zero(block) {
             out.extend_from_slice(block);
             at += block.len() / 8;
             continue;
@@ -307,10 +308,27 @@ fn translate_entries(
 /// the guest never wrote.
 const ZERO_BLOCK: &[u8] = &[0; 64];
 
-/// Shadows the whole guest table `guest` (the `kind` table of PDE `idx`): one read, one
-/// translation pass, one VRAM write. Reuses `reuse`'s allocation when the size matches and
+/// True if every byte of `b` is zero: an OR over the bytes, which the compiler vectorizes (a
+/// slice comparison with [`ZERO_BLOCK`] calls `memcmp` for each block: ~25 ns a block, most of a
+/// fresh 32,768-entry table's translation and write scan).
+fn all_zero(b: &[u8]) -> bool {
+    b.iter().fold(0u8, |acc, &x| acc | x) == 0
+}
+
+/// Bytes of a guest table [`build_table`] reads, translates and writes at a time (2,048
+/// entries): bounds its scratch buffers, so a VM's first table does not fault in 2 x 256 KiB
+/// of fresh host memory under the host lock (measured: ~0.3 of a 0.9 ms channel bind on the
+/// project's 2-core machine, `gpuvm exp lockhold`).
+const PIECE_BYTES: u64 = 16 * 1024;
+
+/// Shadows the whole guest table `guest` (the `kind` table of PDE `idx`): read, translated and
+/// written [`PIECE_BYTES`] at a time. Reuses `reuse`'s allocation when the size matches and
 /// frees it otherwise; allocates before reading, so a table beyond the VM's limit costs no
-/// read. `None` if no VRAM is left or the table is not inside the VM's memory (a violation).
+/// read. A table in a fresh allocation is zero-filled first (the simulator punches a hole: no
+/// host page is touched) and then gets only its non-zero entries written, so the entries the
+/// guest never wrote cost neither a write nor a page of host memory; a reused table, which a
+/// channel may be walking, is overwritten in place, entry by entry, as before. `None` if no
+/// VRAM is left or the table is not inside the VM's memory (a violation).
 fn build_table(
     cx: &mut ShadowCtx,
     books: &mut Books,
@@ -321,8 +339,8 @@ fn build_table(
     reuse: Option<TableShadow>,
 ) -> Option<TableShadow> {
     let bytes = alloc_size(guest.bytes());
-    let host = match reuse {
-        Some(o) if o.bytes == bytes => o.host,
+    let (host, fresh) = match reuse {
+        Some(o) if o.bytes == bytes => (o.host, false),
         reuse => {
             if let Some(o) = reuse {
                 books.free(cx, o.host, o.bytes);
@@ -331,25 +349,36 @@ fn build_table(
                 books.alloc_failed(pdb, bytes);
                 return None;
             };
-            host
+            (host, true)
         }
     };
+    if fresh {
+        cx.mem.phys.fill_vram(HostVram(host), bytes, 0);
+    }
     let mut input = std::mem::take(&mut books.input.0);
-    let read = walk::read_entries(
-        &cx.mem,
-        guest.target,
-        guest.addr,
-        0,
-        guest.entries,
-        &mut input,
-    );
-    let table = match read {
+    let mut out = std::mem::take(&mut books.output.0);
+    let per_piece = PIECE_BYTES / mmu::ENTRY_SIZE;
+    let mut first = 0;
+    let mut read = Ok(());
+    while first < guest.entries && read.is_ok() {
+        let count = per_piece.min(guest.entries - first);
+        read = walk::read_entries(&cx.mem, guest.target, guest.addr, first, count, &mut input);
+        if read.is_ok() {
+            translate_entries(&cx.mem, books, pdb, idx, kind, first, &input, &mut out);
+            let at = host + first * mmu::ENTRY_SIZE;
+            if fresh {
+                write_nonzero(cx.mem.phys, at, &out);
+            } else {
+                cx.mem.phys.write_vram(HostVram(at), &out);
+            }
+        }
+        first += count;
+    }
+    books.input.0 = input;
+    books.output.0 = out;
+    match read {
         Ok(()) => {
-            let mut out = std::mem::take(&mut books.output.0);
-            translate_entries(&cx.mem, books, pdb, idx, kind, 0, &input, &mut out);
-            cx.mem.phys.write_vram(HostVram(host), &out);
             books.stats.ptes_shadowed += guest.entries;
-            books.output.0 = out;
             Some(TableShadow { guest, host, bytes })
         }
         Err(why) => {
@@ -365,9 +394,27 @@ fn build_table(
             books.free(cx, host, bytes);
             None
         }
-    };
-    books.input.0 = input;
-    table
+    }
+}
+
+/// Writes the runs of `data` that are not all zero (in [`ZERO_BLOCK`]s) to VRAM at `at`, whose
+/// bytes are zero already.
+fn write_nonzero(phys: &dyn PhysicalGpu, at: u64, data: &[u8]) {
+    let block = ZERO_BLOCK.len();
+    let mut run: Option<usize> = None;
+    for (i, b) in data.chunks(block).enumerate() {
+        match (all_zero(b), run) {
+            (false, None) => run = Some(i * block),
+            (true, Some(start)) => {
+                phys.write_vram(HostVram(at + start as u64), &data[start..i * block]);
+                run = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(start) = run {
+        phys.write_vram(HostVram(at + start as u64), &data[start..]);
+    }
 }
 
 /// Brings the `kind` table of PDE `idx` from `old` to the guest's `new`: frees, keeps (when the
@@ -436,11 +483,17 @@ pub(crate) fn set_pde(
 }
 
 /// Page-directory entries with tables one [`rebuild_step`] may re-shadow. Each re-walks its
-/// small-page and large-page tables: a full small-page table is 32,768 entries, so two are
-/// about half a PV batch's `WALK_BUDGET` (host policy, not hardware; the isolation
-/// review's finding 4 measured 48-85 ms of host lock for one unbounded rebuild of a full
-/// directory; `gpuvm exp lockhold`'s eager-flush scenario measures what is left).
-pub const REBUILD_BUDGET_PDES: usize = 2;
+/// small-page and large-page tables: a full small-page table is 32,768 entries, about a
+/// quarter of a PV batch's `WALK_BUDGET` (host policy, not hardware; the isolation review's
+/// finding 4 measured 48-85 ms of host lock for one unbounded rebuild of a full directory).
+/// One, not two as before: `gpuvm exp lockhold`'s eager-flush neighbour (2,048 PDEs naming
+/// full tables) made a two-entry step a 0.8-1.1 ms hold on the 16-core machine, the longest of
+/// any scenario; a rebuild now takes one exit of its VM per PDE with tables.
+pub const REBUILD_BUDGET_PDES: usize = 1;
+
+/// Bytes of the guest page directory [`rebuild_step`] reads at once (a host page; the
+/// directory, 64 KiB and 4 KiB aligned, is 16 of them).
+const PD_READ_BYTES: usize = 4096;
 
 /// Rebuilds the whole shadow of `pdb` from the guest's tables now (no budget).
 pub(crate) fn rebuild(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb, space: &mut Space) {
@@ -466,37 +519,55 @@ pub(crate) fn rebuild_step(
     let per_block = ZERO_BLOCK.len() / 8;
     let entries = mmu::PD_SIZE as usize / 8;
     let mut spent = 0usize;
-    let mut gb = [0u8; 64];
-    while i < entries && spent < budget {
+    // The guest directory is read a host page at a time (64 blocks of eight PDEs), the blocks
+    // taken from it: one guest memory read per 512 PDEs instead of per 8.
+    let mut page = [0u8; PD_READ_BYTES];
+    let mut page_at: Option<usize> = None;
+    // The budget is checked where work is: entries that need none are passed over even once it
+    // is spent, so a step that re-shadows the last table of a directory also finishes it.
+    'scan: while i < entries {
         let block = i / per_block;
         let at = pdb.addr + (block * ZERO_BLOCK.len()) as u64;
-        if let Err(why) = cx.mem.read(pdb.target, at, &mut gb) {
-            if block == 0 {
-                books.violation(pdb, format_args!("page directory unreadable: {why}"));
+        let first = block * ZERO_BLOCK.len() / PD_READ_BYTES * PD_READ_BYTES;
+        if page_at != Some(first) {
+            if let Err(why) = cx.mem.read(pdb.target, pdb.addr + first as u64, &mut page) {
+                if first == 0 {
+                    books.violation(pdb, format_args!("page directory unreadable: {why}"));
+                }
+                page.fill(0);
             }
-            gb.fill(0);
+            page_at = Some(first);
         }
+        let o = block * ZERO_BLOCK.len() - first;
+        let gb = &page[o..o + ZERO_BLOCK.len()];
         let base = (block * per_block) as u16;
         let ids = base..base + per_block as u16;
         // Eight zero PDEs that had no tables and hold no hypervisor PDE: nothing to do for any
         // of them (the per-entry test below would skip each one), found with one comparison.
         if i % per_block == 0
-            && gb[..] == *ZERO_BLOCK
+            && all_zero(gb)
             && space.pdes.range(ids.clone()).next().is_none()
             && !ids.contains(&hyp::HYP_PDE)
         {
             i += per_block;
             continue;
         }
-        while i < (block + 1) * per_block && spent < budget {
+        while i < (block + 1) * per_block {
             let idx = i as u16;
             let j = i % per_block;
-            i += 1;
             let raw = walk::le64(&gb[j * 8..j * 8 + 8]);
             if raw & PDE_TABLE_BITS == 0 && !space.pdes.contains_key(&idx) && idx != hyp::HYP_PDE {
+                i += 1;
                 continue;
             }
-            spent += 1;
+            // The hypervisor's PDE walks no guest table: it costs no budget.
+            if idx != hyp::HYP_PDE {
+                if spent >= budget {
+                    break 'scan;
+                }
+                spent += 1;
+            }
+            i += 1;
             let v = set_pde(cx, books, pdb, space, idx, raw, true);
             cx.mem.phys.write_vram(
                 HostVram(space.pd + j as u64 * 8 + (at - pdb.addr)),
@@ -520,6 +591,9 @@ pub(crate) fn create(cx: &mut ShadowCtx, books: &mut Books, pdb: GuestPdb) -> Op
         books.alloc_failed(pdb, mmu::PD_SIZE);
         return None;
     };
+    // Only the entries with tables are written below: the rest must read as zero whatever the
+    // allocation held (hypervisor VRAM comes back scrubbed; this does not rely on it).
+    cx.mem.phys.fill_vram(HostVram(pd), mmu::PD_SIZE, 0);
     let mut space = Space {
         refs: 1,
         pd,

@@ -1074,3 +1074,36 @@ fn entries_at_the_edges_of_zero_blocks_are_shadowed() {
     assert_eq!(sp.translate(&cx, space, sva(7, 7)), tr(V, BASE + 0x1000));
     sp.destroy(&mut cx);
 }
+
+#[test]
+fn a_fresh_table_over_stale_hypervisor_vram_holds_only_the_guests_entries() {
+    // A fresh shadow table gets only its non-zero entries written after a zero fill: whatever
+    // the allocation held before (here: every byte of the hypervisor area set) must be gone.
+    let mut rig = Rig::new();
+    let mut cx = rig.cx();
+    cx.mem.phys.fill_vram(HostVram(HYP_BASE), HYP_SIZE, 0xa5);
+    let space = pdb(PD, V);
+    put(&cx, V, PD, pde(Some((SPT, V)), None, PtSize::Full));
+    put(&cx, V, SPT + 8 * 5000, pte(0x3000, V));
+    let mut sp = ShadowPt::new(ShadowMode::Incremental);
+    sp.attach(&mut cx, space).unwrap();
+    assert_eq!(sp.translate(&cx, space, sva(0, 5000)), tr(V, BASE + 0x3000));
+    let pd = sp.shadow_pd(space).unwrap().raw();
+    let table = Pde::decode(vram_u64(&cx, pd)).small.unwrap().addr;
+    let mut bytes = vec![0u8; mmu::SPT_SIZE as usize];
+    cx.mem.phys.read_vram(HostVram(table), &mut bytes);
+    let nonzero: Vec<usize> = bytes
+        .chunks_exact(8)
+        .enumerate()
+        .filter(|(_, e)| e.iter().any(|&b| b != 0))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(
+        nonzero,
+        vec![5000],
+        "only the guest's one entry, no stale byte"
+    );
+    // Unused PDEs of the shadow directory read as zero too (no stale PDE).
+    assert_eq!(vram_u64(&cx, pd + 8), 0);
+    sp.destroy(&mut cx);
+}
