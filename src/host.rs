@@ -49,7 +49,7 @@ mod teardown;
 mod vm_map;
 mod window;
 
-pub use hold::{LockHolds, HOLD_BUCKETS};
+pub use hold::{HoldUsage, LockHolds, HOLD_BUCKETS};
 pub(crate) use report::Counters;
 pub use report::HostStats;
 
@@ -330,6 +330,8 @@ pub(crate) struct Held<'a> {
     /// Where the lock was taken.
     at: &'static std::panic::Location<'static>,
     holds: &'a hold::HoldTimes,
+    /// The holder's thread usage when the hold began, if holds read it.
+    usage: Option<hold::ThreadUsage>,
     /// `HostShared::quiet_until` when the hold began.
     quiet_before: u64,
 }
@@ -349,7 +351,7 @@ impl std::ops::DerefMut for Held<'_> {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.holds.record(self.since, self.at);
+        self.holds.record(self.since, self.usage, self.at);
     }
 }
 
@@ -376,6 +378,7 @@ impl HostShared {
         self.phys.begin_batch();
         Held {
             guard,
+            usage: self.holds.usage_now(),
             since: std::time::Instant::now(),
             at,
             holds: &self.holds,
@@ -1032,6 +1035,13 @@ impl GpuHost {
     /// Starts a new maximum of [`HostStats::lock_holds`] (to measure one phase of a run).
     pub fn reset_lock_hold_max(&self) {
         self.shared.holds.reset_max();
+    }
+
+    /// Whether every hold of the host lock reads its thread's usage, so that
+    /// [`LockHolds::max_usage`] says why the longest hold was long (on a CPU, preempted or
+    /// asleep). Two `getrusage` calls a hold: for experiments, off by default.
+    pub fn measure_hold_thread_usage(&self, on: bool) {
+        self.shared.holds.set_thread_usage(on);
     }
 
     /// Host-wide counters and free resources.

@@ -164,3 +164,71 @@ fn the_default_executor_follows_the_clock() {
     drop(real);
     assert_eq!(sim.vram_size(), 6 << 30);
 }
+
+/// The scheduling policies (`/proc/self/task/*/stat` field 41) of this process's engine
+/// worker threads, or `None` where `/proc` does not tell.
+fn engine_thread_policies() -> Option<Vec<u32>> {
+    let mut out = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let dir = task.ok()?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        // The kernel keeps 15 bytes of a thread's name.
+        if !gpuvm_sim::ENGINE_THREAD_NAME.starts_with(comm.trim_end()) || comm.trim().is_empty() {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        // Fields after the parenthesised name start at field 3; the policy is field 41.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+        if let Some(p) = rest
+            .split_whitespace()
+            .nth(41 - 3)
+            .and_then(|v| v.parse().ok())
+        {
+            out.push(p);
+        }
+    }
+    Some(out)
+}
+
+/// Waits (bounded) until some engine worker thread runs under `policy`; false if none did.
+fn some_engine_thread_under(policy: u32) -> Option<bool> {
+    for _ in 0..500 {
+        if engine_thread_policies()?.contains(&policy) {
+            return Some(true);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Some(false)
+}
+
+#[test]
+fn the_engine_worker_asks_for_the_batch_policy_unless_told_otherwise() {
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_BATCH: u32 = 3;
+    let real = || std::sync::Arc::new(gpuvm::clock::RealClock::new());
+    // Every other test of this binary keeps the default (batch), so a thread under the normal
+    // policy can only be this one's.
+    let normal = SimGpu::new(SimConfig {
+        clock: real(),
+        worker_policy: WorkerPolicy::Normal,
+        ..SimConfig::default()
+    });
+    match some_engine_thread_under(SCHED_OTHER) {
+        None => {
+            eprintln!("SKIP: /proc/self/task is not readable here");
+            return;
+        }
+        Some(found) => assert!(found, "a Normal worker keeps SCHED_OTHER"),
+    }
+    drop(normal);
+    let batch = SimGpu::new(SimConfig {
+        clock: real(),
+        ..SimConfig::default()
+    });
+    assert!(batch.has_engine_worker());
+    assert_eq!(
+        some_engine_thread_under(SCHED_BATCH),
+        Some(true),
+        "the default worker runs under SCHED_BATCH (Linux lets any thread ask for it)"
+    );
+}

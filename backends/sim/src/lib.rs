@@ -84,6 +84,29 @@ pub struct SimConfig {
     pub engine_writes: EngineWrites,
     /// Who performs the engines' work (default [`Executor::Auto`]).
     pub executor: Executor,
+    /// How the engine worker, if any, asks the host's scheduler to treat it (default
+    /// [`WorkerPolicy::Batch`]).
+    pub worker_policy: WorkerPolicy,
+}
+
+/// The host scheduling policy of the engine worker's thread.
+///
+/// The worker is the simulated GPU's compute: throughput work whose timing is modeled, not
+/// taken from the host, and which on hardware would not compete with the vCPUs for a core at
+/// all. Where busy threads outnumber cores, a worker that competes as an equal takes the CPU
+/// from vCPU threads in the middle of their device-model critical sections (lock-holder
+/// preemption: `gpuvm exp lockhold` on 2 cores measured host-lock holds of 3-7 ms with 11-65 us
+/// of them on a CPU, docs/benchmarks.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WorkerPolicy {
+    /// `SCHED_BATCH`: Linux's policy for CPU-bound threads that are not interactive — same
+    /// nice level and share of the CPU, but the thread does not preempt others when it wakes.
+    /// Asked for by the worker itself, needing no privilege; if refused, the worker runs as
+    /// `Normal` (logged).
+    #[default]
+    Batch,
+    /// The process's default policy, as any thread.
+    Normal,
 }
 
 /// Who performs the copy and compute engines' pieces of work.
@@ -107,6 +130,7 @@ impl Default for SimConfig {
             cost: CostModel::default(),
             engine_writes: EngineWrites::default(),
             executor: Executor::default(),
+            worker_policy: WorkerPolicy::default(),
         }
     }
 }
@@ -384,7 +408,7 @@ impl SimGpu {
             waited_ns: AtomicU64::new(0),
             next_event: AtomicU64::new(0),
         });
-        let worker = worker.then(|| worker::spawn(shared.clone()));
+        let worker = worker.then(|| worker::spawn(shared.clone(), config.worker_policy));
         let vram = shared.state.lock().core.mem.vram.clone();
         SimGpu {
             vram_size,

@@ -34,6 +34,10 @@
 //! instead of waiting for its next poll (measured: `gpuvm exp scale --vms 1`,
 //! docs/benchmarks.md).
 //!
+//! The worker asks the host's scheduler for `SCHED_BATCH` ([`crate::WorkerPolicy`]): it is the
+//! simulated GPU's compute, which should not take a core from a vCPU thread in the middle of a
+//! device-model critical section.
+//!
 //! The worker's wall time is metered by activity (`crate::worker_time`, [`crate::WorkerTimes`]):
 //! computing, under the lock, waiting for it, ahead of the modeled clock, idle.
 //!
@@ -48,7 +52,7 @@ use std::time::Duration;
 use parking_lot::MutexGuard;
 
 use super::worker_time::{Activity, Meter};
-use super::{Shared, State};
+use super::{Shared, State, WorkerPolicy};
 
 /// Units of engine work the worker does per hold of the lock (64 Ki units: 256 KiB copied or
 /// 64 Ki multiply-adds, tens of microseconds; MODEL choice).
@@ -72,12 +76,32 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// wake the worker too).
 const MAX_WAIT_NS: u64 = 1_000_000;
 
-/// Starts the worker of `shared`.
-pub(crate) fn spawn(shared: Arc<Shared>) -> std::thread::JoinHandle<()> {
+/// Starts the worker of `shared`, under `policy`.
+pub(crate) fn spawn(shared: Arc<Shared>, policy: WorkerPolicy) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name(crate::ENGINE_THREAD_NAME.into())
-        .spawn(move || run(&shared))
+        .spawn(move || {
+            if policy == WorkerPolicy::Batch {
+                ask_for_batch_policy();
+            }
+            run(&shared)
+        })
         .expect("spawning the simulated GPU's engine worker")
+}
+
+/// Puts the calling thread under `SCHED_BATCH` (nice level kept); logs a refusal.
+fn ask_for_batch_policy() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_setscheduler` with pid 0 changes only the calling thread's policy and
+    // reads `param`, a valid `sched_param` that outlives the call.
+    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+    if r != 0 {
+        log::info!(
+            "simulated GPU: the engine worker stays under the default scheduling policy \
+             (SCHED_BATCH refused: {})",
+            std::io::Error::last_os_error()
+        );
+    }
 }
 
 fn run(shared: &Shared) {

@@ -40,7 +40,7 @@ use gpuvm::host::{GpuHost, HostConfig, LockHolds};
 use gpuvm::phys::Bar;
 use gpuvm::profile::{ShadowMode, VgpuProfile};
 use gpuvm::vgpu::Vgpu;
-use gpuvm_sim::{SimConfig, SimGpu};
+use gpuvm_sim::{SimConfig, SimGpu, WorkerPolicy};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -54,6 +54,8 @@ pub struct LockholdOptions {
     /// The clock (and with it who runs the engines: the worker with `Real`, the host's calls
     /// with `Sim`).
     pub clock: ClockKind,
+    /// The engine worker's host scheduling policy (with `Real`).
+    pub worker_policy: WorkerPolicy,
 }
 
 impl Default for LockholdOptions {
@@ -63,6 +65,7 @@ impl Default for LockholdOptions {
             size: 64,
             mmul_n: 1024,
             clock: ClockKind::Real,
+            worker_policy: WorkerPolicy::default(),
         }
     }
 }
@@ -80,6 +83,8 @@ pub struct LockholdScenario {
     pub neighbour_ops: u64,
     /// Lock holds during the scenario.
     pub holds: u64,
+    /// Their total, ns (the time some thread held the lock).
+    pub held_ns: u64,
     /// Half the holds were at most this long (log2 bucket bound), ns.
     pub p50_bound_ns: u64,
     /// 99 % of the holds were at most this long (log2 bucket bound), ns.
@@ -88,6 +93,12 @@ pub struct LockholdScenario {
     pub max_ns: u64,
     /// Where the longest hold took the lock (the host's source file and line).
     pub max_at: Option<String>,
+    /// Where the longest hold's time went for its holder (on a CPU, runnable without one,
+    /// asleep), where the kernel keeps schedstat.
+    pub max_usage: Option<gpuvm::host::HoldUsage>,
+    /// The most CPU time any one hold took, ns (0 where the kernel keeps no schedstat): the
+    /// device model's longest work under the lock.
+    pub max_on_cpu_ns: u64,
     /// Wall time of the scenario, ms.
     pub wall_ms: f64,
 }
@@ -106,6 +117,8 @@ pub struct LockholdReport {
     /// Who ran the engines' work: `worker` (beside the host lock) or `inline` (in the host's
     /// calls).
     pub engines: String,
+    /// The worker's host scheduling policy asked for: `batch` or `normal`.
+    pub worker_policy: String,
     /// Per scenario.
     pub scenarios: Vec<LockholdScenario>,
 }
@@ -150,9 +163,12 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
     let gpu = Arc::new(SimGpu::new(SimConfig {
         vram_size: 1 << 30,
         clock: clock.clone(),
+        worker_policy: opts.worker_policy,
         ..SimConfig::default()
     }));
     let host = GpuHost::new(gpu, HostConfig::default()).expect("host");
+    // Every hold reads its thread's figures, so the report can say why the longest was long.
+    host.measure_hold_thread_usage(true);
     host.set_clock(clock.clone());
     let mut victim = new_vm(&host, &clock, "victim", ShadowMode::Lazy);
     let stop = Arc::new(AtomicBool::new(false));
@@ -227,10 +243,13 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
         verified,
         neighbour_ops: ops.load(Ordering::Relaxed),
         holds: holds.count,
+        held_ns: holds.total_ns,
         p50_bound_ns: holds.quantile_bound_ns(0.5),
         p99_bound_ns: holds.quantile_bound_ns(0.99),
         max_ns: holds.max_ns,
         max_at: holds.max_at,
+        max_usage: holds.max_usage,
+        max_on_cpu_ns: holds.max_on_cpu_ns,
         wall_ms,
     }
 }
@@ -413,6 +432,11 @@ pub fn run_lockhold(opts: &LockholdOptions) -> LockholdReport {
         engines: match opts.clock {
             ClockKind::Real => "worker",
             ClockKind::Sim => "inline",
+        }
+        .into(),
+        worker_policy: match opts.worker_policy {
+            WorkerPolicy::Batch => "batch",
+            WorkerPolicy::Normal => "normal",
         }
         .into(),
         scenarios: [
