@@ -8,9 +8,10 @@
 //! 4 KiB, 4 KiB aligned). Tables are not shared between PDEs even when the guest shares them:
 //! each PDE's shadow is independent, which keeps updates local.
 //!
-//! Writes are batched: a full rebuild reads the guest directory in one 64 KiB read and each
-//! table in one read, translates into a buffer and writes each shadow table and the shadow
-//! directory with one VRAM write; PDEs with no tables (and no previous shadow) cost one test.
+//! Reads and writes are batched in bounded pieces: a rebuild reads the guest directory a 4 KiB
+//! page at a time and writes each re-shadowed PDE; a table is read, translated and written
+//! 16 KiB at a time ([`build_table`]), a fresh one zero-filled first and given only its
+//! non-zero entries; eight PDEs with no tables (and no previous shadow) cost one test.
 //! The incremental paths ([`rewrite_pdes`], [`rewrite_ptes`]) read and write only the entries a
 //! guest write touched; a changed PDE re-walks only the tables that changed.
 //!
