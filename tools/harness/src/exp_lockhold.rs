@@ -56,6 +56,9 @@ pub struct LockholdOptions {
     pub clock: ClockKind,
     /// The engine worker's host scheduling policy (with `Real`).
     pub worker_policy: WorkerPolicy,
+    /// Whether every hold reads its thread's CPU clock and schedstat (about 1-2 us a hold,
+    /// which the hold times then include), so the report can say why the longest was long.
+    pub thread_usage: bool,
 }
 
 impl Default for LockholdOptions {
@@ -66,6 +69,7 @@ impl Default for LockholdOptions {
             mmul_n: 1024,
             clock: ClockKind::Real,
             worker_policy: WorkerPolicy::default(),
+            thread_usage: true,
         }
     }
 }
@@ -168,7 +172,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
     }));
     let host = GpuHost::new(gpu, HostConfig::default()).expect("host");
     // Every hold reads its thread's figures, so the report can say why the longest was long.
-    host.measure_hold_thread_usage(true);
+    host.measure_hold_thread_usage(opts.thread_usage);
     host.set_clock(clock.clone());
     let mut victim = new_vm(&host, &clock, "victim", ShadowMode::Lazy);
     let stop = Arc::new(AtomicBool::new(false));
