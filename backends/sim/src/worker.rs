@@ -76,17 +76,22 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// wake the worker too).
 const MAX_WAIT_NS: u64 = 1_000_000;
 
-/// Starts the worker of `shared`, under `policy`.
+/// Starts the worker of `shared`, under `policy`: returns once the thread runs under it.
 pub(crate) fn spawn(shared: Arc<Shared>, policy: WorkerPolicy) -> std::thread::JoinHandle<()> {
-    std::thread::Builder::new()
+    let (ready, policy_set) = std::sync::mpsc::sync_channel(1);
+    let handle = std::thread::Builder::new()
         .name(crate::ENGINE_THREAD_NAME.into())
         .spawn(move || {
             if policy == WorkerPolicy::Batch {
                 ask_for_batch_policy();
             }
+            let _ = ready.send(());
             run(&shared)
         })
-        .expect("spawning the simulated GPU's engine worker")
+        .expect("spawning the simulated GPU's engine worker");
+    // Nothing the GPU does waits for this; a thread that died before it sends nothing.
+    let _ = policy_set.recv();
+    handle
 }
 
 /// Puts the calling thread under `SCHED_BATCH` (nice level kept); logs a refusal.
