@@ -373,7 +373,47 @@ fn exp_scale_json_reports_each_vm_count_verified() {
     }
     assert!(std::fs::read_to_string(&svg).unwrap().starts_with("<svg"));
     let _ = std::fs::remove_dir_all(&dir);
+    // One trial: the scaling of the single run, paired with itself for the first count.
+    let s = v["scaling"].as_array().expect("scaling");
+    assert_eq!(v["trials"], 1);
+    assert_eq!(s[0]["paired_ratios"], serde_json::json!([1.0]));
     let bad = gpuvm(&["exp", "scale", "--vms", "0"]);
+    assert!(!bad.status.success());
+}
+
+#[test]
+fn exp_scale_trials_alternate_the_counts_and_report_each_points_median_trial() {
+    let v = json_ok(&[
+        "exp", "scale", "--vms", "1,2", "--size", "16", "--repeat", "1", "--trials", "3", "--json",
+    ]);
+    assert_eq!(v["trials"], 3);
+    let points = v["points"].as_array().expect("points");
+    let scaling = v["scaling"].as_array().expect("scaling");
+    assert_eq!(points.len(), 2);
+    assert_eq!(scaling.len(), 2);
+    for (p, s) in points.iter().zip(scaling) {
+        assert_eq!(p["vms"], s["vms"]);
+        assert_eq!(p["verified"], true, "{p}");
+        let runs: Vec<u64> = s["aggregate_wall_ns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap())
+            .collect();
+        assert_eq!(runs.len(), 3);
+        // The point is a measured trial, the median one.
+        let mut sorted = runs.clone();
+        sorted.sort_unstable();
+        assert_eq!(p["aggregate_wall_ns"].as_u64().unwrap(), sorted[1]);
+        assert_eq!(s["median_ns"].as_u64().unwrap(), sorted[1]);
+        assert_eq!(s["min_ns"].as_u64().unwrap(), sorted[0]);
+        assert_eq!(s["max_ns"].as_u64().unwrap(), sorted[2]);
+        assert_eq!(s["paired_ratios"].as_array().unwrap().len(), 3);
+    }
+    // The first count against itself.
+    assert_eq!(scaling[0]["ratio_of_medians"], 1.0);
+    assert_eq!(scaling[0]["paired_at_most_2x"], 3);
+    let bad = gpuvm(&["exp", "scale", "--trials", "0"]);
     assert!(!bad.status.success());
 }
 

@@ -2,6 +2,15 @@
 //! in-process. Every VM brings its driver up and creates its channel (a `loop` warm-up), then
 //! all VMs wait at a barrier and run the workload `--repeat` times together: that part is
 //! measured.
+//!
+//! With `--trials T` the whole list of VM counts is measured T times, one count after the other
+//! in each trial (1, 16, 1, 16, ... for `--vms 1,16`), so that every count sees the machine's
+//! load of the same moments. Each point is then the trial whose aggregate time is the median
+//! (a measured run, every field of it from that run), and `scaling` gives each count's
+//! aggregate over the trials (median, least, most) and its ratio to the first count's: the
+//! ratio of the medians and the median of the ratios paired by trial. One run of a many-VM
+//! point on a shared machine varies by ±30 %; the ratio the scale figure is read for needs
+//! more than one.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -59,6 +68,10 @@ pub struct ScaleArgs {
     /// exit, so no modeled time). The guests meet at a start gate after the warm-up.
     #[arg(long)]
     kvm: bool,
+    /// Measure the list of VM counts this many times, alternating the counts within each trial;
+    /// each point is its median trial, and `scaling` compares the counts over all trials.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=101))]
+    trials: u32,
 }
 
 /// One VM count.
@@ -173,6 +186,77 @@ pub struct ScaleReport {
     /// The same for the simulated VRAM resident in memory, bytes per VM.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vram_resident_per_vm: Option<f64>,
+    /// Trials of the list of VM counts (`--trials`); each point is its median trial.
+    pub trials: u32,
+    /// Each VM count's aggregate time over the trials, against the first count's.
+    pub scaling: Vec<Scaling>,
+}
+
+/// One VM count's aggregate wall time over the trials, against the first VM count of the list.
+#[derive(Debug, Clone, Serialize)]
+pub struct Scaling {
+    /// VMs.
+    pub vms: u32,
+    /// Every trial's aggregate wall time, ns, in trial order.
+    pub aggregate_wall_ns: Vec<u64>,
+    /// Their median (the lower middle one for an even count), ns.
+    pub median_ns: u64,
+    /// The least, ns.
+    pub min_ns: u64,
+    /// The most, ns.
+    pub max_ns: u64,
+    /// This count's median over the first count's median.
+    pub ratio_of_medians: f64,
+    /// This count's aggregate over the first count's, trial by trial.
+    pub paired_ratios: Vec<f64>,
+    /// The median of `paired_ratios`.
+    pub median_paired_ratio: f64,
+    /// Trials whose paired ratio is at most 2 (the engines-and-locks bar for 16 VMs).
+    pub paired_at_most_2x: u32,
+}
+
+/// The index of the median of `v` (the lower middle one for an even length).
+fn median_index(v: &[u64]) -> usize {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by_key(|&i| v[i]);
+    idx[(v.len() - 1) / 2]
+}
+
+fn median_f64(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get((s.len().max(1) - 1) / 2).copied().unwrap_or(0.0)
+}
+
+/// Each count's aggregate times over the trials (`trials[t][i]`: trial t, VM count i),
+/// against the first count's.
+pub fn scaling(vms: &[u32], trials: &[Vec<u64>]) -> Vec<Scaling> {
+    let column = |i: usize| -> Vec<u64> { trials.iter().map(|t| t[i]).collect() };
+    let base = column(0);
+    let base_median = base.get(median_index(&base)).copied().unwrap_or(0);
+    vms.iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            let col = column(i);
+            let median_ns = col[median_index(&col)];
+            let paired_ratios: Vec<f64> = col
+                .iter()
+                .zip(&base)
+                .map(|(&x, &b)| x as f64 / b.max(1) as f64)
+                .collect();
+            Scaling {
+                vms: v,
+                median_ns,
+                min_ns: col.iter().copied().min().unwrap_or(0),
+                max_ns: col.iter().copied().max().unwrap_or(0),
+                ratio_of_medians: median_ns as f64 / base_median.max(1) as f64,
+                median_paired_ratio: median_f64(&paired_ratios),
+                paired_at_most_2x: paired_ratios.iter().filter(|&&r| r <= 2.0).count() as u32,
+                paired_ratios,
+                aggregate_wall_ns: col,
+            }
+        })
+        .collect()
 }
 
 /// Measures one VM count.
@@ -260,18 +344,37 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
         anyhow::ensure!((1..=64).contains(&v), "--vms: {v} is not in 1..=64");
     }
     let mem_start = (!a.kvm).then(|| MemSample::now(None));
-    let mut points = Vec::new();
-    for &v in &a.vms {
-        if !a.json {
-            eprintln!("gpuvm exp scale: {v} VMs ...");
+    // measured[i]: VM count i's point in every trial.
+    let mut measured: Vec<Vec<ScalePoint>> = vec![Vec::new(); a.vms.len()];
+    for t in 0..a.trials {
+        for (i, &v) in a.vms.iter().enumerate() {
+            if !a.json {
+                match a.trials {
+                    1 => eprintln!("gpuvm exp scale: {v} VMs ..."),
+                    n => eprintln!("gpuvm exp scale: trial {}/{n}, {v} VMs ...", t + 1),
+                }
+            }
+            measured[i].push(if a.kvm {
+                point_kvm(v, a.workload, a.repeat, a.size, a.shadow, a.sched)
+                    .with_context(|| format!("{v} KVM VMs"))?
+            } else {
+                point(a, v)?
+            });
         }
-        points.push(if a.kvm {
-            point_kvm(v, a.workload, a.repeat, a.size, a.shadow, a.sched)
-                .with_context(|| format!("{v} KVM VMs"))?
-        } else {
-            point(a, v)?
-        });
     }
+    let by_trial: Vec<Vec<u64>> = (0..a.trials as usize)
+        .map(|t| measured.iter().map(|m| m[t].aggregate_wall_ns).collect())
+        .collect();
+    let scaling = scaling(&a.vms, &by_trial);
+    // A run whose VMs did not all verify is not hidden behind a median that did.
+    let all_verified = measured.iter().flatten().all(|p| p.verified);
+    let points: Vec<ScalePoint> = measured
+        .into_iter()
+        .map(|m| {
+            let aggr: Vec<u64> = m.iter().map(|p| p.aggregate_wall_ns).collect();
+            m[median_index(&aggr)].clone()
+        })
+        .collect();
     let mut report = ScaleReport {
         backend: if a.kvm { "kvm" } else { "in-process" },
         workload: a.workload.name().to_string(),
@@ -286,12 +389,14 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
         rss_anon_per_vm: per_vm(&points, |m| m.rss_anon),
         vram_resident_per_vm: per_vm(&points, |m| m.vram_resident),
         points,
+        trials: a.trials,
+        scaling,
     };
     if let Some(p) = &a.svg {
         write_svg(&report, p).with_context(|| format!("writing {}", p.display()))?;
         report.svg = Some(p.display().to_string());
     }
-    let ok = report.points.iter().all(|p| p.verified);
+    let ok = all_verified;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -407,6 +512,34 @@ pub fn render(r: &ScaleReport) -> String {
             mib(a),
             mib(v)
         );
+    }
+    if r.trials > 1 {
+        let first = r.scaling.first().map_or(0, |s| s.vms);
+        out += &format!(
+            "\nover {} trials (the counts alternated within each; each row above is its median trial), aggregate against {first} VM(s):\n",
+            r.trials
+        );
+        let mut t = Table::new(vec![
+            "VMs",
+            "median",
+            "least",
+            "most",
+            "ratio of medians",
+            "paired ratio, median",
+            "paired ≤ 2x",
+        ]);
+        for s in &r.scaling {
+            t.row(vec![
+                s.vms.to_string(),
+                table::ns(s.median_ns),
+                table::ns(s.min_ns),
+                table::ns(s.max_ns),
+                format!("{:.2}", s.ratio_of_medians),
+                format!("{:.2}", s.median_paired_ratio),
+                format!("{}/{}", s.paired_at_most_2x, s.paired_ratios.len()),
+            ]);
+        }
+        out += &t.render();
     }
     if let Some(p) = &r.svg {
         out += &format!("plot: {p}\n");
@@ -586,4 +719,37 @@ fn point_kvm(
         engine_worker: None,
         mem: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_trial_is_the_lower_middle_one() {
+        assert_eq!(median_index(&[30, 10, 20]), 2);
+        // Even: the lower of the two middle ones.
+        assert_eq!(median_index(&[40, 10, 30, 20]), 3);
+        assert_eq!(median_index(&[7]), 0);
+    }
+
+    #[test]
+    fn scaling_pairs_each_trial_with_the_first_counts_run_of_that_trial() {
+        // Three trials of 1 and 16 VMs; the 16-VM point's ratio to one VM is 2.0, 2.5, 1.5
+        // trial by trial.
+        let trials = vec![vec![10, 20], vec![20, 50], vec![40, 60]];
+        let s = scaling(&[1, 16], &trials);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].vms, 1);
+        assert_eq!(s[0].paired_ratios, [1.0, 1.0, 1.0]);
+        assert_eq!(s[0].ratio_of_medians, 1.0);
+        let p = &s[1];
+        assert_eq!(p.aggregate_wall_ns, [20, 50, 60]);
+        assert_eq!((p.median_ns, p.min_ns, p.max_ns), (50, 20, 60));
+        assert_eq!(p.paired_ratios, [2.0, 2.5, 1.5]);
+        assert_eq!(p.median_paired_ratio, 2.0);
+        assert_eq!(p.paired_at_most_2x, 2);
+        // 50 over the one-VM median of 20.
+        assert_eq!(p.ratio_of_medians, 2.5);
+    }
 }
