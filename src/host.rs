@@ -369,6 +369,9 @@ impl HostShared {
             self.holds.record_wait(t);
             g
         });
+        // The hold is timed from here: everything after this line keeps the lock from the
+        // others, `begin_batch` included.
+        let (since, usage) = (std::time::Instant::now(), self.holds.usage_now());
         // Whatever this hold changes, fast-path accesses wait for the service until a holder
         // that ends with one says otherwise (`keep_quiet_until`).
         let quiet_before = self
@@ -378,8 +381,8 @@ impl HostShared {
         self.phys.begin_batch();
         Held {
             guard,
-            usage: self.holds.usage_now(),
-            since: std::time::Instant::now(),
+            usage,
+            since,
             at,
             holds: &self.holds,
             quiet_before,
