@@ -334,6 +334,8 @@ pub(crate) struct Held<'a> {
     usage: Option<hold::ThreadUsage>,
     /// `HostShared::quiet_until` when the hold began.
     quiet_before: u64,
+    /// The GPU, told when the hold ends (`PhysicalGpu::end_batch`).
+    phys: &'a dyn PhysicalGpu,
 }
 
 impl std::ops::Deref for Held<'_> {
@@ -352,6 +354,7 @@ impl std::ops::DerefMut for Held<'_> {
 impl Drop for Held<'_> {
     fn drop(&mut self) {
         self.holds.record(self.since, self.usage, self.at);
+        self.phys.end_batch();
     }
 }
 
@@ -386,6 +389,7 @@ impl HostShared {
             at,
             holds: &self.holds,
             quiet_before,
+            phys: &*self.phys,
         }
     }
 

@@ -1719,6 +1719,33 @@ fn fault_at_the_end_of_a_copy_names_the_instance_that_launched_it() {
 }
 
 #[test]
+fn a_batch_shares_one_budget_and_the_next_batch_renews_it() {
+    let n = 1024u64;
+    let mut r = Rig::new();
+    let (mut c, p, _) = mmul_setup(&mut r, 1, n);
+    launch(&mut r, &mut c, &p);
+    // Every piece due at once: far more than one budget's worth.
+    r.clock.advance(1_000_000_000);
+    let pieces = |r: &Rig| r.gpu.engine_work().pieces;
+    let before = pieces(&r);
+    r.gpu.begin_batch();
+    r.gpu.poll();
+    let first = pieces(&r);
+    assert!(first > before, "the batch's first call did work");
+    // The rest of the batch has nothing left to spend: however many calls it makes.
+    r.gpu.poll();
+    r.gpu.poll();
+    assert_eq!(pieces(&r), first, "calls of one batch share its budget");
+    r.gpu.end_batch();
+    // Ending a batch twice (or one never begun) is harmless.
+    r.gpu.end_batch();
+    r.gpu.begin_batch();
+    r.gpu.poll();
+    assert!(pieces(&r) > first, "a new batch has a new budget");
+    r.gpu.end_batch();
+}
+
+#[test]
 fn engine_work_per_call_is_bounded() {
     let n = 1024u64;
     let mut r = Rig::new();

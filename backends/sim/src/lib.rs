@@ -192,8 +192,9 @@ struct State {
     /// Interrupt line level last computed, and a sequence number of its changes.
     line: bool,
     line_seq: u64,
-    /// The engine-work budget is per batch (`PhysicalGpu::begin_batch`) instead of per call.
-    batched: bool,
+    /// The batch (`Shared::batch`) whose engine-work budget the calls are using; 0 while no
+    /// batch was ever begun (the budget is then per call).
+    batch_seen: u64,
     /// Calls perform due engine work themselves ([`Executor::Inline`]).
     engines_inline: bool,
     /// The worker waits for engine work to be launched.
@@ -303,6 +304,15 @@ struct Shared {
     /// ([`SimGpu::lock_waits`]).
     waits: AtomicU64,
     waited_ns: AtomicU64,
+    /// The caller's batches begun (`PhysicalGpu::begin_batch`): the engine-work budget is per
+    /// batch instead of per call once one has begun. A count rather than a flag under the
+    /// lock, so that beginning a batch — at the start of every host-lock hold — does not wait
+    /// for the simulator's lock (held by the engine worker, possibly preempted): the first
+    /// call of a new batch renews the budget instead.
+    batch: AtomicU64,
+    /// Batches begun and not yet ended: callers holding their own lock (the host's), whom the
+    /// engine worker gives way to between matrix blocks.
+    batches_open: AtomicU64,
     /// The GPU's next event as of the end of the last hold of the state's lock that could change
     /// it, with the engine worker (`NEXT_*` encoding; 0: not known): lets
     /// [`PhysicalGpu::next_event_ns`] answer without the lock when the answer is in the future
@@ -391,7 +401,7 @@ impl SimGpu {
             fifo,
             line: false,
             line_seq: 0,
-            batched: false,
+            batch_seen: 0,
             engines_inline: !worker,
             worker_idle: false,
         };
@@ -406,6 +416,8 @@ impl SimGpu {
             worker_times: worker_time::Totals::default(),
             waits: AtomicU64::new(0),
             waited_ns: AtomicU64::new(0),
+            batch: AtomicU64::new(0),
+            batches_open: AtomicU64::new(0),
             next_event: AtomicU64::new(0),
         });
         let worker = worker.then(|| worker::spawn(shared.clone(), config.worker_policy));
@@ -482,7 +494,9 @@ impl SimGpu {
         let (r, change, wake) = {
             let mut guard = self.lock();
             let s = &mut *guard;
-            if !s.batched {
+            let batch = self.shared.batch.load(Ordering::Acquire);
+            if batch == 0 || batch != s.batch_seen {
+                s.batch_seen = batch;
                 s.fifo.budget.new_call();
             }
             let inline = s.engines_inline;
@@ -784,9 +798,15 @@ impl PhysicalGpu for SimGpu {
     }
 
     fn begin_batch(&self) {
-        let mut s = self.lock();
-        s.batched = true;
-        s.fifo.budget.new_call();
+        self.shared.batch.fetch_add(1, Ordering::AcqRel);
+        self.shared.batches_open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn end_batch(&self) {
+        let _ = self
+            .shared
+            .batches_open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 
     fn stats(&self) -> GpuStats {

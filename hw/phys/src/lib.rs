@@ -366,4 +366,10 @@ pub trait PhysicalGpu: Send + Sync {
     /// caller's lock for a bounded time however many calls it makes. Real hardware does its
     /// work on its own: the default does nothing.
     fn begin_batch(&self) {}
+
+    /// The batch the caller began with [`PhysicalGpu::begin_batch`] has ended: its lock is
+    /// released. A backend with threads of its own may give way to the caller while a batch is
+    /// open (the simulator's engine worker yields its CPU between matrix blocks, so a lock
+    /// holder it displaced gets the CPU back). The default does nothing.
+    fn end_batch(&self) {}
 }
