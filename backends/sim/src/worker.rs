@@ -36,7 +36,9 @@
 //!
 //! The worker asks the host's scheduler for `SCHED_BATCH` ([`crate::WorkerPolicy`]): it is the
 //! simulated GPU's compute, which should not take a core from a vCPU thread in the middle of a
-//! device-model critical section.
+//! device-model critical section. For the same reason, while a caller holds its own lock (a
+//! batch begun and not ended, [`gpuvm_phys::PhysicalGpu::begin_batch`] / `end_batch`: a host-lock
+//! hold) it yields its CPU after each matrix block it computes ([`give_way`]).
 //!
 //! The worker's wall time is metered by activity (`crate::worker_time`, [`crate::WorkerTimes`]):
 //! computing, under the lock, waiting for it, ahead of the modeled clock, idle.
