@@ -120,17 +120,16 @@ impl Clock for RealClock {
         self.epoch.elapsed().as_nanos() as u64
     }
 
-    /// Sleeps through the part of the wait that the calling thread's sleeps are known to
-    /// overshoot by less than, then yields until the end: a wait ends on time (not a timer
-    /// slack late) and a long one leaves the CPU to others, as a kernel driver's back-off does
-    /// (nouveau's legacy fence wait sleeps 1 us, 2 us, ... up to 1 ms in
-    /// `schedule_hrtimeout`; only short delays spin, as `udelay` does). Waits shorter than the
-    /// overshoot only yield.
+    /// Sleeps for the wait's length less how late this thread's sleeps have been ending, then
+    /// yields until the end: a wait ends on time (not a timer slack late), and a long one
+    /// leaves the CPU to others as a kernel driver's back-off does (nouveau's legacy fence wait
+    /// sleeps 1 us, 2 us, ... up to 1 ms in `schedule_hrtimeout`; only short delays spin, as
+    /// `udelay` does). Waits not much longer than that lateness only yield.
     ///
     /// Spinning through every wait made each in-process guest waiting for its fence a busy
-    /// thread: with 16 VMs on 16 cores, most of the process's time was `sched_yield` (634 K
-    /// calls and 592 K context switches in three 16-VM runs of `gpuvm exp scale` on 2 cores)
-    /// taken from the simulated GPU's engine worker and the VMs with work to do.
+    /// thread, taking CPU from the simulated GPU's engine worker and the VMs with work to do:
+    /// three 16-VM runs of `gpuvm exp scale` on 2 cores made 634 K `sched_yield` calls and
+    /// 592 K context switches (docs/benchmarks.md, "Twelfth round").
     fn wait_ns(&self, ns: u64) {
         let start = self.now_ns();
         let end = start.saturating_add(ns);
