@@ -219,7 +219,7 @@ pub struct Scaling {
 fn median_index(v: &[u64]) -> usize {
     let mut idx: Vec<usize> = (0..v.len()).collect();
     idx.sort_by_key(|&i| v[i]);
-    idx[(v.len() - 1) / 2]
+    idx.get(v.len().saturating_sub(1) / 2).copied().unwrap_or(0)
 }
 
 fn median_f64(v: &[f64]) -> f64 {
@@ -229,16 +229,24 @@ fn median_f64(v: &[f64]) -> f64 {
 }
 
 /// Each count's aggregate times over the trials (`trials[t][i]`: trial t, VM count i),
-/// against the first count's.
+/// against the first count's. Empty without trials; a trial short of a count counts 0 for it.
 pub fn scaling(vms: &[u32], trials: &[Vec<u64>]) -> Vec<Scaling> {
-    let column = |i: usize| -> Vec<u64> { trials.iter().map(|t| t[i]).collect() };
+    if trials.is_empty() {
+        return Vec::new();
+    }
+    let column = |i: usize| -> Vec<u64> {
+        trials
+            .iter()
+            .map(|t| t.get(i).copied().unwrap_or(0))
+            .collect()
+    };
     let base = column(0);
     let base_median = base.get(median_index(&base)).copied().unwrap_or(0);
     vms.iter()
         .enumerate()
         .map(|(i, &v)| {
             let col = column(i);
-            let median_ns = col[median_index(&col)];
+            let median_ns = col.get(median_index(&col)).copied().unwrap_or(0);
             let paired_ratios: Vec<f64> = col
                 .iter()
                 .zip(&base)
@@ -731,6 +739,8 @@ mod tests {
         // Even: the lower of the two middle ones.
         assert_eq!(median_index(&[40, 10, 30, 20]), 3);
         assert_eq!(median_index(&[7]), 0);
+        assert_eq!(median_index(&[]), 0);
+        assert!(scaling(&[1, 16], &[]).is_empty());
     }
 
     #[test]
