@@ -109,6 +109,26 @@ pub enum WorkerPolicy {
     Normal,
 }
 
+impl WorkerPolicy {
+    /// The policy's name on a command line and in reports: `batch` or `normal`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerPolicy::Batch => "batch",
+            WorkerPolicy::Normal => "normal",
+        }
+    }
+}
+
+impl std::str::FromStr for WorkerPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [WorkerPolicy::Batch, WorkerPolicy::Normal]
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| format!("`{s}`: expected `batch` or `normal`"))
+    }
+}
+
 /// Who performs the copy and compute engines' pieces of work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Executor {
@@ -825,6 +845,15 @@ mod tests {
 
     fn gpu() -> SimGpu {
         SimGpu::new(SimConfig::default())
+    }
+
+    #[test]
+    fn worker_policies_parse_from_their_names_and_nothing_else() {
+        for p in [WorkerPolicy::Batch, WorkerPolicy::Normal] {
+            assert_eq!(p.name().parse::<WorkerPolicy>(), Ok(p));
+        }
+        assert!("Batch".parse::<WorkerPolicy>().is_err());
+        assert!("".parse::<WorkerPolicy>().is_err());
     }
 
     #[test]

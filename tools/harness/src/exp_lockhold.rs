@@ -438,11 +438,7 @@ pub fn run_lockhold(opts: &LockholdOptions) -> LockholdReport {
             ClockKind::Sim => "inline",
         }
         .into(),
-        worker_policy: match opts.worker_policy {
-            WorkerPolicy::Batch => "batch",
-            WorkerPolicy::Normal => "normal",
-        }
-        .into(),
+        worker_policy: opts.worker_policy.name().into(),
         scenarios: [
             Neighbour::None,
             Neighbour::Mmul,

@@ -28,7 +28,7 @@ pub struct LockholdArgs {
     clock: gpuvm::clock::ClockKind,
     /// The host scheduling policy the simulator's engine worker asks for: `batch`
     /// (SCHED_BATCH: it does not preempt vCPU threads when it wakes) or `normal`.
-    #[arg(long, default_value = "batch", value_parser = parse_policy)]
+    #[arg(long, default_value = "batch")]
     worker_policy: gpuvm_sim::WorkerPolicy,
     /// Do not read each hold's thread CPU clock and schedstat (they add about 1-2 us to every
     /// hold, which the p50/p99 then include; without them the on CPU / runnable / asleep
@@ -55,14 +55,6 @@ pub fn run(a: &LockholdArgs) -> anyhow::Result<bool> {
     });
     super::plot::emit(&r, a.json, render, a.svg.as_deref(), write_svg)?;
     Ok(r.scenarios.iter().all(|s| s.verified == s.workloads))
-}
-
-fn parse_policy(s: &str) -> Result<gpuvm_sim::WorkerPolicy, String> {
-    match s {
-        "batch" => Ok(gpuvm_sim::WorkerPolicy::Batch),
-        "normal" => Ok(gpuvm_sim::WorkerPolicy::Normal),
-        _ => Err(format!("`{s}`: expected `batch` or `normal`")),
-    }
 }
 
 fn render(r: &LockholdReport) -> String {
