@@ -49,7 +49,7 @@ mod teardown;
 mod vm_map;
 mod window;
 
-pub use hold::{HoldUsage, LockHolds, HOLD_BUCKETS};
+pub use hold::{HoldUsage, LockHolds, TimedMutex, HOLD_BUCKETS};
 pub(crate) use report::Counters;
 pub use report::HostStats;
 

@@ -147,6 +147,51 @@ impl HoldTimes {
     }
 }
 
+/// A mutex whose holds are timed exactly as the host lock's are (from the acquisition to the
+/// release, the holder's thread usage read on request): the instrument of
+/// [`crate::host::GpuHost`]'s [`LockHolds`], for a lock of anyone's. `gpuvm exp lockhold`'s
+/// `baseline` times a plain lock with it under the same threads' pressure, without a device
+/// model: what the host's scheduler alone does to short critical sections.
+#[derive(Debug, Default)]
+pub struct TimedMutex<T> {
+    lock: parking_lot::Mutex<T>,
+    times: HoldTimes,
+}
+
+impl<T> TimedMutex<T> {
+    /// A lock holding `value`; `thread_usage`: every hold also reads its thread's CPU clock and
+    /// schedstat (as `GpuHost::measure_hold_thread_usage`).
+    pub fn new(value: T, thread_usage: bool) -> TimedMutex<T> {
+        let t = TimedMutex {
+            lock: parking_lot::Mutex::new(value),
+            times: HoldTimes::default(),
+        };
+        t.times.set_thread_usage(thread_usage);
+        t
+    }
+
+    /// Runs `f` holding the lock: one timed hold, recorded as taken at the caller.
+    #[track_caller]
+    pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        let at = Location::caller();
+        let mut guard = self.lock.try_lock().unwrap_or_else(|| {
+            let t = Instant::now();
+            let g = self.lock.lock();
+            self.times.record_wait(t);
+            g
+        });
+        let (since, usage) = (Instant::now(), self.times.usage_now());
+        let r = f(&mut guard);
+        self.times.record(since, usage, at);
+        r
+    }
+
+    /// The holds so far.
+    pub fn holds(&self) -> LockHolds {
+        self.times.snapshot()
+    }
+}
+
 /// Hold times of the host lock so far (wall-clock time, whatever clock the GPU runs on).
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LockHolds {
@@ -324,6 +369,41 @@ mod tests {
             "a new maximum starts without usage"
         );
         assert_eq!(h.snapshot().max_on_cpu_ns, 0);
+    }
+
+    #[test]
+    fn a_timed_mutex_times_each_hold_and_waits_for_a_holder() {
+        let m = std::sync::Arc::new(TimedMutex::new(0u32, false));
+        let ms = std::time::Duration::from_millis(5);
+        let r = m.with(|v| {
+            std::thread::sleep(ms);
+            *v += 1;
+            *v
+        });
+        assert_eq!(r, 1, "the closure's value comes back");
+        let h = m.holds();
+        assert_eq!(h.count, 1);
+        assert!(h.max_ns >= 5_000_000, "the hold lasts the sleep: {h:?}");
+        assert!(h.max_at.is_some_and(|a| a.contains("hold.rs")));
+        assert_eq!(h.max_usage, None, "usage is read only on request");
+        // A second thread takes the lock while this one holds it: it waits, and is counted.
+        let (taken, go) = std::sync::mpsc::channel();
+        let other = m.clone();
+        let t = m.with(|_| {
+            let t = std::thread::spawn(move || {
+                taken.send(()).unwrap();
+                other.with(|v| *v += 1)
+            });
+            go.recv().unwrap();
+            std::thread::sleep(ms);
+            t
+        });
+        t.join().unwrap();
+        let h = m.holds();
+        assert_eq!(h.count, 3);
+        assert_eq!(h.waits, 1, "{h:?}");
+        assert!(h.waited_ns > 0);
+        assert_eq!(m.with(|v| *v), 2);
     }
 
     #[test]

@@ -107,14 +107,39 @@ pub enum WorkerPolicy {
     Batch,
     /// The process's default policy, as any thread.
     Normal,
+    /// `SCHED_IDLE`: the worker runs only on a core no other thread of the host wants — a
+    /// vCPU thread that wakes takes the core from it at once, as a GPU's engines take no core
+    /// from the CPU at all. Asked for by the worker itself, needing no privilege; if refused,
+    /// the worker runs as `Normal` (logged).
+    Idle,
 }
 
 impl WorkerPolicy {
-    /// The policy's name on a command line and in reports: `batch` or `normal`.
+    /// Puts the calling thread under this policy (its nice level kept; `Normal` changes
+    /// nothing): what the engine worker does when it starts, and what an experiment does to
+    /// give a thread of its own the worker's standing with the host's scheduler.
+    pub fn apply_to_this_thread(self) -> std::io::Result<()> {
+        let policy = match self {
+            WorkerPolicy::Batch => libc::SCHED_BATCH,
+            WorkerPolicy::Idle => libc::SCHED_IDLE,
+            WorkerPolicy::Normal => return Ok(()),
+        };
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `sched_setscheduler` with pid 0 changes only the calling thread's policy and
+        // reads `param`, a valid `sched_param` that outlives the call.
+        if unsafe { libc::sched_setscheduler(0, policy, &param) } == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
+    /// The policy's name on a command line and in reports: `batch`, `normal` or `idle`.
     pub fn name(self) -> &'static str {
         match self {
             WorkerPolicy::Batch => "batch",
             WorkerPolicy::Normal => "normal",
+            WorkerPolicy::Idle => "idle",
         }
     }
 }
@@ -122,10 +147,14 @@ impl WorkerPolicy {
 impl std::str::FromStr for WorkerPolicy {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        [WorkerPolicy::Batch, WorkerPolicy::Normal]
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| format!("`{s}`: expected `batch` or `normal`"))
+        [
+            WorkerPolicy::Batch,
+            WorkerPolicy::Normal,
+            WorkerPolicy::Idle,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
+        .ok_or_else(|| format!("`{s}`: expected `batch`, `normal` or `idle`"))
     }
 }
 
@@ -849,7 +878,11 @@ mod tests {
 
     #[test]
     fn worker_policies_parse_from_their_names_and_nothing_else() {
-        for p in [WorkerPolicy::Batch, WorkerPolicy::Normal] {
+        for p in [
+            WorkerPolicy::Batch,
+            WorkerPolicy::Normal,
+            WorkerPolicy::Idle,
+        ] {
             assert_eq!(p.name().parse::<WorkerPolicy>(), Ok(p));
         }
         assert!("Batch".parse::<WorkerPolicy>().is_err());

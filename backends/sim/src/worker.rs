@@ -84,8 +84,12 @@ pub(crate) fn spawn(shared: Arc<Shared>, policy: WorkerPolicy) -> std::thread::J
     let handle = std::thread::Builder::new()
         .name(crate::ENGINE_THREAD_NAME.into())
         .spawn(move || {
-            if policy == WorkerPolicy::Batch {
-                ask_for_batch_policy();
+            if let Err(e) = policy.apply_to_this_thread() {
+                log::info!(
+                    "simulated GPU: the engine worker stays under the default scheduling \
+                     policy ({} refused: {e})",
+                    policy.name()
+                );
             }
             let _ = ready.send(());
             run(&shared)
@@ -94,21 +98,6 @@ pub(crate) fn spawn(shared: Arc<Shared>, policy: WorkerPolicy) -> std::thread::J
     // Nothing the GPU does waits for this; a thread that died before it sends nothing.
     let _ = policy_set.recv();
     handle
-}
-
-/// Puts the calling thread under `SCHED_BATCH` (nice level kept); logs a refusal.
-fn ask_for_batch_policy() {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: `sched_setscheduler` with pid 0 changes only the calling thread's policy and
-    // reads `param`, a valid `sched_param` that outlives the call.
-    let r = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
-    if r != 0 {
-        log::info!(
-            "simulated GPU: the engine worker stays under the default scheduling policy \
-             (SCHED_BATCH refused: {})",
-            std::io::Error::last_os_error()
-        );
-    }
 }
 
 fn run(shared: &Shared) {

@@ -14,6 +14,14 @@
 //!   the whole shadow, which the host does in budgeted steps (`gpuvm::shadow_pt`, the
 //!   isolation review's finding 4: 48-85 ms in one hold before).
 //!
+//! - `baseline`: no GPU and no device model — a plain lock timed as the host lock is
+//!   ([`gpuvm::host::TimedMutex`]), taken at the `mmul` scenario's measured rate of holds and
+//!   for its mean hold (busy work) by two threads that sleep between holds, beside a CPU-bound
+//!   thread under the engine worker's scheduling policy, for as long as that scenario ran. Its
+//!   longest hold is what the host's scheduler alone does to such holds (lock-holder
+//!   preemption, a woken thread queued behind another): the floor under the other rows on the
+//!   same machine.
+//!
 //! Each scenario is a fresh host on the simulated GF100. With the real clock (the default, what
 //! `serve` and the KVM VMM run) the engines' work runs on the simulator's engine worker, beside
 //! the host lock (`gpuvm_sim::Executor`); with the simulated clock it runs inline in the host's
@@ -77,7 +85,7 @@ impl Default for LockholdOptions {
 /// One scenario's result.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LockholdScenario {
-    /// `alone`, `mmul` or `pv-switch`.
+    /// `alone`, `mmul`, `pv-switch`, `eager-flush` or `baseline`.
     pub name: String,
     /// Victim workloads run and verified.
     pub workloads: u32,
@@ -105,6 +113,10 @@ pub struct LockholdScenario {
     pub max_on_cpu_ns: u64,
     /// Wall time of the scenario, ms.
     pub wall_ms: f64,
+    /// For the baseline (no GPU, no device model): the scenario whose rate of holds, mean hold
+    /// and wall time it copied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline_of: Option<String>,
 }
 
 /// The report.
@@ -121,7 +133,8 @@ pub struct LockholdReport {
     /// Who ran the engines' work: `worker` (beside the host lock) or `inline` (in the host's
     /// calls).
     pub engines: String,
-    /// The worker's host scheduling policy asked for: `batch` or `normal`.
+    /// The worker's host scheduling policy asked for: `batch`, `normal` or `idle` (the
+    /// baseline's CPU-bound thread asks for it too).
     pub worker_policy: String,
     /// Per scenario.
     pub scenarios: Vec<LockholdScenario>,
@@ -255,6 +268,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
         max_usage: holds.max_usage,
         max_on_cpu_ns: holds.max_on_cpu_ns,
         wall_ms,
+        baseline_of: None,
     }
 }
 
@@ -426,7 +440,96 @@ fn eager_flush_loop(vm: &mut Vm, f: &Flags) {
     }
 }
 
-/// Runs the four scenarios.
+/// Threads of the baseline that take its lock (the victim's and the neighbour's roles).
+const BASELINE_TAKERS: u32 = 2;
+/// The baseline's CPU-bound thread: one block of work, ns (a matrix block).
+const BASELINE_HOG_BLOCK_NS: u64 = 100_000;
+
+/// The baseline's threads, in words (for reports).
+pub fn baseline_shape() -> String {
+    format!(
+        "no GPU and no device model: a plain lock timed the same way, for as long as the mmul \
+         row ran, taken by {BASELINE_TAKERS} threads that sleep between holds, at the mmul row's \
+         rate of holds and for its mean hold (busy work), beside a thread computing {} us blocks \
+         under the worker's policy — what the host's scheduler alone does to such holds",
+        BASELINE_HOG_BLOCK_NS / 1000
+    )
+}
+
+/// Busy work for `ns` of wall time.
+fn work_for(ns: u64) {
+    let t = Instant::now();
+    let mut x = 1u64;
+    while t.elapsed().as_nanos() < u128::from(ns) {
+        for _ in 0..64 {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+    }
+}
+
+/// The `baseline` scenario: a plain timed lock, taken at the rate and for the mean length of
+/// `like`'s holds, for as long as `like` ran (see the module's doc).
+fn baseline(opts: &LockholdOptions, like: &LockholdScenario) -> LockholdScenario {
+    let lock = Arc::new(gpuvm::host::TimedMutex::new(0u64, opts.thread_usage));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mean_hold_ns = like.held_ns / like.holds.max(1);
+    // Each taker's share of the holds, spread evenly over the run.
+    let gap_ns = (like.wall_ms * 1e6 * f64::from(BASELINE_TAKERS) / like.holds.max(1) as f64)
+        .max(mean_hold_ns as f64) as u64
+        - mean_hold_ns;
+    let policy = opts.worker_policy;
+    let hog = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // Refused: the thread runs under the default policy, as the worker would.
+            let _ = policy.apply_to_this_thread();
+            while !stop.load(Ordering::Relaxed) {
+                work_for(BASELINE_HOG_BLOCK_NS);
+            }
+        })
+    };
+    let takers: Vec<_> = (0..BASELINE_TAKERS)
+        .map(|_| {
+            let (lock, stop) = (lock.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(std::time::Duration::from_nanos(gap_ns));
+                    lock.with(|n| {
+                        work_for(mean_hold_ns);
+                        *n += 1;
+                    });
+                }
+            })
+        })
+        .collect();
+    let t0 = Instant::now();
+    std::thread::sleep(std::time::Duration::from_secs_f64(like.wall_ms / 1e3));
+    let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let holds = lock.holds();
+    stop.store(true, Ordering::Relaxed);
+    let _ = hog.join();
+    for t in takers {
+        let _ = t.join();
+    }
+    LockholdScenario {
+        name: "baseline".into(),
+        workloads: 0,
+        verified: 0,
+        neighbour_ops: 0,
+        holds: holds.count,
+        held_ns: holds.total_ns,
+        p50_bound_ns: holds.quantile_bound_ns(0.5),
+        p99_bound_ns: holds.quantile_bound_ns(0.99),
+        max_ns: holds.max_ns,
+        max_at: None,
+        max_usage: holds.max_usage,
+        max_on_cpu_ns: holds.max_on_cpu_ns,
+        wall_ms,
+        baseline_of: Some(like.name.clone()),
+    }
+}
+
+/// Runs the four scenarios, and the baseline like the `mmul` scenario.
 pub fn run_lockhold(opts: &LockholdOptions) -> LockholdReport {
     LockholdReport {
         rounds: opts.rounds,
@@ -439,14 +542,55 @@ pub fn run_lockhold(opts: &LockholdOptions) -> LockholdReport {
         }
         .into(),
         worker_policy: opts.worker_policy.name().into(),
-        scenarios: [
-            Neighbour::None,
-            Neighbour::Mmul,
-            Neighbour::PvSwitch,
-            Neighbour::EagerFlush,
-        ]
-        .into_iter()
-        .map(|n| scenario(opts, n))
-        .collect(),
+        scenarios: {
+            let mut v: Vec<LockholdScenario> = [
+                Neighbour::None,
+                Neighbour::Mmul,
+                Neighbour::PvSwitch,
+                Neighbour::EagerFlush,
+            ]
+            .into_iter()
+            .map(|n| scenario(opts, n))
+            .collect();
+            let floor = baseline(opts, &v[1]);
+            v.push(floor);
+            v
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_baseline_takes_a_plain_lock_like_the_scenario_it_copies() {
+        let like = LockholdScenario {
+            name: "mmul".into(),
+            workloads: 14,
+            verified: 14,
+            neighbour_ops: 3,
+            holds: 40,
+            held_ns: 40 * 20_000,
+            p50_bound_ns: 0,
+            p99_bound_ns: 0,
+            max_ns: 0,
+            max_at: None,
+            max_usage: None,
+            max_on_cpu_ns: 0,
+            wall_ms: 40.0,
+            baseline_of: None,
+        };
+        let b = baseline(&LockholdOptions::default(), &like);
+        assert_eq!(b.name, "baseline");
+        assert_eq!(b.baseline_of.as_deref(), Some("mmul"));
+        assert!(
+            b.wall_ms >= like.wall_ms,
+            "it runs as long as the scenario did"
+        );
+        assert!(b.holds > 0 && b.holds <= 4 * like.holds, "{b:?}");
+        // Every hold does the scenario's mean hold of busy work.
+        assert!(b.max_ns >= 20_000 && b.held_ns >= b.holds * 20_000, "{b:?}");
+        assert!(b.max_at.is_none() && b.workloads == 0);
     }
 }

@@ -27,7 +27,8 @@ pub struct LockholdArgs {
     #[arg(long, default_value = "real")]
     clock: gpuvm::clock::ClockKind,
     /// The host scheduling policy the simulator's engine worker asks for: `batch`
-    /// (SCHED_BATCH: it does not preempt vCPU threads when it wakes) or `normal`.
+    /// (SCHED_BATCH: it does not preempt vCPU threads when it wakes), `idle` (SCHED_IDLE: it
+    /// runs only on a core no other thread wants) or `normal`.
     #[arg(long, default_value = "batch")]
     worker_policy: gpuvm_sim::WorkerPolicy,
     /// Do not read each hold's thread CPU clock and schedstat (they add about 1-2 us to every
@@ -76,7 +77,10 @@ fn render(r: &LockholdReport) -> String {
     for s in &r.scenarios {
         t.row([
             s.name.clone(),
-            format!("{}/{}", s.verified, s.workloads),
+            match s.baseline_of {
+                Some(_) => "no GPU".into(),
+                None => format!("{}/{}", s.verified, s.workloads),
+            },
             s.neighbour_ops.to_string(),
             s.holds.to_string(),
             table::ns(s.p50_bound_ns),
@@ -102,8 +106,8 @@ fn render(r: &LockholdReport) -> String {
     }
     format!(
         "{}\nvictim: every workload at size {} x {} rounds; mmul neighbour: {}x{} kernels back to \
-         back; pv-switch neighbour: 2048-op PDE-switch batches. Hold times are wall-clock; p50/p99 \
-         are log2 bucket bounds; the longest hold's time is split, for its holder, into on a CPU, \
+         back; pv-switch neighbour: 2048-op PDE-switch batches; baseline: {}. Hold times are \
+         wall-clock; p50/p99 are log2 bucket bounds; the longest hold's time is split, for its holder, into on a CPU, \
          runnable without one (preempted, or woken and not yet run) and asleep (the kernel's \
          schedstat); the most CPU time any hold took is the device model's own longest work \
          under the lock. Clock {}: the engines ran {} (worker policy {}).",
@@ -112,6 +116,7 @@ fn render(r: &LockholdReport) -> String {
         r.rounds,
         r.mmul_n,
         r.mmul_n,
+        gpuvm_harness::exp_lockhold::baseline_shape(),
         match r.clock {
             gpuvm::clock::ClockKind::Real => "real",
             gpuvm::clock::ClockKind::Sim => "sim",
