@@ -94,6 +94,9 @@ pub(crate) struct Budget {
     deferred: bool,
     worker: bool,
     pub stats: EngineWorkStats,
+    /// Calls waiting for the simulator's lock (`Shared::callers_waiting`): while one does, the
+    /// engine worker's batch ends after the piece it is at.
+    pub callers_waiting: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Default for Budget {
@@ -104,6 +107,7 @@ impl Default for Budget {
             deferred: false,
             worker: false,
             stats: EngineWorkStats::default(),
+            callers_waiting: Default::default(),
         }
     }
 }
@@ -135,7 +139,12 @@ impl Budget {
     fn take(&mut self, units: u64) -> bool {
         // A piece larger than the whole budget still runs, alone, so that work always
         // progresses.
-        if self.used > 0 && self.used + units > self.limit {
+        let caller_waits = self.worker
+            && self
+                .callers_waiting
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0;
+        if self.used > 0 && (self.used + units > self.limit || caller_waits) {
             if !self.deferred {
                 self.deferred = true;
                 self.stats.deferred_calls += 1;
@@ -1179,5 +1188,35 @@ mod tests {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::Budget;
+    use std::sync::atomic::Ordering;
+
+    #[test]
+    fn a_worker_batch_ends_after_its_piece_while_a_call_waits() {
+        let mut b = Budget::default();
+        b.new_worker_batch(1000);
+        assert!(b.take(10) && b.take(10), "nobody waits: the batch goes on");
+        b.callers_waiting.store(1, Ordering::Relaxed);
+        assert!(
+            !b.take(10),
+            "a call waits: the batch ends after the piece it was at"
+        );
+        b.new_worker_batch(1000);
+        assert!(
+            b.take(10),
+            "a new batch always does one piece, so work progresses"
+        );
+        assert!(!b.take(10));
+        // A call's own budget (the inline executor) is not cut short by other callers.
+        b.new_call();
+        assert!(b.take(10) && b.take(10));
+        b.callers_waiting.store(0, Ordering::Relaxed);
+        b.new_worker_batch(1000);
+        assert!(b.take(10) && b.take(10));
     }
 }

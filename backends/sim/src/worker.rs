@@ -5,7 +5,10 @@
 //!
 //! The worker takes the simulator's lock for one batch of due work ([`BATCH_UNITS`]: a few
 //! pieces, tens of microseconds) and hands it back fairly (`unlock_fair`: a waiting caller gets
-//! it before the worker takes it again), so a caller waits at most about one batch. The other
+//! it before the worker takes it again). While a call waits for the lock the batch ends after
+//! the piece it is at, and the worker hands the lock over and waits for the callers (up to
+//! [`HAND_OVER_WAIT`]) before taking it back, so a caller waits about one piece; a caller
+//! inside its own hold spins for it meanwhile instead of sleeping (`SimGpu::lock`). The other
 //! way round, a call that ends when the worker has waited for the lock [`HANDOFF_AFTER_NS`]
 //! hands it to the worker (`Shared::worker_wants`), so callers that poll in a loop cannot
 //! starve the engines. Between
@@ -67,6 +70,9 @@ const AHEAD_BLOCKS: usize = 7;
 
 /// How long the worker waits for the lock before a call that ends hands it over.
 pub(crate) const HANDOFF_AFTER_NS: u64 = 50_000;
+
+/// Longest the worker waits, with the lock released, for calls that wait for it to take it.
+const HAND_OVER_WAIT: Duration = Duration::from_micros(50);
 
 /// Below this wait the worker yields instead of sleeping.
 const SPIN_NS: u64 = 200_000;
@@ -188,7 +194,20 @@ fn run(shared: &Shared) {
             Some(t) if t <= now => {
                 wants(true);
                 m.to(Activity::LockWait);
-                MutexGuard::bump(&mut guard);
+                if shared.callers_waiting.load(Ordering::Relaxed) > 0 {
+                    // A call waits (the batch ended early for it): hand the lock over and let
+                    // it finish before taking the lock back.
+                    MutexGuard::unlocked_fair(&mut guard, || {
+                        let t0 = std::time::Instant::now();
+                        while shared.callers_waiting.load(Ordering::Relaxed) > 0
+                            && t0.elapsed() < HAND_OVER_WAIT
+                        {
+                            std::hint::spin_loop();
+                        }
+                    });
+                } else {
+                    MutexGuard::bump(&mut guard);
+                }
             }
             Some(t) if t - now < SPIN_NS => {
                 m.to(Activity::DueWait);

@@ -77,7 +77,7 @@ impl Default for LockholdOptions {
             mmul_n: 1024,
             clock: ClockKind::Real,
             worker_policy: WorkerPolicy::default(),
-            thread_usage: true,
+            thread_usage: false,
         }
     }
 }

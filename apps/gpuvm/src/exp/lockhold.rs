@@ -31,11 +31,13 @@ pub struct LockholdArgs {
     /// runs only on a core no other thread wants) or `normal`.
     #[arg(long, default_value = "batch")]
     worker_policy: gpuvm_sim::WorkerPolicy,
-    /// Do not read each hold's thread CPU clock and schedstat (they add about 1-2 us to every
-    /// hold, which the p50/p99 then include; without them the on CPU / runnable / asleep
-    /// columns stay empty).
+    /// Read each hold's thread CPU clock and schedstat, to split the longest hold into on a
+    /// CPU / runnable / asleep. Off by default: the reads are system calls inside every hold,
+    /// each a point where the kernel may switch the holder out, and on 2 cores they made the
+    /// `mmul` row's longest hold exceed 2 ms in 13 of 15 runs against 5 of 15 without them
+    /// (docs/benchmarks.md): a diagnosis, not the measure.
     #[arg(long)]
-    no_thread_usage: bool,
+    thread_usage: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -52,7 +54,7 @@ pub fn run(a: &LockholdArgs) -> anyhow::Result<bool> {
         mmul_n: a.mmul_n,
         clock: a.clock,
         worker_policy: a.worker_policy,
-        thread_usage: !a.no_thread_usage,
+        thread_usage: a.thread_usage,
     });
     super::plot::emit(&r, a.json, render, a.svg.as_deref(), write_svg)?;
     Ok(r.scenarios.iter().all(|s| s.verified == s.workloads))
