@@ -236,7 +236,8 @@ mod tests {
 
     #[test]
     fn offloaded_blocks_land_only_in_the_operation_still_at_that_piece() {
-        use crate::engine::{Budget, EngineWrites, Step};
+        use crate::budget::Budget;
+        use crate::engine::{EngineWrites, Step};
         let (mut c, vs) = setup();
         let n = 260u32; // 2 blocks per result row
         let a: Vec<u32> = (0..n * n).map(|i| i % 7).collect();

@@ -25,6 +25,7 @@
 //! deterministic.
 
 mod bar;
+mod budget;
 mod channel;
 mod completion;
 mod compute;
@@ -55,14 +56,15 @@ use gpuvm_phys::clock::{Clock, SimClock};
 use gpuvm_phys::irq::IrqLine;
 use gpuvm_phys::{Bar, ChannelStateError, DmaError, GpuStats, PhysicalGpu};
 
+pub use budget::{EngineWorkStats, WORK_BUDGET};
 pub use cost::CostModel;
-pub use engine::{EngineWorkStats, EngineWrites, WORK_BUDGET};
+pub use engine::EngineWrites;
 pub use worker_time::WorkerTimes;
 
 /// Name of the engine worker's thread (`Executor::Worker`), as profilers and `/proc` show it.
 pub const ENGINE_THREAD_NAME: &str = "gpuvm-sim-engines";
 
-/// How long a call made inside its caller's own hold spins for the simulator's lock before it
+/// How long a call made while a caller's hold is open spins for the simulator's lock before it
 /// sleeps ([`SimGpu::lock`]): a few of the engine worker's pieces, which it ends its batch
 /// after when a call waits (MODEL choice).
 const HOLDER_SPIN_NS: u64 = 300_000;
@@ -536,9 +538,10 @@ impl SimGpu {
 
     /// The simulator's lock, for a call. A call that finds it taken is counted in
     /// [`Shared::callers_waiting`] while it waits (the engine worker ends its batch after the
-    /// piece it is at, and hands the lock over); inside a caller's own hold ([`Shared::
-    /// batches_open`]: a host-lock hold, which every other VM waits for) it spins for it up to
-    /// [`HOLDER_SPIN_NS`] before it sleeps. A holder that slept is woken by the worker's
+    /// piece it is at, and hands the lock over); while a caller's hold is open ([`Shared::
+    /// batches_open`]: a host-lock hold, which every other VM waits for — the waiting call is
+    /// then most often the holder's, and a call on the fast path beside it spins too) it spins
+    /// for it up to [`HOLDER_SPIN_NS`] before it sleeps. A holder that slept is woken by the worker's
     /// hand-off and then waits for a CPU: on a machine with fewer cores than busy threads, for
     /// the rest of a time slice (2-core `gpuvm exp lockhold`: the `mmul` row's longest hold
     /// under 2 ms in 15 of 25 runs sleeping, 23 of 25 spinning; docs/benchmarks.md).

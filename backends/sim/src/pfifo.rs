@@ -28,8 +28,9 @@ use gf100::{fault, host, pfifo};
 use gpuvm_phys::ChannelStateError;
 
 use super::bar::Written;
+use super::budget::Budget;
 use super::channel::{self, Channel};
-use super::engine::{Budget, EngineWrites, Offload, Step};
+use super::engine::{EngineWrites, Offload, Step};
 use super::mem::Memory;
 use super::pbdma::{self, Exec, Outcome, Work};
 use super::Core;
