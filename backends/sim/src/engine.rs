@@ -124,6 +124,47 @@ impl Job {
         }
     }
 
+    /// A pitch copy of `lines` lines of `len` bytes. Lines that follow each other on both
+    /// sides (each pitch equal to the length) and whose source and destination ranges do not
+    /// overlap are one line: it moves in [`STAGE`]-byte pieces instead of a piece per line
+    /// (a driver copies whole pages as page-long lines — nouveau and gpuvm's own driver — and a
+    /// piece each cost the engine more than the bytes did). Overlapping ranges keep their
+    /// lines, each read before it is written as before. The bytes moved and the modeled
+    /// duration do not change; only how finely the copy lands over that duration.
+    pub(crate) fn copy(
+        src: u64,
+        dst: u64,
+        pitch_in: u64,
+        pitch_out: u64,
+        len: u64,
+        lines: u64,
+    ) -> Job {
+        let total = len.saturating_mul(lines);
+        // Neither range wraps around the address space, and one ends before the other starts.
+        let apart = match (src.checked_add(total), dst.checked_add(total)) {
+            (Some(src_end), Some(dst_end)) => src_end <= dst || dst_end <= src,
+            _ => false,
+        };
+        if lines > 1 && pitch_in == len && pitch_out == len && apart {
+            return Job::Copy {
+                src,
+                dst,
+                pitch_in: total,
+                pitch_out: total,
+                len: total,
+                lines: 1,
+            };
+        }
+        Job::Copy {
+            src,
+            dst,
+            pitch_in,
+            pitch_out,
+            len,
+            lines,
+        }
+    }
+
     /// Number of pieces.
     fn pieces(&self) -> u64 {
         match *self {

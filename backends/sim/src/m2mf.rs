@@ -49,14 +49,14 @@ impl Plan {
 
     /// The engine job that performs it.
     pub(crate) fn job(self) -> Job {
-        Job::Copy {
-            src: self.src,
-            dst: self.dst,
-            pitch_in: self.pitch_in,
-            pitch_out: self.pitch_out,
-            len: self.len,
-            lines: self.lines,
-        }
+        Job::copy(
+            self.src,
+            self.dst,
+            self.pitch_in,
+            self.pitch_out,
+            self.len,
+            self.lines,
+        )
     }
 }
 
