@@ -8,14 +8,14 @@
 //! INTERRUPT_TYPE none / non-blocking. Rejected with PBDMA ILLEGAL_MTHD (nothing is copied):
 //! block-linear layouts, REMAP, the blocking interrupt, reserved field values, and copies larger
 //! than [`MAX_COPY_BYTES`]. Data moves in 64 KiB pieces of a line (contiguous lines joined into
-//! one, `Job::copy`) over the copy's modeled duration, page by page through
+//! one, `CopyPlan::job`) over the copy's modeled duration, page by page through
 //! the MMU of the context that launched it (`engine`); a fault stops the copy where it happened
 //! (MMU fault unit PCOPY0, client PCOPY0), reported when that piece is reached.
 
 use gf100::copy as c;
 
 pub(crate) use super::completion::{CopyDone, SemRelease};
-use super::engine::Job;
+use super::engine::{CopyPlan, Job};
 
 /// Largest number of bytes one LAUNCH_DMA may move (MODEL limit: bounds the simulator's work
 /// per method; nouveau splits large copies into lines of at most 128 KiB anyway).
@@ -118,14 +118,15 @@ pub(crate) fn plan(regs: &CopyRegs, launch: u32) -> Result<(Job, CopyDone), Copy
     if regs.line_length == 0 {
         lines = 0;
     }
-    let job = Job::copy(
-        regs.offset_in,
-        regs.offset_out,
-        regs.pitch_in as u64,
-        regs.pitch_out as u64,
-        regs.line_length as u64,
+    let job = CopyPlan {
+        src: regs.offset_in,
+        dst: regs.offset_out,
+        pitch_in: regs.pitch_in as u64,
+        pitch_out: regs.pitch_out as u64,
+        len: regs.line_length as u64,
         lines,
-    );
+    }
+    .job();
     Ok((job, done))
 }
 
@@ -173,33 +174,31 @@ mod tests {
     #[test]
     fn contiguous_lines_that_do_not_overlap_move_as_one() {
         let page = 4096;
-        let lines = |j: Job| match j {
-            Job::Copy { len, lines, .. } => (len, lines),
-            _ => unreachable!("a copy"),
+        let lines = |src, dst, pitch_in, pitch_out, len, lines| {
+            let plan = CopyPlan {
+                src,
+                dst,
+                pitch_in,
+                pitch_out,
+                len,
+                lines,
+            };
+            match plan.job() {
+                Job::Copy(p) => (p.len, p.lines),
+                _ => unreachable!("a copy"),
+            }
         };
         // Page-long lines back to back on both sides, apart: one 64 KiB line.
-        assert_eq!(
-            lines(Job::copy(0, 1 << 20, page, page, page, 16)),
-            (16 * page, 1)
-        );
+        assert_eq!(lines(0, 1 << 20, page, page, page, 16), (16 * page, 1));
         // Overlapping ranges keep their lines (each read before it is written).
-        assert_eq!(lines(Job::copy(0, page, page, page, page, 16)), (page, 16));
-        assert_eq!(lines(Job::copy(page, 0, page, page, page, 16)), (page, 16));
+        assert_eq!(lines(0, page, page, page, page, 16), (page, 16));
+        assert_eq!(lines(page, 0, page, page, page, 16), (page, 16));
         // A pitch that skips bytes on either side keeps its lines.
-        assert_eq!(
-            lines(Job::copy(0, 1 << 20, 2 * page, page, page, 4)),
-            (page, 4)
-        );
-        assert_eq!(
-            lines(Job::copy(0, 1 << 20, page, 2 * page, page, 4)),
-            (page, 4)
-        );
+        assert_eq!(lines(0, 1 << 20, 2 * page, page, page, 4), (page, 4));
+        assert_eq!(lines(0, 1 << 20, page, 2 * page, page, 4), (page, 4));
         // One line, no line, and ranges at the top of the address space stay as they are.
-        assert_eq!(lines(Job::copy(0, 1 << 20, page, page, page, 1)), (page, 1));
-        assert_eq!(lines(Job::copy(0, 1 << 20, 0, 0, 0, 0)), (0, 0));
-        assert_eq!(
-            lines(Job::copy(u64::MAX - page, 0, page, page, page, 2)),
-            (page, 2)
-        );
+        assert_eq!(lines(0, 1 << 20, page, page, page, 1), (page, 1));
+        assert_eq!(lines(0, 1 << 20, 0, 0, 0, 0), (0, 0));
+        assert_eq!(lines(u64::MAX - page, 0, page, page, page, 2), (page, 2));
     }
 }

@@ -63,18 +63,56 @@ pub(crate) const STAGE: u64 = 64 * 1024;
 /// Elements per piece of the element-wise kernels.
 const ELEMS: u64 = 16 * 1024;
 
+/// A pitch copy of `lines` lines of `len` bytes, as launched (copy engine or M2MF).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CopyPlan {
+    pub src: u64,
+    pub dst: u64,
+    pub pitch_in: u64,
+    pub pitch_out: u64,
+    pub len: u64,
+    pub lines: u64,
+}
+
+impl CopyPlan {
+    /// Bytes the transfer moves.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.len * self.lines
+    }
+
+    /// The engine job that performs it. Lines that follow each other on both sides (each
+    /// pitch equal to the length) and whose source and destination ranges do not overlap are
+    /// one line: it moves in [`STAGE`]-byte pieces instead of a piece per line (a driver copies
+    /// whole pages as page-long lines — nouveau and gpuvm's own driver — and a piece each cost
+    /// the engine more than the bytes did). Overlapping ranges keep their lines, each read
+    /// before it is written as before. The bytes moved and the modeled duration do not change;
+    /// only how finely the copy lands over that duration.
+    pub(crate) fn job(self) -> Job {
+        let total = self.len.saturating_mul(self.lines);
+        // Neither range wraps around the address space, and one ends before the other starts.
+        let apart = match (self.src.checked_add(total), self.dst.checked_add(total)) {
+            (Some(src_end), Some(dst_end)) => src_end <= self.dst || dst_end <= self.src,
+            _ => false,
+        };
+        let contiguous = self.pitch_in == self.len && self.pitch_out == self.len;
+        if self.lines > 1 && contiguous && apart {
+            return Job::Copy(CopyPlan {
+                pitch_in: total,
+                pitch_out: total,
+                len: total,
+                lines: 1,
+                ..self
+            });
+        }
+        Job::Copy(self)
+    }
+}
+
 /// What an operation does, cut into pieces.
 #[derive(Debug)]
 pub(crate) enum Job {
-    /// A pitch copy of `lines` lines of `len` bytes.
-    Copy {
-        src: u64,
-        dst: u64,
-        pitch_in: u64,
-        pitch_out: u64,
-        len: u64,
-        lines: u64,
-    },
+    /// A pitch copy ([`CopyPlan::job`]).
+    Copy(CopyPlan),
     /// `bytes` bytes of the repeated `value` at `dst`.
     Memset { dst: u64, bytes: u64, value: u32 },
     /// `c[i] = op(a[i], b[i])` for `n` words; `float` selects f32 add over wrapping u32 add.
@@ -124,51 +162,10 @@ impl Job {
         }
     }
 
-    /// A pitch copy of `lines` lines of `len` bytes. Lines that follow each other on both
-    /// sides (each pitch equal to the length) and whose source and destination ranges do not
-    /// overlap are one line: it moves in [`STAGE`]-byte pieces instead of a piece per line
-    /// (a driver copies whole pages as page-long lines — nouveau and gpuvm's own driver — and a
-    /// piece each cost the engine more than the bytes did). Overlapping ranges keep their
-    /// lines, each read before it is written as before. The bytes moved and the modeled
-    /// duration do not change; only how finely the copy lands over that duration.
-    pub(crate) fn copy(
-        src: u64,
-        dst: u64,
-        pitch_in: u64,
-        pitch_out: u64,
-        len: u64,
-        lines: u64,
-    ) -> Job {
-        let total = len.saturating_mul(lines);
-        // Neither range wraps around the address space, and one ends before the other starts.
-        let apart = match (src.checked_add(total), dst.checked_add(total)) {
-            (Some(src_end), Some(dst_end)) => src_end <= dst || dst_end <= src,
-            _ => false,
-        };
-        if lines > 1 && pitch_in == len && pitch_out == len && apart {
-            return Job::Copy {
-                src,
-                dst,
-                pitch_in: total,
-                pitch_out: total,
-                len: total,
-                lines: 1,
-            };
-        }
-        Job::Copy {
-            src,
-            dst,
-            pitch_in,
-            pitch_out,
-            len,
-            lines,
-        }
-    }
-
     /// Number of pieces.
     fn pieces(&self) -> u64 {
         match *self {
-            Job::Copy { len, lines, .. } => lines * len.div_ceil(STAGE),
+            Job::Copy(CopyPlan { len, lines, .. }) => lines * len.div_ceil(STAGE),
             Job::Memset { bytes, .. } => bytes.div_ceil(STAGE),
             Job::Elementwise { n, .. } => n.div_ceil(ELEMS),
             Job::Matmul { n, .. } => {
@@ -183,14 +180,14 @@ impl Job {
     fn ranges(&self, i: u64, out: &mut Vec<(u64, u64)>) {
         out.clear();
         match *self {
-            Job::Copy {
+            Job::Copy(CopyPlan {
                 src,
                 dst,
                 pitch_in,
                 pitch_out,
                 len,
                 ..
-            } => {
+            }) => {
                 let per_line = len.div_ceil(STAGE);
                 let (line, off) = (i / per_line, i % per_line * STAGE);
                 let n = (len - off).min(STAGE);
@@ -238,7 +235,9 @@ impl Job {
     fn units(&self, i: u64) -> u64 {
         PIECE_UNITS
             + match *self {
-                Job::Copy { len, .. } => (len - i % len.div_ceil(STAGE) * STAGE).min(STAGE) / 4,
+                Job::Copy(CopyPlan { len, .. }) => {
+                    (len - i % len.div_ceil(STAGE) * STAGE).min(STAGE) / 4
+                }
                 Job::Memset { bytes, .. } => (bytes - i * STAGE).min(STAGE) / 4,
                 Job::Elementwise { n, .. } => (n - i * ELEMS).min(ELEMS),
                 // A load: its words; a block: n multiply-adds per column of each of its rows
@@ -259,7 +258,7 @@ impl Job {
         let mut r = Vec::with_capacity(3);
         self.ranges(i, &mut r);
         match self {
-            Job::Copy { .. } => {
+            Job::Copy(_) => {
                 let (src, n) = r[0];
                 // Reused, not zeroed, so it holds the last copy's bytes — possibly another VM's:
                 // `read_va` writes every byte of it when it succeeds (memory, or zeros or all-ones
@@ -355,7 +354,7 @@ impl Job {
     fn duration(&self, core: &Core, traffic: Traffic) -> u64 {
         let cost = &core.cost;
         match *self {
-            Job::Copy { .. } => cost.copy(traffic),
+            Job::Copy(_) => cost.copy(traffic),
             Job::Memset { .. } => cost.kernel(traffic, 0, 0),
             Job::Elementwise { n, float, .. } => {
                 let ops = n as u128;

@@ -27,38 +27,7 @@
 use gf100::m2mf as c;
 
 use super::copy::{CopyDone, SemRelease, MAX_COPY_BYTES};
-use super::engine::Job;
-
-/// A memory-to-memory transfer as launched: the copy engine's [`Job::Copy`] once [`Plan::job`]
-/// builds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Plan {
-    src: u64,
-    dst: u64,
-    pitch_in: u64,
-    pitch_out: u64,
-    len: u64,
-    lines: u64,
-}
-
-impl Plan {
-    /// Bytes the transfer moves.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.len * self.lines
-    }
-
-    /// The engine job that performs it.
-    pub(crate) fn job(self) -> Job {
-        Job::copy(
-            self.src,
-            self.dst,
-            self.pitch_in,
-            self.pitch_out,
-            self.len,
-            self.lines,
-        )
-    }
-}
+use super::engine::CopyPlan;
 
 /// An inline transfer waiting for LOAD_INLINE_DATA words.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -97,7 +66,7 @@ pub(crate) enum Action {
     /// Stored; nothing else happens.
     None,
     /// Run a memory-to-memory transfer, then its completion actions.
-    Launch(Plan, CopyDone),
+    Launch(CopyPlan, CopyDone),
     /// Write `bytes` at `va` (one inline data word); then, when `done` is given, the transfer
     /// is complete and its completion actions run.
     Write {
@@ -212,7 +181,7 @@ impl M2mfRegs {
             return Err(Refused);
         }
         if !inline {
-            let job = Plan {
+            let job = CopyPlan {
                 src: self.offset_in,
                 dst: self.offset_out,
                 pitch_in: self.pitch_in as u64,
@@ -306,7 +275,7 @@ mod tests {
         };
         assert_eq!(
             job,
-            Plan {
+            CopyPlan {
                 src: 0x10_0000,
                 dst: 0x1_2000_0000,
                 pitch_in: 4096,
