@@ -527,3 +527,54 @@ fn bad_soak_arguments_are_refused() -> bool {
     let out = gpuvm(&["soak", "--duration", "0"]);
     out.status.code() == Some(2) && String::from_utf8_lossy(&out.stderr).contains("--duration")
 }
+
+#[test]
+fn exp_lockhold_reports_every_scenario_and_a_baseline_like_the_mmul_row() {
+    let v = json_ok(&[
+        "exp", "lockhold", "--rounds", "1", "--size", "16", "--mmul-n", "64", "--json",
+    ]);
+    let names: Vec<&str> = v["scenarios"]
+        .as_array()
+        .expect("scenarios")
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["alone", "mmul", "pv-switch", "eager-flush", "baseline"]
+    );
+    let row = |n: &str| {
+        v["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == n)
+            .unwrap()
+            .clone()
+    };
+    let (mmul, base) = (row("mmul"), row("baseline"));
+    assert_eq!(mmul["verified"], mmul["workloads"], "{mmul}");
+    assert_eq!(base["baseline_of"], "mmul");
+    assert!(base["holds"].as_u64().unwrap() > 0, "{base}");
+    // It runs as long as the row it copies (a sleep of that length bounds it from below).
+    assert!(base["wall_ms"].as_f64().unwrap() >= mmul["wall_ms"].as_f64().unwrap());
+    // The usage reads are opt-in: without them the longest hold carries no split.
+    assert!(mmul["max_usage"].is_null(), "{mmul}");
+    let on = json_ok(&[
+        "exp",
+        "lockhold",
+        "--rounds",
+        "1",
+        "--size",
+        "16",
+        "--mmul-n",
+        "64",
+        "--json",
+        "--thread-usage",
+        "--worker-policy",
+        "idle",
+    ]);
+    assert_eq!(on["worker_policy"], "idle");
+    let bad = gpuvm(&["exp", "lockhold", "--worker-policy", "fifo"]);
+    assert!(!bad.status.success());
+}

@@ -552,8 +552,11 @@ pub fn run_lockhold(opts: &LockholdOptions) -> LockholdReport {
             .into_iter()
             .map(|n| scenario(opts, n))
             .collect();
-            let floor = baseline(opts, &v[1]);
-            v.push(floor);
+            let floor = v
+                .iter()
+                .find(|s| s.name == "mmul")
+                .map(|m| baseline(opts, m));
+            v.extend(floor);
             v
         },
     }
