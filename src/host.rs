@@ -366,15 +366,11 @@ impl HostShared {
     fn lock(&self) -> Held<'_> {
         let at = std::panic::Location::caller();
         crate::vgpu::cell::order::acquiring_host();
-        let guard = self.state.try_write().unwrap_or_else(|| {
-            let t = std::time::Instant::now();
-            let g = self.state.write();
-            self.holds.record_wait(t);
-            g
-        });
-        // The hold is timed from here: everything after this line keeps the lock from the
+        // The hold is timed from the acquisition: everything after it keeps the lock from the
         // others, `begin_batch` included.
-        let (since, usage) = (std::time::Instant::now(), self.holds.usage_now());
+        let (guard, since, usage) = self
+            .holds
+            .acquire(|| self.state.try_write(), || self.state.write());
         // Whatever this hold changes, fast-path accesses wait for the service until a holder
         // that ends with one says otherwise (`keep_quiet_until`).
         let quiet_before = self

@@ -99,6 +99,24 @@ impl HoldTimes {
         self.buckets[b].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Takes a lock timed by these figures: `try_take` first, and if it is held, `take`
+    /// (waiting, counted as a wait). Returns the guard, the instant the hold starts (its
+    /// acquisition: everything after keeps the lock from the others) and the holder's usage
+    /// then, if holds read it — what [`HoldTimes::record`] takes when the hold ends.
+    pub(crate) fn acquire<G>(
+        &self,
+        try_take: impl FnOnce() -> Option<G>,
+        take: impl FnOnce() -> G,
+    ) -> (G, Instant, Option<ThreadUsage>) {
+        let guard = try_take().unwrap_or_else(|| {
+            let t = Instant::now();
+            let g = take();
+            self.record_wait(t);
+            g
+        });
+        (guard, Instant::now(), self.usage_now())
+    }
+
     /// Records that a taker found the lock held and waited for it since `since`.
     pub(crate) fn record_wait(&self, since: Instant) {
         let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -174,13 +192,9 @@ impl<T> TimedMutex<T> {
     #[track_caller]
     pub fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         let at = Location::caller();
-        let mut guard = self.lock.try_lock().unwrap_or_else(|| {
-            let t = Instant::now();
-            let g = self.lock.lock();
-            self.times.record_wait(t);
-            g
-        });
-        let (since, usage) = (Instant::now(), self.times.usage_now());
+        let (mut guard, since, usage) = self
+            .times
+            .acquire(|| self.lock.try_lock(), || self.lock.lock());
         let r = f(&mut guard);
         self.times.record(since, usage, at);
         r
@@ -387,15 +401,36 @@ mod tests {
         assert!(h.max_at.is_some_and(|a| a.contains("hold.rs")));
         assert_eq!(h.max_usage, None, "usage is read only on request");
         // A second thread takes the lock while this one holds it: it waits, and is counted.
-        let (taken, go) = std::sync::mpsc::channel();
+        // The hold lasts until that thread is asleep on the lock (it tried, found it held, and
+        // parked), so the wait is certain, not a matter of timing.
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let other = m.clone();
         let t = m.with(|_| {
             let t = std::thread::spawn(move || {
-                taken.send(()).unwrap();
+                // `/proc/thread-self` links to `PID/task/TID`.
+                let me = std::fs::read_link("/proc/thread-self").ok();
+                tid_tx
+                    .send(me.and_then(|p| p.file_name().map(|t| t.to_owned())))
+                    .unwrap();
                 other.with(|v| *v += 1)
             });
-            go.recv().unwrap();
-            std::thread::sleep(ms);
+            let stat = tid_rx.recv().unwrap().map(|tid| {
+                std::path::Path::new("/proc/self/task")
+                    .join(tid)
+                    .join("stat")
+            });
+            let asleep = || {
+                std::fs::read_to_string(stat.as_ref()?)
+                    .ok()
+                    .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('S')))
+            };
+            // Without /proc the sleep gives the thread time to try (asserted below either way).
+            if asleep().is_none() {
+                std::thread::sleep(ms);
+            }
+            while asleep() == Some(false) {
+                std::thread::yield_now();
+            }
             t
         });
         t.join().unwrap();
