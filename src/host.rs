@@ -36,6 +36,8 @@
 
 pub(crate) mod dispatch;
 mod hold;
+#[cfg(test)]
+pub(crate) use hold::spawn_until_asleep;
 mod init;
 pub(crate) mod irq_route;
 mod local;
@@ -647,6 +649,18 @@ impl HostState {
 /// The physical GPU and the VMs sharing it.
 pub struct GpuHost {
     shared: Arc<HostShared>,
+}
+
+#[cfg(test)]
+impl GpuHost {
+    /// Runs `f` inside one write-locked hold that ends as an access's does (the host's quiet
+    /// time recomputed): what another VM's access looks like to this VM's fast path.
+    pub(crate) fn in_a_hold<R>(&self, f: impl FnOnce() -> R) -> R {
+        let st = self.shared.lock();
+        let r = f();
+        self.shared.keep_quiet_until(&st);
+        r
+    }
 }
 
 impl std::fmt::Debug for GpuHost {

@@ -340,6 +340,40 @@ pub struct HoldUsage {
     pub asleep_ns: u64,
 }
 
+/// For tests of waits: runs `f` on a new thread and returns once that thread is asleep (it
+/// tried something, found it taken, and parked), so that a wait is certain rather than a matter
+/// of timing. Without `/proc`, after a 5 ms sleep instead (the caller's assertions tell).
+#[cfg(test)]
+pub(crate) fn spawn_until_asleep<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        // `/proc/thread-self` links to `PID/task/TID`.
+        let me = std::fs::read_link("/proc/thread-self").ok();
+        // The receiver waits for this message below.
+        let _ = tid_tx.send(me.and_then(|p| p.file_name().map(|t| t.to_owned())));
+        f()
+    });
+    let stat = tid_rx.recv().ok().flatten().map(|tid| {
+        std::path::Path::new("/proc/self/task")
+            .join(tid)
+            .join("stat")
+    });
+    let asleep = || {
+        std::fs::read_to_string(stat.as_ref()?)
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('S')))
+    };
+    if asleep().is_none() {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    while asleep() == Some(false) {
+        std::thread::yield_now();
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,36 +437,8 @@ mod tests {
         // A second thread takes the lock while this one holds it: it waits, and is counted.
         // The hold lasts until that thread is asleep on the lock (it tried, found it held, and
         // parked), so the wait is certain, not a matter of timing.
-        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         let other = m.clone();
-        let t = m.with(|_| {
-            let t = std::thread::spawn(move || {
-                // `/proc/thread-self` links to `PID/task/TID`.
-                let me = std::fs::read_link("/proc/thread-self").ok();
-                tid_tx
-                    .send(me.and_then(|p| p.file_name().map(|t| t.to_owned())))
-                    .unwrap();
-                other.with(|v| *v += 1)
-            });
-            let stat = tid_rx.recv().unwrap().map(|tid| {
-                std::path::Path::new("/proc/self/task")
-                    .join(tid)
-                    .join("stat")
-            });
-            let asleep = || {
-                std::fs::read_to_string(stat.as_ref()?)
-                    .ok()
-                    .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('S')))
-            };
-            // Without /proc the sleep gives the thread time to try (asserted below either way).
-            if asleep().is_none() {
-                std::thread::sleep(ms);
-            }
-            while asleep() == Some(false) {
-                std::thread::yield_now();
-            }
-            t
-        });
+        let t = m.with(|_| spawn_until_asleep(move || other.with(|v| *v += 1)));
         t.join().unwrap();
         let h = m.holds();
         assert_eq!(h.count, 3);

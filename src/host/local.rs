@@ -33,7 +33,10 @@
 //! A VM's poll (`Vgpu::poll`: a guest waiting for its fence, or idle) under the same
 //! conditions does nothing, under that VM's lock alone ([`HostShared::poll_is_idle`], counted
 //! as `VgpuStats::idle_polls`): the service it would run would find nothing to do. Measured by
-//! `gpuvm exp overhead`, this was most of what FV cost over native for the small workloads.
+//! `gpuvm exp overhead`, this was most of what FV cost over native for the small workloads. A
+//! poll that finds a hold in progress waits for it to end and looks again, as a fast read does
+//! (16 VMs on 16 cores: ~850 of a run's ~950 polls that took the host lock did so only because
+//! another VM's hold was in progress; `gpuvm exp scale` host-lock holds at 16 VMs halved).
 //!
 //! Not measured by `LockHolds` (which times write holds: what makes other VMs wait); counted
 //! as `HostStats::fast_path_accesses`. Their waits for a hold in progress to end are in
@@ -84,20 +87,30 @@ impl HostShared {
                 return true;
             }
             drop(vm);
-            // Zero because a write-locked hold is in progress: wait for it to end and look
-            // again, instead of queueing for the host lock. Fast readers that turn into
-            // writers behind one hold keep the lock busy for each other and never come back
-            // (measured on 16 cores: 16 VMs fell to 2.7 M accesses/s from 29 M at 8 VMs, 2 %
-            // of accesses slow). The wait is a read lock — parked, not spinning — taken
-            // without the VM's lock, which the holder may want.
-            if quiet_until != 0 || attempt > 0 || !self.state.is_locked_exclusive() {
+            if !self.wait_out_hold(quiet_until, attempt) {
                 return false;
             }
-            let since = std::time::Instant::now();
-            drop(self.state.read());
-            self.holds.record_fast_wait(since);
         }
         false
+    }
+
+    /// Called by a fast-path access or poll that found `quiet_until` not in the future, on its
+    /// `attempt`th look: if it is zero because a write-locked hold is in progress, waits for
+    /// that hold to end and returns true (look again, once), instead of queueing for the host
+    /// lock. Fast readers that turn into writers behind one hold keep the lock busy for each
+    /// other and never come back (measured on 16 cores: 16 VMs fell to 2.7 M accesses/s from
+    /// 29 M at 8 VMs, 2 % of accesses slow; and 16 VMs waiting for their fences made ~850
+    /// polls a run that took the lock only because another hold was in progress). The wait is
+    /// a read lock — parked, not spinning — taken without the VM's lock, which the holder may
+    /// want.
+    fn wait_out_hold(&self, quiet_until: u64, attempt: usize) -> bool {
+        if quiet_until != 0 || attempt > 0 || !self.state.is_locked_exclusive() {
+            return false;
+        }
+        let since = std::time::Instant::now();
+        drop(self.state.read());
+        self.holds.record_fast_wait(since);
+        true
     }
 
     /// Runs the write `f` (true: it did the access) on the VM of `cell` holding that VM's lock
@@ -140,21 +153,37 @@ impl HostShared {
     /// a guest waiting for its fence no longer takes the host lock to learn that nothing is
     /// due.
     pub(crate) fn poll_is_idle(&self, cell: &VmCell) -> bool {
-        if !self.cfg.local_fast_path || self.irq.is_asserted() {
+        if !self.cfg.local_fast_path {
             return false;
         }
-        let mut vm = cell.lock();
-        if vm.gone || vm.shadow.rebuilding() {
-            return false;
+        for attempt in 0..2 {
+            if self.irq.is_asserted() {
+                return false;
+            }
+            let mut vm = cell.lock();
+            if vm.gone || vm.shadow.rebuilding() {
+                return false;
+            }
+            // Read with the VM's lock held, as `access_local` does.
+            let quiet_until = self.quiet_until.load(Ordering::Acquire);
+            let Some(now) = vm.clock.as_ref().map(|c| c.now_ns()) else {
+                return false;
+            };
+            if now < quiet_until {
+                let idle = !self.take_gpu_event();
+                if idle {
+                    vm.stats.idle_polls += 1;
+                }
+                return idle;
+            }
+            drop(vm);
+            // A hold in progress (another VM's submission, say) says nothing of whether this
+            // poll has anything to do: wait for it to end and look again, as a fast read does.
+            if !self.wait_out_hold(quiet_until, attempt) {
+                return false;
+            }
         }
-        // Read with the VM's lock held, as `access_local` does.
-        let quiet_until = self.quiet_until.load(Ordering::Acquire);
-        let idle =
-            vm.clock.as_ref().is_some_and(|c| c.now_ns() < quiet_until) && !self.take_gpu_event();
-        if idle {
-            vm.stats.idle_polls += 1;
-        }
-        idle
+        false
     }
 
     /// Takes the GPU's report of finished work (`HostShared::gpu_event_pending`), if one is

@@ -785,6 +785,33 @@ fn local_stats_read_the_vms_own_counters_without_the_host_lock() {
 }
 
 #[test]
+fn a_poll_during_another_vms_hold_waits_it_out_instead_of_taking_the_lock() {
+    let r = rig();
+    r.host.set_clock(r.clock.clone());
+    let a = r.vm(ShadowMode::Incremental);
+    // Nothing in flight: a serviced access leaves the host quiet, and a poll is idle.
+    let before = a.stats();
+    a.poll();
+    let idle = a.stats_local().idle_polls;
+    assert_eq!(idle, before.idle_polls + 1, "a quiet host's poll is idle");
+    let holds = r.host.stats().lock_holds;
+    // Another VM's access holds the host lock (which says nothing of whether this VM's poll has
+    // anything to do): the poll waits for it to end and looks again, instead of queueing for
+    // the lock behind it and servicing a GPU that has nothing to service.
+    let polling = a.clone();
+    let t = r
+        .host
+        .in_a_hold(|| crate::host::spawn_until_asleep(move || polling.poll()));
+    t.join().unwrap();
+    assert_eq!(a.stats_local().idle_polls, idle + 1, "the poll stayed idle");
+    let d = r.host.stats().lock_holds.since(&holds);
+    assert_eq!(d.fast_waits, 1, "it waited out the hold: {d:?}");
+    assert_eq!(d.waits, 0, "nobody queued for the lock: {d:?}");
+    // The hold itself and the first stats read's; none of the poll's.
+    assert_eq!(d.count, 2, "{d:?}");
+}
+
+#[test]
 fn partitions_are_refused_when_they_do_not_fit() {
     let r = rig();
     r.host
