@@ -34,11 +34,12 @@ use super::walk::PtKind;
 use super::{PvOutcome, ShadowCtx, ShadowPt};
 use crate::profile::ShadowMode;
 
-/// Guest table entries one batch may walk before it stops with `ERR_BUSY`: eight full
-/// small-page tables (host policy, not hardware; docs/isolation.md gives the hold times: at
-/// sixteen tables `gpuvm exp lockhold`'s pv-switch neighbour held the host lock 0.7-1.6 ms on
-/// the 16-core machine, over the 1 ms the engines-and-locks issue allows).
-pub const WALK_BUDGET: u64 = 8 * 16384;
+/// Guest table entries one batch may walk before it stops with `ERR_BUSY`: four tables of
+/// 16 Ki entries (host policy, not hardware; docs/isolation.md gives the hold times: at
+/// sixteen `gpuvm exp lockhold`'s pv-switch neighbour held the host lock 0.7-1.6 ms on the
+/// 16-core machine, at eight mostly 0.4-0.8 ms but 1.0-2.3 ms in 3 of 14 runs, over the 1 ms
+/// the engines-and-locks issue allows; docs/benchmarks.md, fourteenth round, for four).
+pub const WALK_BUDGET: u64 = 4 * 16384;
 
 /// Applies `ops` to `pt` (see the module documentation).
 pub(super) fn apply(pt: &mut ShadowPt, cx: &mut ShadowCtx, ops: &[Op]) -> PvOutcome {
