@@ -418,6 +418,54 @@ fn exp_scale_trials_alternate_the_counts_and_report_each_points_median_trial() {
 }
 
 #[test]
+fn exp_scale_unshared_runs_as_many_one_vm_stacks_beside_each_point() {
+    let v = json_ok(&[
+        "exp",
+        "scale",
+        "--vms",
+        "1,3",
+        "--size",
+        "16",
+        "--repeat",
+        "1",
+        "--trials",
+        "2",
+        "--unshared",
+        "--json",
+    ]);
+    let points = v["points"].as_array().expect("points");
+    let scaling = v["scaling"].as_array().expect("scaling");
+    for (p, s) in points.iter().zip(scaling) {
+        assert_eq!(p["verified"], true, "the unshared stacks verify too: {p}");
+        let wall = p["unshared_wall_ns"].as_u64().expect("an unshared time");
+        assert!(wall > 0, "{p}");
+        let median = s["unshared_median_ns"].as_u64().expect("its median");
+        assert!(median > 0);
+        // Against the first count's median with the GPU shared.
+        let ratio = s["unshared_ratio_of_medians"].as_f64().expect("a ratio");
+        let base = scaling[0]["median_ns"].as_u64().unwrap() as f64;
+        assert!((ratio - median as f64 / base).abs() < 1e-9, "{s}");
+    }
+    // The table shows the columns too, and KVM guests are refused a flag for in-process stacks.
+    let out = gpuvm(&[
+        "exp",
+        "scale",
+        "--vms",
+        "1",
+        "--size",
+        "16",
+        "--repeat",
+        "1",
+        "--unshared",
+    ]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unshared"));
+    let bad = gpuvm(&["exp", "scale", "--kvm", "--unshared"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--unshared"));
+}
+
+#[test]
 fn demo_json_four_vms_under_band_verified_with_a_plot() {
     let dir = std::env::temp_dir().join(format!("gpuvm-cli-demo-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -72,6 +72,11 @@ pub struct ScaleArgs {
     /// each point is its median trial, and `scaling` compares the counts over all trials.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=101))]
     trials: u32,
+    /// Also run, for each count N, N one-VM stacks at once, each with a simulated GPU of its
+    /// own (its own engine worker): what the machine itself does to N such VMs without a GPU to
+    /// share (`unshared_wall_ns`; in-process only).
+    #[arg(long)]
+    unshared: bool,
 }
 
 /// One VM count.
@@ -89,6 +94,11 @@ pub struct ScalePoint {
     pub max_vm_wall_ns: u64,
     /// Barrier to the last VM's end, ns.
     pub aggregate_wall_ns: u64,
+    /// With --unshared: as many one-VM stacks as this point has VMs, run at once, each with a
+    /// GPU of its own — the slowest one's barrier to its VM's end, ns (each stack times its own
+    /// measured part; they start together and their warm-ups are alike, so the parts overlap).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unshared_wall_ns: Option<u64>,
     /// per_vm_wall_ns + exits per VM x exit_ns.
     pub per_vm_modeled_ns: u64,
     /// GPU time of every VM's measured workloads, ns.
@@ -213,6 +223,13 @@ pub struct Scaling {
     pub median_paired_ratio: f64,
     /// Trials whose paired ratio is at most 2 (the engines-and-locks bar for 16 VMs).
     pub paired_at_most_2x: u32,
+    /// With --unshared: the median over the trials of `ScalePoint::unshared_wall_ns`, ns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unshared_median_ns: Option<u64>,
+    /// With --unshared: that median over the first count's median (with one GPU shared): how
+    /// much of `ratio_of_medians` the machine alone accounts for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unshared_ratio_of_medians: Option<f64>,
 }
 
 /// The index of the median of `v` (the lower middle one for an even length).
@@ -262,6 +279,8 @@ pub fn scaling(vms: &[u32], trials: &[Vec<u64>]) -> Vec<Scaling> {
                 paired_at_most_2x: paired_ratios.iter().filter(|&&r| r <= 2.0).count() as u32,
                 paired_ratios,
                 aggregate_wall_ns: col,
+                unshared_median_ns: None,
+                unshared_ratio_of_medians: None,
             }
         })
         .collect()
@@ -316,6 +335,7 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
         per_vm_waited_ns: Some(waited / n),
         max_vm_wall_ns: per.iter().map(|p| p.0).max().unwrap_or(0),
         aggregate_wall_ns: r.measured_wall_ns,
+        unshared_wall_ns: None,
         per_vm_modeled_ns: wall_sum / n + exits / n * a.exit_ns,
         gpu_busy_ns: gpu,
         gpu_clock_span_ns: span,
@@ -345,9 +365,35 @@ pub fn point(a: &ScaleArgs, vms: u32) -> anyhow::Result<ScalePoint> {
     })
 }
 
+/// `vms` one-VM stacks at once, each with a GPU of its own: the slowest one's measured wall
+/// time, ns, and whether every one verified.
+fn point_unshared(a: &ScaleArgs, vms: u32) -> anyhow::Result<(u64, bool)> {
+    let points: Vec<anyhow::Result<ScalePoint>> = std::thread::scope(|s| {
+        let runs: Vec<_> = (0..vms).map(|_| s.spawn(|| point(a, 1))).collect();
+        runs.into_iter()
+            .map(|r| {
+                r.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a one-VM stack panicked")))
+            })
+            .collect()
+    });
+    let mut slowest = 0;
+    let mut verified = true;
+    for p in points {
+        let p = p.with_context(|| format!("{vms} unshared one-VM stacks"))?;
+        slowest = slowest.max(p.aggregate_wall_ns);
+        verified &= p.verified;
+    }
+    Ok((slowest, verified))
+}
+
 /// Runs the command.
 pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
     anyhow::ensure!(!a.vms.is_empty(), "--vms needs at least one count");
+    anyhow::ensure!(
+        !(a.unshared && a.kvm),
+        "--unshared runs in-process stacks; it does not go with --kvm"
+    );
     for &v in &a.vms {
         anyhow::ensure!((1..=64).contains(&v), "--vms: {v} is not in 1..=64");
     }
@@ -362,18 +408,33 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
                     n => eprintln!("gpuvm exp scale: trial {}/{n}, {v} VMs ...", t + 1),
                 }
             }
-            measured[i].push(if a.kvm {
+            let mut p = if a.kvm {
                 point_kvm(v, a.workload, a.repeat, a.size, a.shadow, a.sched)
                     .with_context(|| format!("{v} KVM VMs"))?
             } else {
                 point(a, v)?
-            });
+            };
+            if a.unshared {
+                let (wall, verified) = point_unshared(a, v)?;
+                p.unshared_wall_ns = Some(wall);
+                p.verified &= verified;
+            }
+            measured[i].push(p);
         }
     }
     let by_trial: Vec<Vec<u64>> = (0..a.trials as usize)
         .map(|t| measured.iter().map(|m| m[t].aggregate_wall_ns).collect())
         .collect();
-    let scaling = scaling(&a.vms, &by_trial);
+    let mut scaling = scaling(&a.vms, &by_trial);
+    if a.unshared {
+        let base = scaling.first().map_or(0, |s| s.median_ns);
+        for (s, m) in scaling.iter_mut().zip(&measured) {
+            let walls: Vec<u64> = m.iter().filter_map(|p| p.unshared_wall_ns).collect();
+            let median = walls.get(median_index(&walls)).copied();
+            s.unshared_median_ns = median;
+            s.unshared_ratio_of_medians = median.map(|u| u as f64 / base.max(1) as f64);
+        }
+    }
     // A run whose VMs did not all verify is not hidden behind a median that did.
     let all_verified = measured.iter().flatten().all(|p| p.verified);
     let points: Vec<ScalePoint> = measured
@@ -451,6 +512,10 @@ pub fn render(r: &ScaleReport) -> String {
         head.push("bring-up");
     }
     head.extend(["per VM", "slowest VM", "aggregate"]);
+    let unshared = r.points.iter().any(|p| p.unshared_wall_ns.is_some());
+    if unshared {
+        head.push("unshared");
+    }
     if !kvm {
         head.push("per VM modeled");
     }
@@ -481,6 +546,9 @@ pub fn render(r: &ScaleReport) -> String {
             table::ns(p.max_vm_wall_ns),
             table::ns(p.aggregate_wall_ns),
         ]);
+        if unshared {
+            row.push(p.unshared_wall_ns.map_or_else(String::new, table::ns));
+        }
         if !kvm {
             row.push(table::ns(p.per_vm_modeled_ns));
         }
@@ -527,7 +595,7 @@ pub fn render(r: &ScaleReport) -> String {
             "\nover {} trials (the counts alternated within each; each row above is its median trial), aggregate against {first} VM(s):\n",
             r.trials
         );
-        let mut t = Table::new(vec![
+        let mut head = vec![
             "VMs",
             "median",
             "least",
@@ -535,9 +603,13 @@ pub fn render(r: &ScaleReport) -> String {
             "ratio of medians",
             "paired ratio, median",
             "paired ≤ 2x",
-        ]);
+        ];
+        if unshared {
+            head.extend(["unshared, median", "unshared ratio"]);
+        }
+        let mut t = Table::new(head);
         for s in &r.scaling {
-            t.row(vec![
+            let mut row = vec![
                 s.vms.to_string(),
                 table::ns(s.median_ns),
                 table::ns(s.min_ns),
@@ -545,7 +617,15 @@ pub fn render(r: &ScaleReport) -> String {
                 format!("{:.2}", s.ratio_of_medians),
                 format!("{:.2}", s.median_paired_ratio),
                 format!("{}/{}", s.paired_at_most_2x, s.paired_ratios.len()),
-            ]);
+            ];
+            if unshared {
+                row.push(s.unshared_median_ns.map_or_else(String::new, table::ns));
+                row.push(
+                    s.unshared_ratio_of_medians
+                        .map_or_else(String::new, |x| format!("{x:.2}")),
+                );
+            }
+            t.row(row);
         }
         out += &t.render();
     }
@@ -710,6 +790,7 @@ fn point_kvm(
         per_vm_waited_ns: None,
         max_vm_wall_ns: per.iter().map(|p| p.0).max().unwrap_or(0),
         aggregate_wall_ns: span,
+        unshared_wall_ns: None,
         per_vm_modeled_ns: wall_sum / n,
         gpu_busy_ns: gpu,
         gpu_clock_span_ns: span,
