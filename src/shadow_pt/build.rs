@@ -484,8 +484,8 @@ pub(crate) fn set_pde(
 }
 
 /// Page-directory entries with tables one [`rebuild_step`] may re-shadow. Each re-walks its
-/// small-page and large-page tables: a full small-page table is 32,768 entries, about a
-/// quarter of a PV batch's `WALK_BUDGET` (host policy, not hardware; the isolation review's
+/// small-page and large-page tables: a full small-page table is 32,768 entries, half of a PV
+/// batch's `WALK_BUDGET` (host policy, not hardware; the isolation review's
 /// finding 4 measured 48-85 ms of host lock for one unbounded rebuild of a full directory).
 /// One, not two as before: `gpuvm exp lockhold`'s eager-flush neighbour (2,048 PDEs naming
 /// full tables) made a two-entry step a 0.8-1.1 ms hold on the 16-core machine, the longest of

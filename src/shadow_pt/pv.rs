@@ -34,12 +34,13 @@ use super::walk::PtKind;
 use super::{PvOutcome, ShadowCtx, ShadowPt};
 use crate::profile::ShadowMode;
 
-/// Guest table entries one batch may walk before it stops with `ERR_BUSY`: four tables of
-/// 16 Ki entries (host policy, not hardware; docs/isolation.md gives the hold times: at
-/// sixteen `gpuvm exp lockhold`'s pv-switch neighbour held the host lock 0.7-1.6 ms on the
-/// 16-core machine, at eight mostly 0.4-0.8 ms but 1.0-2.3 ms in 3 of 14 runs, over the 1 ms
-/// the engines-and-locks issue allows; docs/benchmarks.md, fourteenth round, for four).
-pub const WALK_BUDGET: u64 = 4 * 16384;
+/// Guest table entries one batch may walk before it stops with `ERR_BUSY`: 64 Ki, two full
+/// small-page tables (`gf100::mmu::SPT_ENTRIES`; host policy, not hardware). Measured with
+/// `gpuvm exp lockhold`'s pv-switch neighbour on the 16-core machine: at 256 Ki entries it held
+/// the host lock 0.7-1.6 ms, at 128 Ki mostly 0.4-0.8 ms but 1.0-2.3 ms in 3 of 14 runs — over
+/// the 1 ms the engines-and-locks issue allows —, at 64 Ki 0.24-0.57 ms in 7 of 8 runs
+/// (docs/benchmarks.md, fourteenth round).
+pub const WALK_BUDGET: u64 = 2 * mmu::SPT_ENTRIES;
 
 /// Applies `ops` to `pt` (see the module documentation).
 pub(super) fn apply(pt: &mut ShadowPt, cx: &mut ShadowCtx, ops: &[Op]) -> PvOutcome {
