@@ -70,15 +70,27 @@ struct TlbEntry {
 /// TLB key: page directory (address, is system memory) and 4 KiB virtual page number.
 type TlbKey = (u64, bool, u64);
 
+/// A page directory's translations, by virtual page number.
+type PdPages = HashMap<u64, TlbEntry, ahash::RandomState>;
+
 /// The translation cache, one for the whole GPU. Hashed with aHash, not the default SipHash:
 /// every engine piece and BAR access translates, and hashing was nearly all of a hit's cost
 /// (callgrind: 660 K of the engine worker's 711 K instructions in `translate_as` over an
 /// `exp scale --vms 1` run). Its keys are random per table ([`Tlb::default`]), as SipHash's
 /// are, so a guest choosing page numbers cannot make its entries collide and slow every VM's
 /// lookups.
+///
+/// Kept per page directory, so that flushing one directory (what a VM's TLB flush becomes)
+/// drops its translations without looking at any other's: one table of every directory's
+/// entries made each such flush a pass over all VMs' translations, 4.4 µs under the simulator's
+/// lock with 16 VMs on the 16-core machine, the longest hold any caller made of that lock
+/// (docs/benchmarks.md, fourteenth round).
 #[derive(Debug)]
 pub(crate) struct Tlb {
-    entries: HashMap<TlbKey, TlbEntry, ahash::RandomState>,
+    pds: HashMap<(u64, bool), PdPages, ahash::RandomState>,
+    /// Translations held, all directories together.
+    len: usize,
+    hasher: ahash::RandomState,
 }
 
 impl Default for Tlb {
@@ -88,13 +100,11 @@ impl Default for Tlb {
         use std::hash::{BuildHasher, RandomState};
         let std_keys = RandomState::new();
         let key = |i: u64| std_keys.hash_one(i);
+        let hasher = ahash::RandomState::with_seeds(key(0), key(1), key(2), key(3));
         Tlb {
-            entries: HashMap::with_hasher(ahash::RandomState::with_seeds(
-                key(0),
-                key(1),
-                key(2),
-                key(3),
-            )),
+            pds: HashMap::with_hasher(hasher.clone()),
+            len: 0,
+            hasher,
         }
     }
 }
@@ -104,40 +114,58 @@ impl Tlb {
         (pd.0, pd.1.is_sysram(), va >> mmu::SMALL_PAGE_SHIFT)
     }
 
-    fn insert(&mut self, key: TlbKey, e: TlbEntry) {
-        if self.entries.len() >= TLB_CAPACITY {
-            self.entries.clear();
+    fn get(&self, (pd, sys, vpn): TlbKey) -> Option<&TlbEntry> {
+        self.pds.get(&(pd, sys))?.get(&vpn)
+    }
+
+    fn insert(&mut self, (pd, sys, vpn): TlbKey, e: TlbEntry) {
+        if self.len >= TLB_CAPACITY {
+            self.flush_all();
         }
-        self.entries.insert(key, e);
+        let hasher = &self.hasher;
+        let pages = self
+            .pds
+            .entry((pd, sys))
+            .or_insert_with(|| HashMap::with_hasher(hasher.clone()));
+        if pages.insert(vpn, e).is_none() {
+            self.len += 1;
+        }
     }
 
     /// Drops every translation.
     pub(crate) fn flush_all(&mut self) {
-        self.entries.clear();
+        self.pds.clear();
+        self.len = 0;
     }
 
     /// Drops the translations of the page directory at `pd` (VRAM vs. system memory as in
     /// TLB_FLUSH_VSPACE: both system-memory targets match).
     pub(crate) fn flush_pd(&mut self, pd: u64, target: Target) {
-        let sys = target.is_sysram();
-        self.entries.retain(|&(p, s, _), _| !(p == pd && s == sys));
+        if let Some(pages) = self.pds.remove(&(pd, target.is_sysram())) {
+            self.len -= pages.len();
+        }
     }
 
     /// Drops the translation of one virtual page of one page directory.
     pub(crate) fn flush_page(&mut self, pd: u64, target: Target, va: u64) {
-        self.entries.remove(&Tlb::key((pd, target), va));
+        let (pd, sys, vpn) = Tlb::key((pd, target), va);
+        if let Some(pages) = self.pds.get_mut(&(pd, sys)) {
+            self.len -= usize::from(pages.remove(&vpn).is_some());
+        }
     }
 
     /// Drops the translations of one virtual page in every page directory.
     pub(crate) fn flush_va(&mut self, va: u64) {
         let vpn = va >> mmu::SMALL_PAGE_SHIFT;
-        self.entries.retain(|&(_, _, v), _| v != vpn);
+        for pages in self.pds.values_mut() {
+            self.len -= usize::from(pages.remove(&vpn).is_some());
+        }
     }
 
     /// Number of cached translations.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.entries.len()
+        self.len
     }
 }
 
@@ -172,7 +200,7 @@ impl Core {
         }
         let pd = vs.pd.ok_or(fail(fault::REASON_PT_NOT_PRESENT))?;
         let key = Tlb::key(pd, va);
-        let entry = match self.tlb.entries.get(&key) {
+        let entry = match self.tlb.get(key) {
             Some(&e) => {
                 self.stats.tlb_hits += 1;
                 e
@@ -200,7 +228,7 @@ impl Core {
             return None;
         }
         let pd = vs.pd?;
-        if let Some(e) = self.tlb.entries.get(&Tlb::key(pd, va)) {
+        if let Some(e) = self.tlb.get(Tlb::key(pd, va)) {
             return Some(e.target);
         }
         let errors = self.mem.errors;
@@ -377,6 +405,44 @@ mod tests {
         assert_eq!(c.tlb.len(), 1);
         c.tlb.flush_page(PD, Target::Vram, 0x1000);
         assert_eq!(c.tlb.len(), 0);
+    }
+
+    #[test]
+    fn each_flush_drops_exactly_its_translations_and_the_count_follows() {
+        let e = |page| TlbEntry {
+            page,
+            target: Target::Vram,
+            read_only: false,
+            supervisor: false,
+        };
+        let mut t = Tlb::default();
+        let (a, b) = ((PD, Target::Vram), (PD + 0x1_0000, Target::Vram));
+        for vpn in 0..4u64 {
+            t.insert(Tlb::key(a, vpn << 12), e(vpn));
+            t.insert(Tlb::key(b, vpn << 12), e(vpn + 16));
+        }
+        t.insert(Tlb::key(a, 0), e(0)); // again: still one translation
+        assert_eq!(t.len(), 8);
+        t.flush_va(0x2000);
+        assert_eq!(t.len(), 6);
+        assert!(t.get(Tlb::key(a, 0x2000)).is_none() && t.get(Tlb::key(b, 0x2000)).is_none());
+        t.flush_pd(a.0, a.1);
+        assert_eq!(t.len(), 3, "the other directory keeps its own");
+        assert_eq!(t.get(Tlb::key(b, 0x3000)).map(|x| x.page), Some(19));
+        assert!(t.get(Tlb::key(a, 0x3000)).is_none());
+        t.flush_page(b.0, b.1, 0x1000);
+        t.flush_page(b.0, b.1, 0x1000);
+        assert_eq!(t.len(), 2);
+        // Full: emptied before the next translation is cached.
+        t.flush_all();
+        assert_eq!(t.len(), 0);
+        for vpn in 0..TLB_CAPACITY as u64 {
+            t.insert(Tlb::key(a, vpn << 12), e(vpn));
+        }
+        assert_eq!(t.len(), TLB_CAPACITY);
+        t.insert(Tlb::key(b, 0x7000), e(7));
+        assert_eq!(t.len(), 1);
+        assert!(t.get(Tlb::key(a, 0)).is_none());
     }
 
     #[test]
