@@ -342,7 +342,8 @@ pub struct HoldUsage {
 
 /// For tests of waits: runs `f` on a new thread and returns once that thread is asleep (it
 /// tried something, found it taken, and parked), so that a wait is certain rather than a matter
-/// of timing. Without `/proc`, after a 5 ms sleep instead (the caller's assertions tell).
+/// of timing. Reads the thread's state in `/proc` (the project runs on Linux only); without it
+/// the test fails here rather than guess with a sleep.
 #[cfg(test)]
 pub(crate) fn spawn_until_asleep<T: Send + 'static>(
     f: impl FnOnce() -> T + Send + 'static,
@@ -355,20 +356,21 @@ pub(crate) fn spawn_until_asleep<T: Send + 'static>(
         let _ = tid_tx.send(me.and_then(|p| p.file_name().map(|t| t.to_owned())));
         f()
     });
-    let stat = tid_rx.recv().ok().flatten().map(|tid| {
-        std::path::Path::new("/proc/self/task")
-            .join(tid)
-            .join("stat")
-    });
+    let tid = tid_rx
+        .recv()
+        .ok()
+        .flatten()
+        .expect("/proc/thread-self names the new thread");
+    let stat = std::path::Path::new("/proc/self/task")
+        .join(tid)
+        .join("stat");
     let asleep = || {
-        std::fs::read_to_string(stat.as_ref()?)
-            .ok()
-            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('S')))
+        let s = std::fs::read_to_string(&stat).expect("the thread's /proc stat");
+        // The state follows the command name's closing parenthesis.
+        s.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('S'))
     };
-    if asleep().is_none() {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    while asleep() == Some(false) {
+    while !asleep() {
         std::thread::yield_now();
     }
     t
@@ -422,16 +424,22 @@ mod tests {
     #[test]
     fn a_timed_mutex_times_each_hold_and_waits_for_a_holder() {
         let m = std::sync::Arc::new(TimedMutex::new(0u32, false));
-        let ms = std::time::Duration::from_millis(5);
-        let r = m.with(|v| {
-            std::thread::sleep(ms);
-            *v += 1;
-            *v
+        // The hold covers the closure: at least as long as the closure measured itself.
+        let (r, inner_ns) = m.with(|v| {
+            let t = Instant::now();
+            for _ in 0..1000 {
+                *v = std::hint::black_box(*v + 1);
+            }
+            *v = 1;
+            (
+                *v,
+                u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            )
         });
         assert_eq!(r, 1, "the closure's value comes back");
         let h = m.holds();
         assert_eq!(h.count, 1);
-        assert!(h.max_ns >= 5_000_000, "the hold lasts the sleep: {h:?}");
+        assert!(h.max_ns >= inner_ns, "the hold lasts the closure: {h:?}");
         assert!(h.max_at.is_some_and(|a| a.contains("hold.rs")));
         assert_eq!(h.max_usage, None, "usage is read only on request");
         // A second thread takes the lock while this one holds it: it waits, and is counted.
