@@ -445,6 +445,23 @@ fn exp_scale_unshared_runs_as_many_one_vm_stacks_beside_each_point() {
         let ratio = s["unshared_ratio_of_medians"].as_f64().expect("a ratio");
         let base = scaling[0]["median_ns"].as_u64().unwrap() as f64;
         assert!((ratio - median as f64 / base).abs() < 1e-9, "{s}");
+        // Shared over unshared, trial by trial: the median of the two trials' quotients (the
+        // lower one of two).
+        let words = |k: &str| -> Vec<f64> {
+            s[k].as_array()
+                .unwrap_or_else(|| panic!("{k}: {s}"))
+                .iter()
+                .map(|x| x.as_u64().expect("ns") as f64)
+                .collect()
+        };
+        let (shared, alone) = (words("aggregate_wall_ns"), words("unshared_wall_ns"));
+        assert_eq!((shared.len(), alone.len()), (2, 2));
+        let quotients: Vec<f64> = shared.iter().zip(&alone).map(|(s, u)| s / u).collect();
+        let lower = quotients[0].min(quotients[1]);
+        let cost = s["median_shared_over_unshared"]
+            .as_f64()
+            .expect("shared over unshared");
+        assert!((cost - lower).abs() < 1e-9, "{s}");
     }
     // The table shows the columns too, and KVM guests are refused a flag for in-process stacks.
     let out = gpuvm(&[

@@ -223,13 +223,22 @@ pub struct Scaling {
     pub median_paired_ratio: f64,
     /// Trials whose paired ratio is at most 2 (the engines-and-locks bar for 16 VMs).
     pub paired_at_most_2x: u32,
-    /// With --unshared: the median over the trials of `ScalePoint::unshared_wall_ns`, ns.
+    /// With --unshared: every trial's `ScalePoint::unshared_wall_ns`, ns, in trial order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unshared_wall_ns: Option<Vec<u64>>,
+    /// With --unshared: their median, ns.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unshared_median_ns: Option<u64>,
     /// With --unshared: that median over the first count's median (with one GPU shared): how
     /// much of `ratio_of_medians` the machine alone accounts for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unshared_ratio_of_medians: Option<f64>,
+    /// With --unshared: the median over the trials of this count's aggregate with one GPU
+    /// shared over its unshared stacks' time in the same trial — what sharing the GPU adds
+    /// beyond what the machine does to that many VMs (`ratio_of_medians` is about this times
+    /// `unshared_ratio_of_medians`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub median_shared_over_unshared: Option<f64>,
 }
 
 /// The index of the median of `v` (the lower middle one for an even length).
@@ -279,8 +288,10 @@ pub fn scaling(vms: &[u32], trials: &[Vec<u64>]) -> Vec<Scaling> {
                 paired_at_most_2x: paired_ratios.iter().filter(|&&r| r <= 2.0).count() as u32,
                 paired_ratios,
                 aggregate_wall_ns: col,
+                unshared_wall_ns: None,
                 unshared_median_ns: None,
                 unshared_ratio_of_medians: None,
+                median_shared_over_unshared: None,
             }
         })
         .collect()
@@ -433,6 +444,17 @@ pub fn run(a: &ScaleArgs) -> anyhow::Result<bool> {
             let median = walls.get(median_index(&walls)).copied();
             s.unshared_median_ns = median;
             s.unshared_ratio_of_medians = median.map(|u| u as f64 / base.max(1) as f64);
+            // Trial by trial: each trial measured the shared point and its unshared stacks
+            // back to back, so a slow stretch of the machine weighs on both.
+            let per_trial: Vec<f64> = m
+                .iter()
+                .filter_map(|p| {
+                    p.unshared_wall_ns
+                        .map(|u| p.aggregate_wall_ns as f64 / u.max(1) as f64)
+                })
+                .collect();
+            s.median_shared_over_unshared = (!per_trial.is_empty()).then(|| median_f64(&per_trial));
+            s.unshared_wall_ns = Some(walls);
         }
     }
     // A run whose VMs did not all verify is not hidden behind a median that did.
@@ -605,7 +627,7 @@ pub fn render(r: &ScaleReport) -> String {
             "paired ≤ 2x",
         ];
         if unshared {
-            head.extend(["unshared, median", "unshared ratio"]);
+            head.extend(["unshared, median", "unshared ratio", "shared / unshared"]);
         }
         let mut t = Table::new(head);
         for s in &r.scaling {
@@ -620,10 +642,9 @@ pub fn render(r: &ScaleReport) -> String {
             ];
             if unshared {
                 row.push(s.unshared_median_ns.map_or_else(String::new, table::ns));
-                row.push(
-                    s.unshared_ratio_of_medians
-                        .map_or_else(String::new, |x| format!("{x:.2}")),
-                );
+                for x in [s.unshared_ratio_of_medians, s.median_shared_over_unshared] {
+                    row.push(x.map_or_else(String::new, |x| format!("{x:.2}")));
+                }
             }
             t.row(row);
         }
