@@ -38,6 +38,8 @@ pub(crate) struct HoldTimes {
     waited_ns: AtomicU64,
     fast_waits: AtomicU64,
     fast_waited_ns: AtomicU64,
+    /// The longest single wait, a taker's or a fast-path access's, ns.
+    max_wait_ns: AtomicU64,
 }
 
 impl Default for HoldTimes {
@@ -55,6 +57,7 @@ impl Default for HoldTimes {
             waited_ns: AtomicU64::new(0),
             fast_waits: AtomicU64::new(0),
             fast_waited_ns: AtomicU64::new(0),
+            max_wait_ns: AtomicU64::new(0),
         }
     }
 }
@@ -122,6 +125,7 @@ impl HoldTimes {
         let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.waits.fetch_add(1, Ordering::Relaxed);
         self.waited_ns.fetch_add(ns, Ordering::Relaxed);
+        self.max_wait_ns.fetch_max(ns, Ordering::Relaxed);
     }
 
     /// Records that a fast-path access found a hold in progress and waited since `since` for it
@@ -130,6 +134,7 @@ impl HoldTimes {
         let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.fast_waits.fetch_add(1, Ordering::Relaxed);
         self.fast_waited_ns.fetch_add(ns, Ordering::Relaxed);
+        self.max_wait_ns.fetch_max(ns, Ordering::Relaxed);
     }
 
     /// Starts a new maximum (the histogram goes on).
@@ -138,6 +143,7 @@ impl HoldTimes {
         *self.max_at.lock() = None;
         *self.max_usage.lock() = None;
         self.max_on_cpu_ns.store(0, Ordering::Relaxed);
+        self.max_wait_ns.store(0, Ordering::Relaxed);
     }
 
     /// A snapshot.
@@ -161,6 +167,7 @@ impl HoldTimes {
             waited_ns: self.waited_ns.load(Ordering::Relaxed),
             fast_waits: self.fast_waits.load(Ordering::Relaxed),
             fast_waited_ns: self.fast_waited_ns.load(Ordering::Relaxed),
+            max_wait_ns: self.max_wait_ns.load(Ordering::Relaxed),
         }
     }
 }
@@ -236,6 +243,11 @@ pub struct LockHolds {
     pub fast_waits: u64,
     /// How long they waited in all, ns.
     pub fast_waited_ns: u64,
+    /// The longest any one of those waits (a taker's or a fast-path access's) lasted, ns: how
+    /// long an exit was actually kept from the lock, where `max_ns` is how long the lock was
+    /// held — a holder switched out while nobody wants the lock makes a long hold and no long
+    /// wait. Like `max_ns`, the maximum since the host's last `GpuHost::reset_lock_hold_max`.
+    pub max_wait_ns: u64,
 }
 
 impl LockHolds {
@@ -259,6 +271,7 @@ impl LockHolds {
             waited_ns: self.waited_ns.saturating_sub(earlier.waited_ns),
             fast_waits: self.fast_waits.saturating_sub(earlier.fast_waits),
             fast_waited_ns: self.fast_waited_ns.saturating_sub(earlier.fast_waited_ns),
+            max_wait_ns: self.max_wait_ns,
         }
     }
 
@@ -452,6 +465,10 @@ mod tests {
         assert_eq!(h.count, 3);
         assert_eq!(h.waits, 1, "{h:?}");
         assert!(h.waited_ns > 0);
+        // One wait: the longest is that one.
+        assert_eq!(h.max_wait_ns, h.waited_ns, "{h:?}");
+        m.times.reset_max();
+        assert_eq!(m.holds().max_wait_ns, 0, "a new maximum starts");
         assert_eq!(m.with(|v| *v), 2);
     }
 

@@ -625,6 +625,10 @@ fn exp_lockhold_reports_every_scenario_and_a_baseline_like_the_mmul_row() {
     assert!(base["wall_ms"].as_f64().unwrap() >= mmul["wall_ms"].as_f64().unwrap());
     // The usage reads are opt-in: without them the longest hold carries no split.
     assert!(mmul["max_usage"].is_null(), "{mmul}");
+    // Every row says how long an access waited for the lock at most, beside the longest hold.
+    for s in v["scenarios"].as_array().unwrap() {
+        assert!(s["max_wait_ns"].is_u64(), "{s}");
+    }
     let on = json_ok(&[
         "exp",
         "lockhold",

@@ -111,6 +111,9 @@ pub struct LockholdScenario {
     /// The most CPU time any one hold took, ns (0 where the kernel keeps no schedstat): the
     /// device model's longest work under the lock.
     pub max_on_cpu_ns: u64,
+    /// The longest any access (the victim's or the neighbour's) waited for the lock, ns
+    /// (`LockHolds::max_wait_ns`): the longest hold is the bound on it, this what an exit met.
+    pub max_wait_ns: u64,
     /// Wall time of the scenario, ms.
     pub wall_ms: f64,
     /// For the baseline (no GPU, no device model): the scenario whose rate of holds, mean hold
@@ -267,6 +270,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
         max_at: holds.max_at,
         max_usage: holds.max_usage,
         max_on_cpu_ns: holds.max_on_cpu_ns,
+        max_wait_ns: holds.max_wait_ns,
         wall_ms,
         baseline_of: None,
     }
@@ -524,6 +528,7 @@ fn baseline(opts: &LockholdOptions, like: &LockholdScenario) -> LockholdScenario
         max_at: None,
         max_usage: holds.max_usage,
         max_on_cpu_ns: holds.max_on_cpu_ns,
+        max_wait_ns: holds.max_wait_ns,
         wall_ms,
         baseline_of: Some(like.name.clone()),
     }
@@ -581,6 +586,7 @@ mod tests {
             max_at: None,
             max_usage: None,
             max_on_cpu_ns: 0,
+            max_wait_ns: 0,
             wall_ms: 40.0,
             baseline_of: None,
         };

@@ -73,6 +73,7 @@ fn render(r: &LockholdReport) -> String {
         "runnable",
         "asleep",
         "most CPU in a hold",
+        "longest wait",
         "taken at",
         "wall",
     ]);
@@ -102,6 +103,7 @@ fn render(r: &LockholdReport) -> String {
             } else {
                 table::ns(s.max_on_cpu_ns)
             },
+            table::ns(s.max_wait_ns),
             s.max_at.clone().unwrap_or_default(),
             format!("{:.0} ms", s.wall_ms),
         ]);
@@ -112,7 +114,8 @@ fn render(r: &LockholdReport) -> String {
          wall-clock; p50/p99 are log2 bucket bounds; the longest hold's time is split, for its holder, into on a CPU, \
          runnable without one (preempted, or woken and not yet run) and asleep (the kernel's \
          schedstat); the most CPU time any hold took is the device model's own longest work \
-         under the lock. Clock {}: the engines ran {} (worker policy {}).",
+         under the lock; the longest wait is the longest any access waited for the lock (a \
+         holder switched out while nobody wants the lock makes a long hold, not a long wait). Clock {}: the engines ran {} (worker policy {}).",
         t.render(),
         r.size,
         r.rounds,
