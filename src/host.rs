@@ -325,9 +325,24 @@ pub(crate) struct HostShared {
     pub layout: HostLayout,
 }
 
-/// The host lock, held: records how long when dropped.
+/// A hold of the host lock this long or longer ends with a fair hand-off
+/// (`RwLockWriteGuard::unlock_fair`): an access parked on the lock gets it before the holder —
+/// or anyone not yet waiting — can take it again. Shorter holds release it as usual, letting a
+/// running thread take it straight back (a hand-off to a parked thread costs its wake-up, with
+/// the lock idle meanwhile). Without it a neighbour whose holds are long and back to back (PV
+/// batches, eager rebuild steps: 0.25-0.7 ms each) took the lock again before the woken waiters
+/// ran, until the lock's own fairness timer (0.5 ms on average) stepped in: on the 16-core
+/// machine the longest wait for the lock beside a `pv-switch` neighbour was 1.06-1.41 ms while
+/// the longest hold was under 0.71 ms, and 0.40-0.50 ms with the hand-off (`gpuvm exp lockhold`, six runs
+/// each; docs/benchmarks.md, fifteenth round). MODEL choice: the many-VM `exp scale` holds are
+/// nearly all shorter, and its figures did not move.
+pub(crate) const FAIR_HANDOFF_AFTER_NS: u64 = 100_000;
+
+/// The host lock, held: records how long when dropped, and hands the lock over fairly after a
+/// long hold ([`FAIR_HANDOFF_AFTER_NS`]).
 pub(crate) struct Held<'a> {
-    guard: RwLockWriteGuard<'a, HostState>,
+    /// `None` only once the hold has ended (in `drop`).
+    guard: Option<RwLockWriteGuard<'a, HostState>>,
     since: std::time::Instant,
     /// Where the lock was taken.
     at: &'static std::panic::Location<'static>,
@@ -343,20 +358,30 @@ pub(crate) struct Held<'a> {
 impl std::ops::Deref for Held<'_> {
     type Target = HostState;
     fn deref(&self) -> &HostState {
-        &self.guard
+        match &self.guard {
+            Some(g) => g,
+            None => unreachable!("the guard is only taken when the hold ends"),
+        }
     }
 }
 
 impl std::ops::DerefMut for Held<'_> {
     fn deref_mut(&mut self) -> &mut HostState {
-        &mut self.guard
+        match &mut self.guard {
+            Some(g) => g,
+            None => unreachable!("the guard is only taken when the hold ends"),
+        }
     }
 }
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        self.holds.record(self.since, self.usage, self.at);
+        let held_ns = self.holds.record(self.since, self.usage, self.at);
         self.phys.end_batch();
+        match self.guard.take() {
+            Some(g) if held_ns >= FAIR_HANDOFF_AFTER_NS => RwLockWriteGuard::unlock_fair(g),
+            g => drop(g),
+        }
     }
 }
 
@@ -381,7 +406,7 @@ impl HostShared {
         // One hold, one bounded batch of the GPU backend's own work (the simulator's engines).
         self.phys.begin_batch();
         Held {
-            guard,
+            guard: Some(guard),
             usage,
             since,
             at,

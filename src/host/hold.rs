@@ -77,13 +77,13 @@ impl HoldTimes {
     }
 
     /// Records one hold that started at `since` (with the holder's usage `before`, if read),
-    /// its lock taken at `at`.
+    /// its lock taken at `at`; returns its length, ns.
     pub(crate) fn record(
         &self,
         since: Instant,
         before: Option<ThreadUsage>,
         at: &'static Location<'static>,
-    ) {
+    ) -> u64 {
         // The holder's figures first: a preemption after them would not belong to the hold.
         let after = before.and_then(|_| ThreadUsage::now());
         let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -100,6 +100,7 @@ impl HoldTimes {
         }
         let b = (63 - ns.max(1).leading_zeros() as usize).min(HOLD_BUCKETS - 1);
         self.buckets[b].fetch_add(1, Ordering::Relaxed);
+        ns
     }
 
     /// Takes a lock timed by these figures: `try_take` first, and if it is held, `take`

@@ -812,6 +812,41 @@ fn a_poll_during_another_vms_hold_waits_it_out_instead_of_taking_the_lock() {
 }
 
 #[test]
+fn a_long_hold_hands_the_lock_to_the_access_that_waited_for_it() {
+    let host = Arc::new(rig().host);
+    // Rounds back to back: the lock's own fairness timer (which hands over now and then, at
+    // random, whatever the hold) has mostly not run out again by the next round's release,
+    // so without the hand-off the holder would take the lock straight back in most rounds.
+    for round in 0..20 {
+        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // A hold that lasts the hand-off threshold, with another thread parked on the lock.
+        let waiter = {
+            let (other, order) = (host.clone(), order.clone());
+            host.in_a_hold(|| {
+                let t0 = std::time::Instant::now();
+                let t = crate::host::spawn_until_asleep(move || {
+                    other.in_a_hold(|| order.lock().unwrap().push("waiter"))
+                });
+                let long = std::time::Duration::from_nanos(crate::host::FAIR_HANDOFF_AFTER_NS);
+                while t0.elapsed() < long {
+                    std::hint::spin_loop();
+                }
+                t
+            })
+        };
+        // The holder wants the lock again at once, while the waiter is still waking up: the
+        // lock was handed to the waiter, so the holder gets it only after the waiter's hold.
+        host.in_a_hold(|| order.lock().unwrap().push("holder again"));
+        waiter.join().unwrap();
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["waiter", "holder again"],
+            "round {round}"
+        );
+    }
+}
+
+#[test]
 fn partitions_are_refused_when_they_do_not_fit() {
     let r = rig();
     r.host
