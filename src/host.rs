@@ -266,6 +266,8 @@ pub(crate) struct HostState {
     pub vms: vm_map::VmMap,
     pub sched: Box<dyn Scheduler>,
     pub inflight: Vec<InFlight>,
+    /// A buffer `host::dispatch::progress` reuses for the scheduler's view of `inflight`.
+    pub decide_buf: Vec<crate::sched::Submission>,
     /// GPU time per VM (`crate::sched::account`).
     pub acct: Accounting,
     /// GPU time each physical channel ran, as charged (`crate::host::runtime`).
@@ -784,6 +786,7 @@ impl GpuHost {
             vms: vm_map::VmMap::default(),
             sched: Policy::Fifo.create(&SchedParams::default()),
             inflight: Vec::new(),
+            decide_buf: Vec::new(),
             acct: {
                 let mut acct = Accounting::default();
                 acct.set_measured(runtime.measured());

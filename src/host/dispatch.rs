@@ -168,8 +168,12 @@ pub(crate) fn progress(st: &mut HostState, phys: &dyn PhysicalGpu, cfg: &HostCon
         }
     }
     let max_inflight = cfg.max_inflight;
+    // The submissions in flight, as the scheduler sees them: a buffer of the host's, reused
+    // (this runs at every service of the GPU).
+    let mut inflight = std::mem::take(&mut st.decide_buf);
     loop {
-        let inflight: Vec<Submission> = st.inflight.iter().map(|f| f.sub).collect();
+        inflight.clear();
+        inflight.extend(st.inflight.iter().map(|f| f.sub));
         let s = match st.sched.decide(&inflight, max_inflight, now) {
             Decision::Dispatch(s) => s,
             Decision::Idle => break,
@@ -188,6 +192,7 @@ pub(crate) fn progress(st: &mut HostState, phys: &dyn PhysicalGpu, cfg: &HostCon
         }
         dispatch(st, phys, s, now);
     }
+    st.decide_buf = inflight;
 }
 
 /// Granularity of watchdog deadlines: PTIMER's resolution on GF100 (its low 5 bits read 0), so
@@ -555,12 +560,8 @@ fn charge_running(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
     // reading just theirs is exact and keeps this per-exit step to a few counter reads; the
     // completion charges the VM's whole range as before.
     let (mut acct, mut sched) = (0u64, 0u64);
-    for p in st
-        .inflight
-        .iter()
-        .map(|f| f.sub.phys_chid)
-        .collect::<Vec<_>>()
-    {
+    for i in 0..st.inflight.len() {
+        let p = st.inflight[i].sub.phys_chid;
         acct += st.runtime.take(phys, p..p + 1, Cursor::Acct).unwrap_or(0);
         sched += st.runtime.take(phys, p..p + 1, Cursor::Sched).unwrap_or(0);
     }
