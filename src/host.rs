@@ -38,7 +38,6 @@ pub(crate) mod dispatch;
 mod hold;
 #[cfg(test)]
 pub(crate) use hold::spawn_until_asleep;
-pub(crate) use hold::FAIR_HANDOFF_AFTER_NS;
 mod init;
 pub(crate) mod irq_route;
 mod local;
@@ -328,8 +327,21 @@ pub(crate) struct HostShared {
     pub layout: HostLayout,
 }
 
+/// A hold of the host lock this long or longer ends with a fair hand-off
+/// (`RwLockWriteGuard::unlock_fair`): an access parked on the lock gets it before the holder —
+/// or anyone not yet waiting — can take it again. Shorter holds release it as usual, letting a
+/// running thread take it straight back (a hand-off to a parked thread costs its wake-up, with
+/// the lock idle meanwhile). Without it a neighbour whose holds are long and back to back (PV
+/// batches, eager rebuild steps: 0.25-0.7 ms each) took the lock again before the woken waiters
+/// ran, until the lock's own fairness timer (0.5 ms on average) stepped in: on the 16-core
+/// machine the longest wait for the lock beside a `pv-switch` neighbour was 1.06-1.41 ms while
+/// the longest hold was under 0.71 ms, and 0.40-0.50 ms with the hand-off (`gpuvm exp lockhold`, six runs
+/// each; docs/benchmarks.md, fifteenth round). MODEL choice: the many-VM `exp scale` holds are
+/// nearly all shorter, and its figures did not move.
+pub(crate) const FAIR_HANDOFF_AFTER_NS: u64 = 100_000;
+
 /// The host lock, held: records how long when dropped, and hands the lock over fairly after a
-/// long hold or to an access that has waited long ([`FAIR_HANDOFF_AFTER_NS`]).
+/// long hold ([`FAIR_HANDOFF_AFTER_NS`]).
 pub(crate) struct Held<'a> {
     /// `None` only once the hold has ended (in `drop`).
     guard: Option<RwLockWriteGuard<'a, HostState>>,
@@ -369,14 +381,7 @@ impl Drop for Held<'_> {
         let held_ns = self.holds.record(self.since, self.usage, self.at);
         self.phys.end_batch();
         match self.guard.take() {
-            Some(g)
-                if held_ns >= FAIR_HANDOFF_AFTER_NS
-                    || self
-                        .holds
-                        .starving(self.since + std::time::Duration::from_nanos(held_ns)) =>
-            {
-                RwLockWriteGuard::unlock_fair(g)
-            }
+            Some(g) if held_ns >= FAIR_HANDOFF_AFTER_NS => RwLockWriteGuard::unlock_fair(g),
             g => drop(g),
         }
     }

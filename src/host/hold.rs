@@ -19,20 +19,6 @@ use std::time::Instant;
 /// counts 0 ns); the last one everything longer.
 pub const HOLD_BUCKETS: usize = 40;
 
-/// A hold of the host lock this long or longer, or one that ends while an access has waited
-/// this long ([`HoldTimes::starving`]), ends with a fair hand-off
-/// (`RwLockWriteGuard::unlock_fair`, `crate::host`): an access parked on the lock gets it
-/// before the holder — or anyone not yet waiting — can take it again. Shorter holds release it as usual, letting a
-/// running thread take it straight back (a hand-off to a parked thread costs its wake-up, with
-/// the lock idle meanwhile). Without it a neighbour whose holds are long and back to back (PV
-/// batches, eager rebuild steps: 0.25-0.7 ms each) took the lock again before the woken waiters
-/// ran, until the lock's own fairness timer (0.5 ms on average) stepped in: on the 16-core
-/// machine the longest wait for the lock beside a `pv-switch` neighbour was 1.06-1.41 ms while
-/// the longest hold was under 0.71 ms, and 0.40-0.50 ms with the hand-off (`gpuvm exp lockhold`, six runs
-/// each; docs/benchmarks.md, fifteenth round). MODEL choice: the many-VM `exp scale` holds are
-/// nearly all shorter, and its figures did not move.
-pub(crate) const FAIR_HANDOFF_AFTER_NS: u64 = 100_000;
-
 /// The histogram, shared by every holder.
 #[derive(Debug)]
 pub(crate) struct HoldTimes {
@@ -54,13 +40,6 @@ pub(crate) struct HoldTimes {
     fast_waited_ns: AtomicU64,
     /// The longest single wait, a taker's or a fast-path access's, ns.
     max_wait_ns: AtomicU64,
-    /// Accesses waiting for the lock now (takers and fast paths), and when the longest-waiting
-    /// of them began, ns after `epoch` plus one (0: nobody waits) — approximately: it is
-    /// cleared when the last waiter gets in, and a wait begun in that instant may go unseen
-    /// until the next one begins.
-    waiting: AtomicU64,
-    oldest_wait: AtomicU64,
-    epoch: Instant,
 }
 
 impl Default for HoldTimes {
@@ -79,9 +58,6 @@ impl Default for HoldTimes {
             fast_waits: AtomicU64::new(0),
             fast_waited_ns: AtomicU64::new(0),
             max_wait_ns: AtomicU64::new(0),
-            waiting: AtomicU64::new(0),
-            oldest_wait: AtomicU64::new(0),
-            epoch: Instant::now(),
         }
     }
 }
@@ -138,44 +114,11 @@ impl HoldTimes {
     ) -> (G, Instant, Option<ThreadUsage>) {
         let guard = try_take().unwrap_or_else(|| {
             let t = Instant::now();
-            self.begin_wait(t);
             let g = take();
-            self.end_wait();
             self.record_wait(t);
             g
         });
         (guard, Instant::now(), self.usage_now())
-    }
-
-    /// An access begins to wait for the lock at `at` ([`HoldTimes::starving`] reads it).
-    pub(crate) fn begin_wait(&self, at: Instant) {
-        let mark = self.mark(at);
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        let _ = self
-            .oldest_wait
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
-                (old == 0 || mark < old).then_some(mark)
-            });
-    }
-
-    /// An access that waited has the lock (or has seen the hold end).
-    pub(crate) fn end_wait(&self) {
-        if self.waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.oldest_wait.store(0, Ordering::Release);
-        }
-    }
-
-    /// True if an access has been waiting for the lock for [`FAIR_HANDOFF_AFTER_NS`] or more
-    /// at `now`: the hold ending then hands the lock over fairly, so that a waiter passed over
-    /// by short holds back to back (an eager rebuild's steps) is let in.
-    pub(crate) fn starving(&self, now: Instant) -> bool {
-        let oldest = self.oldest_wait.load(Ordering::Acquire);
-        oldest != 0 && self.mark(now).saturating_sub(oldest) >= FAIR_HANDOFF_AFTER_NS
-    }
-
-    fn mark(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX - 1)
-            + 1
     }
 
     /// Records that a taker found the lock held and waited for it since `since`.
@@ -528,26 +471,6 @@ mod tests {
         m.times.reset_max();
         assert_eq!(m.holds().max_wait_ns, 0, "a new maximum starts");
         assert_eq!(m.with(|v| *v), 2);
-    }
-
-    #[test]
-    fn an_access_waiting_past_the_threshold_makes_the_release_fair() {
-        let h = HoldTimes::default();
-        let t0 = Instant::now();
-        let later = |ns: u64| t0 + std::time::Duration::from_nanos(ns);
-        assert!(!h.starving(later(FAIR_HANDOFF_AFTER_NS)), "nobody waits");
-        h.begin_wait(t0);
-        assert!(!h.starving(later(FAIR_HANDOFF_AFTER_NS - 1)));
-        assert!(h.starving(later(FAIR_HANDOFF_AFTER_NS)));
-        // A second, later waiter: the oldest one still counts.
-        h.begin_wait(later(50_000));
-        assert!(h.starving(later(FAIR_HANDOFF_AFTER_NS)));
-        // One gets in; one still waits (its start is approximated by the oldest's).
-        h.end_wait();
-        assert!(h.starving(later(FAIR_HANDOFF_AFTER_NS)));
-        // The last one gets in: nobody waits.
-        h.end_wait();
-        assert!(!h.starving(later(10 * FAIR_HANDOFF_AFTER_NS)));
     }
 
     #[test]
