@@ -332,11 +332,11 @@ pub(crate) struct HostShared {
 /// or anyone not yet waiting — can take it again. Shorter holds release it as usual, letting a
 /// running thread take it straight back (a hand-off to a parked thread costs its wake-up, with
 /// the lock idle meanwhile). Without it a neighbour whose holds are long and back to back (PV
-/// batches, eager rebuild steps: 0.25-0.7 ms each) took the lock again before the woken waiters
-/// ran, until the lock's own fairness timer (0.5 ms on average) stepped in: on the 16-core
-/// machine the longest wait for the lock beside a `pv-switch` neighbour was 1.06-1.41 ms while
-/// the longest hold was under 0.71 ms, and 0.40-0.50 ms with the hand-off (`gpuvm exp lockhold`, six runs
-/// each; docs/benchmarks.md, fifteenth round). MODEL choice: the many-VM `exp scale` holds are
+/// batches, up to 0.25-0.7 ms each) took the lock again before the woken waiters ran, until the
+/// lock's own fairness timer (0.5 ms on average) stepped in: on the 16-core machine the longest
+/// wait for the lock beside a `pv-switch` neighbour was 1.06-1.41 ms while the longest hold was
+/// under 0.71 ms, and 0.40-0.50 ms with the hand-off (`gpuvm exp lockhold`, six runs each;
+/// docs/benchmarks.md, fifteenth round). MODEL choice: the many-VM `exp scale` holds are
 /// nearly all shorter, and its figures did not move, in-process or under KVM. Handing over
 /// also to any access that had waited this long, whatever the hold, was tried: under KVM it
 /// passed the lock from one parked vCPU thread to the next, idle through every wake-up (16
