@@ -41,7 +41,8 @@ pub struct LockholdArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
-    /// Write an SVG bar chart of p50 / p99 / longest hold per scenario to FILE.
+    /// Write an SVG bar chart of p50 / p99 / longest hold and the longest wait per scenario to
+    /// FILE.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
 }
@@ -145,7 +146,7 @@ fn write_svg(r: &LockholdReport, path: &Path) -> anyhow::Result<()> {
     let max = r
         .scenarios
         .iter()
-        .map(|s| s.max_ns.max(s.p99_bound_ns))
+        .map(|s| s.max_ns.max(s.p99_bound_ns).max(s.max_wait_ns))
         .max()
         .unwrap_or(1)
         .max(1) as f64
@@ -153,7 +154,7 @@ fn write_svg(r: &LockholdReport, path: &Path) -> anyhow::Result<()> {
     let n = r.scenarios.len();
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            "Host-lock hold times next to each neighbour (log scale)",
+            "Host-lock holds, and the longest wait, next to each neighbour (log scale)",
             ("sans-serif", 20),
         )
         .margin(15)
@@ -169,18 +170,19 @@ fn write_svg(r: &LockholdReport, path: &Path) -> anyhow::Result<()> {
         .y_desc("ns")
         .draw()
         .map_err(plot_err)?;
-    let series: [(&str, Measure); 3] = [
+    let series: [(&str, Measure); 4] = [
         ("p50 bound", |s| s.p50_bound_ns),
         ("p99 bound", |s| s.p99_bound_ns),
-        ("longest", |s| s.max_ns),
+        ("longest hold", |s| s.max_ns),
+        ("longest wait", |s| s.max_wait_ns),
     ];
     for (k, (label, f)) in series.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
         chart
             .draw_series(r.scenarios.iter().enumerate().map(|(i, s)| {
-                let x0 = i as f64 + 0.15 + k as f64 * 0.23;
+                let x0 = i as f64 + 0.1 + k as f64 * 0.2;
                 Rectangle::new(
-                    [(x0, 100.0), (x0 + 0.2, (f(s).max(101)) as f64)],
+                    [(x0, 100.0), (x0 + 0.17, (f(s).max(101)) as f64)],
                     color.filled(),
                 )
             }))
