@@ -1085,6 +1085,13 @@ impl GpuHost {
         self.shared.holds.reset_max();
     }
 
+    /// [`HostStats::lock_holds`] read without taking the host lock (its figures are atomics):
+    /// a measurement's own read neither waits for the lock nor holds it, so it adds no wait and
+    /// no hold to what it measures.
+    pub fn lock_holds(&self) -> LockHolds {
+        self.shared.holds.snapshot()
+    }
+
     /// Whether every hold of the host lock reads its thread's usage, so that
     /// [`LockHolds::max_usage`] says why the longest hold was long (on a CPU, preempted or
     /// asleep). Two reads of the holder's CPU clock and schedstat a hold (about a microsecond

@@ -812,6 +812,17 @@ fn a_poll_during_another_vms_hold_waits_it_out_instead_of_taking_the_lock() {
 }
 
 #[test]
+fn the_hold_figures_are_read_without_a_hold() {
+    let r = rig();
+    let a = r.host.lock_holds();
+    // Reading them again takes no hold and waits for nothing.
+    assert_eq!(r.host.lock_holds(), a);
+    // The host's stats read them inside a hold of its own, which the next read shows.
+    assert_eq!(r.host.stats().lock_holds, a);
+    assert_eq!(r.host.lock_holds().count, a.count + 1);
+}
+
+#[test]
 fn a_long_hold_hands_the_lock_to_the_access_that_waited_for_it() {
     let host = Arc::new(rig().host);
     // Rounds back to back: the lock's own fairness timer (which hands over now and then, at

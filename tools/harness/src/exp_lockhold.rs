@@ -229,7 +229,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     host.reset_lock_hold_max();
-    let before = host.stats().lock_holds;
+    let before = host.lock_holds();
     let t0 = Instant::now();
     let (mut runs, mut verified) = (0, 0);
     for round in 0..MAX_ROUNDS {
@@ -245,7 +245,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
         }
     }
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let holds: LockHolds = host.stats().lock_holds.since(&before);
+    let holds: LockHolds = host.lock_holds().since(&before);
     stop.store(true, Ordering::Relaxed);
     if let Some(h) = worker {
         let _ = h.join();
