@@ -336,11 +336,11 @@ pub(crate) struct HostShared {
 /// lock's own fairness timer (0.5 ms on average) stepped in: on the 16-core machine the longest
 /// wait for the lock beside a `pv-switch` neighbour was 1.06-1.41 ms while the longest hold was
 /// under 0.71 ms, and 0.40-0.50 ms with the hand-off (`gpuvm exp lockhold`, six runs each;
-/// docs/benchmarks.md, fifteenth round). MODEL choice: the many-VM `exp scale` holds are
-/// nearly all shorter, and its figures did not move, in-process or under KVM. Handing over
-/// also to any access that had waited this long, whatever the hold, was tried: under KVM it
-/// passed the lock from one parked vCPU thread to the next, idle through every wake-up (16
-/// guests 4x slower), and was reverted.
+/// docs/benchmarks.md, fifteenth round). Host policy, not hardware: the many-VM `exp scale`
+/// holds are nearly all shorter, and its figures did not move, in-process or under KVM.
+/// Handing over also to any access that had waited this long, whatever the hold, was tried:
+/// under KVM it passed the lock from one parked vCPU thread to the next, idle through every
+/// wake-up (16 guests 4x slower), and was reverted.
 pub(crate) const FAIR_HANDOFF_AFTER_NS: u64 = 100_000;
 
 /// The host lock, held: records how long when dropped, and hands the lock over fairly after a

@@ -146,20 +146,27 @@ impl Tlb {
         }
     }
 
-    /// Drops the translation of one virtual page of one page directory.
+    /// Drops the translation of one virtual page of one page directory (and the directory's
+    /// map if that was its last: no empty maps are kept, whatever directories come and go).
     pub(crate) fn flush_page(&mut self, pd: u64, target: Target, va: u64) {
         let (pd, sys, vpn) = Tlb::key((pd, target), va);
         if let Some(pages) = self.pds.get_mut(&(pd, sys)) {
             self.len -= usize::from(pages.remove(&vpn).is_some());
+            if pages.is_empty() {
+                self.pds.remove(&(pd, sys));
+            }
         }
     }
 
-    /// Drops the translations of one virtual page in every page directory.
+    /// Drops the translations of one virtual page in every page directory (and the maps of
+    /// directories left empty).
     pub(crate) fn flush_va(&mut self, va: u64) {
         let vpn = va >> mmu::SMALL_PAGE_SHIFT;
-        for pages in self.pds.values_mut() {
-            self.len -= usize::from(pages.remove(&vpn).is_some());
-        }
+        let len = &mut self.len;
+        self.pds.retain(|_, pages| {
+            *len -= usize::from(pages.remove(&vpn).is_some());
+            !pages.is_empty()
+        });
     }
 
     /// Number of cached translations.
@@ -433,6 +440,13 @@ mod tests {
         t.flush_page(b.0, b.1, 0x1000);
         t.flush_page(b.0, b.1, 0x1000);
         assert_eq!(t.len(), 2);
+        // A directory whose last translation goes leaves no empty map behind.
+        t.flush_page(b.0, b.1, 0x0000);
+        t.flush_va(0x3000);
+        assert_eq!(t.len(), 0);
+        assert!(t.pds.is_empty(), "no empty directory maps kept");
+        t.insert(Tlb::key(b, 0x1000), e(17));
+        t.insert(Tlb::key(b, 0x3000), e(19));
         // Full: emptied before the next translation is cached.
         t.flush_all();
         assert_eq!(t.len(), 0);

@@ -112,7 +112,8 @@ pub struct LockholdScenario {
     /// device model's longest work under the lock.
     pub max_on_cpu_ns: u64,
     /// The longest any access (the victim's or the neighbour's) waited for the lock, ns
-    /// (`LockHolds::max_wait_ns`): the longest hold is the bound on it, this what an exit met.
+    /// (`LockHolds::max_wait_ns`): what an exit met. The longest hold does not bound it — a
+    /// wait can span several holds and the waiter's own wake-up.
     pub max_wait_ns: u64,
     /// Wall time of the scenario, ms.
     pub wall_ms: f64,
