@@ -471,10 +471,13 @@ mod tests {
         assert!(t.spare.is_empty(), "the spare map was taken");
         assert_eq!(t.pds.values().next().map(HashMap::capacity), Some(grown));
         assert_eq!(t.get(Tlb::key(other, 0x5000)).map(|x| x.page), Some(5));
+        // The reused map holds nothing of the directory it served: a's page 1 is no
+        // translation of the new directory's (a stale entry would be another VM's page).
         assert!(
-            t.get(Tlb::key(a, 0x5000)).is_none(),
+            (0..100u64).all(|vpn| vpn == 5 || t.get(Tlb::key(other, vpn << 12)).is_none()),
             "nothing of the old directory"
         );
+        assert_eq!(t.len(), 1);
         // Bounds: many directories flushed keep at most SPARE_MAPS maps; a large one none.
         for d in 0..3 * SPARE_MAPS as u64 {
             t.insert(Tlb::key((PD + (d << 16), Target::Vram), 0), e(d));
