@@ -447,17 +447,21 @@ mod tests {
         assert_eq!(c.tlb.len(), 0);
     }
 
+    /// A writable, unprivileged VRAM translation to `page`.
+    fn e(page: u64) -> TlbEntry {
+        TlbEntry {
+            page,
+            target: Target::Vram,
+            read_only: false,
+            supervisor: false,
+        }
+    }
+
     /// A flushed directory's map is reused by the next directory cached — no allocation and no
     /// growth again — and the spares stay within their bounds: a map grown past
     /// `SPARE_MAP_CAPACITY` is dropped, never more than `SPARE_MAPS` are kept.
     #[test]
     fn flushed_directory_maps_are_reused_within_bounds() {
-        let e = |page| TlbEntry {
-            page,
-            target: Target::Vram,
-            read_only: false,
-            supervisor: false,
-        };
         let mut t = Tlb::default();
         let a = (PD, Target::Vram);
         for vpn in 0..100u64 {
@@ -494,12 +498,6 @@ mod tests {
 
     #[test]
     fn each_flush_drops_exactly_its_translations_and_the_count_follows() {
-        let e = |page| TlbEntry {
-            page,
-            target: Target::Vram,
-            read_only: false,
-            supervisor: false,
-        };
         let mut t = Tlb::default();
         let (a, b) = ((PD, Target::Vram), (PD + 0x1_0000, Target::Vram));
         for vpn in 0..4u64 {
