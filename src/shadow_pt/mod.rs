@@ -226,9 +226,7 @@ impl ShadowPt {
     fn matching(&self, pdb: Option<GuestPdb>) -> Vec<GuestPdb> {
         self.spaces
             .keys()
-            .filter(|k| {
-                pdb.is_none_or(|p| k.addr == p.addr && Mem::of(k.target) == Mem::of(p.target))
-            })
+            .filter(|k| names(pdb, k))
             .copied()
             .collect()
     }
@@ -328,11 +326,12 @@ impl ShadowPt {
     /// shadows are already current, the shadow page directories to flush physically; `None`
     /// in eager and lazy modes.
     pub fn tlb_flush_in_place(&self, pdb: Option<GuestPdb>) -> Option<Vec<HostVram>> {
+        // One pass, one allocation: this runs at every guest TLB flush.
         matches!(self.mode, ShadowMode::Incremental | ShadowMode::Pv).then(|| {
-            self.matching(pdb)
+            self.spaces
                 .iter()
-                .filter_map(|p| self.spaces.get(p))
-                .map(|s| HostVram(s.pd))
+                .filter(|(k, _)| names(pdb, k))
+                .map(|(_, s)| HostVram(s.pd))
                 .collect()
         })
     }
@@ -523,6 +522,13 @@ impl ShadowPt {
         }
         self.books.tracker.clear();
     }
+}
+
+/// Whether a flush naming `pdb` (all of the VM's address spaces for `None`) covers the shadowed
+/// address space `k`: the same directory address, with both system-memory targets alike (as
+/// TLB_FLUSH_VSPACE matches them).
+fn names(pdb: Option<GuestPdb>, k: &GuestPdb) -> bool {
+    pdb.is_none_or(|p| k.addr == p.addr && Mem::of(k.target) == Mem::of(p.target))
 }
 
 #[cfg(test)]
