@@ -14,7 +14,9 @@
 # the environment. Prints one JSON object (`results[]`: workload, scheme, instructions_per_run,
 # relative_to_native) and a table on stderr. A run's count includes what the harness does per
 # run in both schemes (its GPU-time snapshots and the run's table row, a few thousand
-# instructions), which the wall-time figures leave out. Instructions are not time: memory
+# instructions), which the wall-time figures leave out; fv's snapshots (a call into the
+# simulator for its channels' busy time) cost ~2 K more than native's meter, so a copy's ratio
+# reads ~0.01 high. Instructions are not time: memory
 # stalls, lock waits and page faults cost time they do not count. Installs valgrind with apt-get if it is
 # missing (root).
 set -euo pipefail

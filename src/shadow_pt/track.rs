@@ -6,10 +6,12 @@
 //!
 //! The map is keyed by (memory, 4 KiB page) and holds, for each page, the *roles* of the tables
 //! on it: "the page directory of address space P" or "the small/large table of PDE i of P". A
-//! guest write is mapped to roles with one range query over the written pages, so the cost of a
-//! write is O(log tracked + roles hit), whatever length the caller passes.
+//! guest write is mapped to roles by looking up each written page (a hash map: every page-table
+//! entry a guest writes through the fast path asks it once), or — for a write spanning more pages
+//! than are tracked — by one pass over the tracked pages, so the cost of a write is
+//! O(min(pages written, tracked) + roles hit), whatever length the caller passes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeSet, HashMap};
 
 use gf100::Target;
 
@@ -81,13 +83,33 @@ pub(crate) struct Role {
 }
 
 /// The tracked pages. Roles are kept in ordered sets so that many tables on one page (a guest
-/// pointing thousands of PDEs at one table) cost O(log n) per change, not O(n).
-#[derive(Debug, Default)]
+/// pointing thousands of PDEs at one table) cost O(log n) per change, not O(n). The pages are
+/// hashed with aHash under random keys, as the simulator's TLB is: a guest choosing where its
+/// tables live cannot make their pages collide.
+#[derive(Debug)]
 pub(crate) struct Tracker {
-    pages: BTreeMap<(Mem, u64), BTreeSet<Role>>,
+    pages: HashMap<(Mem, u64), BTreeSet<Role>, ahash::RandomState>,
     /// Bumped whenever the set of tracked pages changes (a VMM that write-protects them
     /// re-reads the set when this moves).
     version: u64,
+}
+
+impl Default for Tracker {
+    /// No page tracked; the hash keys from the standard library's random per-process keys.
+    fn default() -> Tracker {
+        use std::hash::{BuildHasher, RandomState};
+        let std_keys = RandomState::new();
+        let key = |i: u64| std_keys.hash_one(i);
+        Tracker {
+            pages: HashMap::with_hasher(ahash::RandomState::with_seeds(
+                key(0),
+                key(1),
+                key(2),
+                key(3),
+            )),
+            version: 0,
+        }
+    }
 }
 
 /// The 4 KiB pages overlapping `[addr, addr + len)` (empty for `len == 0`).
@@ -167,8 +189,22 @@ impl Tracker {
             return out;
         }
         let mut out: BTreeSet<Role> = BTreeSet::new();
-        for (_, roles) in self.pages.range((mem, first)..=(mem, last)) {
-            out.extend(roles.iter().copied());
+        let span = (last - first) / PAGE + 1;
+        if span <= self.pages.len() as u64 {
+            for page in (0..span).map(|i| first + i * PAGE) {
+                if let Some(roles) = self.pages.get(&(mem, page)) {
+                    out.extend(roles.iter().copied());
+                }
+            }
+        } else {
+            // More pages written than tracked: one pass over the tracked ones.
+            for (_, roles) in self
+                .pages
+                .iter()
+                .filter(|((m, p), _)| *m == mem && (first..=last).contains(p))
+            {
+                out.extend(roles.iter().copied());
+            }
         }
         let mut out: Vec<Role> = out.into_iter().collect();
         out.sort_by_key(key);
@@ -229,6 +265,62 @@ mod tests {
             1,
             "saturates, no overflow"
         );
+    }
+
+    /// A write's roles are the same whether the tracker looks its pages up one by one (the
+    /// write spans no more pages than are tracked) or passes over the tracked pages (it spans
+    /// more), for writes over every part of the tracked range, in both memories, up to the end
+    /// of the address space.
+    #[test]
+    fn roles_of_long_and_short_writes_agree_with_the_pages_tracked() {
+        let mut t = Tracker::default();
+        let (a, b, c) = (
+            role(TableKind::Small(1)),
+            role(TableKind::Large(2)),
+            role(TableKind::Pd),
+        );
+        t.track(Mem::Vram, 0x20000, 0x1000, a);
+        t.track(Mem::Vram, 0x23000, 0x2000, b);
+        t.track(Mem::Ram, 0x21000, 0x1000, c);
+        assert_eq!(t.len(), 4);
+        // Expected: every role on a tracked page of `mem` the range overlaps, directories first.
+        let expect = |mem: Mem, lo: u64, hi: u64| {
+            let mut v: Vec<Role> = [
+                (Mem::Vram, 0x20000, a),
+                (Mem::Vram, 0x23000, b),
+                (Mem::Vram, 0x24000, b),
+                (Mem::Ram, 0x21000, c),
+            ]
+            .into_iter()
+            .filter(|&(m, p, _)| m == mem && p < hi && lo < p + PAGE)
+            .map(|(_, _, r)| r)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+            v.sort_by_key(|r| (r.kind != TableKind::Pd, *r));
+            v
+        };
+        for mem in [Mem::Vram, Mem::Ram] {
+            for (lo, hi) in [
+                (0x20ff8, 0x21008), // two pages: looked up
+                (0x22ff8, 0x24008), // three pages: looked up
+                (0x1f000, 0x26000), // seven pages: more than tracked, one pass
+                (0x0, u64::MAX),    // the whole space
+                (0x24ff8, 0x25000),
+                (0x25000, 0x40000),
+            ] {
+                assert_eq!(
+                    t.roles_in(mem, lo, hi),
+                    expect(mem, lo, hi),
+                    "{mem:?} {lo:#x}..{hi:#x}"
+                );
+                assert_eq!(
+                    t.roles_list(mem, lo, hi).collect::<Vec<_>>(),
+                    expect(mem, lo, hi),
+                    "{mem:?} {lo:#x}..{hi:#x}"
+                );
+            }
+        }
     }
 
     #[test]
