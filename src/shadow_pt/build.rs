@@ -269,7 +269,29 @@ fn translate_entries(
     out: &mut Vec<u8>,
 ) {
     let page = kind.page_size();
+    // One entry, translated (rejected: 0 and a violation).
+    let mut one = |raw: u64, at: u64| {
+        if raw & PTE_PRESENT == 0 {
+            return 0;
+        }
+        translate::shadow_pte(mem, raw, page).unwrap_or_else(|why| {
+            books.violation(
+                pdb,
+                format_args!(
+                    "PDE {idx} {kind:?} PTE {} = {raw:#018x} rejected: {why:?}",
+                    first + at
+                ),
+            );
+            0
+        })
+    };
     out.clear();
+    // A single entry — what every page-table entry a guest writes through a BAR is — goes
+    // straight to its translation.
+    if let Ok(entry) = <[u8; 8]>::try_from(input) {
+        out.extend_from_slice(&one(u64::from_le_bytes(entry), 0).to_le_bytes());
+        return;
+    }
     out.reserve(input.len());
     // Guest tables are mostly zero (fresh VRAM, sparse mappings), and a zero entry shadows to
     // zero: a whole block of zeros is found with one comparison and copied as zeros, so the
@@ -278,28 +300,11 @@ fn translate_entries(
     for block in input.chunks(ZERO_BLOCK.len()) {
         if all_zero(block) {
             out.extend_from_slice(block);
-            at += block.len() / 8;
+            at += block.len() as u64 / 8;
             continue;
         }
         for raw in walk::entries(block) {
-            let shadow = if raw & PTE_PRESENT == 0 {
-                0
-            } else {
-                match translate::shadow_pte(mem, raw, page) {
-                    Ok(v) => v,
-                    Err(why) => {
-                        books.violation(
-                            pdb,
-                            format_args!(
-                                "PDE {idx} {kind:?} PTE {} = {raw:#018x} rejected: {why:?}",
-                                first + at as u64
-                            ),
-                        );
-                        0
-                    }
-                }
-            };
-            out.extend_from_slice(&shadow.to_le_bytes());
+            out.extend_from_slice(&one(raw, at).to_le_bytes());
             at += 1;
         }
     }
