@@ -53,6 +53,12 @@ fn launch_hung(vm: &mut Vm) -> (Channel, gpuvm_guest::Fence) {
     (ch, f)
 }
 
+/// Every engine's ENG_STATE, read register by register: what `PhysicalGpu::engine_states`
+/// (the host's watchdog asks it at every service) must answer in one call.
+fn eng_states_by_register(gpu: &dyn PhysicalGpu) -> [u32; pfifo::ENGINES as usize] {
+    std::array::from_fn(|e| gpu.read_reg(pfifo::eng_state(e as u32)))
+}
+
 fn expect_ctxsw_timeout(r: Result<(), DriverError>) {
     match r {
         Err(DriverError::ChannelError { code, .. }) if code == pfifo::SCHED_ERR_CTXSW_TIMEOUT => {}
@@ -90,6 +96,7 @@ fn watchdog_kills_only_the_hung_channel() {
     let p = vm0.vgpu.phys_channels().start + ch.chid();
     let eng = w.gpu.read_reg(pfifo::eng_state(hm::ENGINE_PGRAPH));
     assert_eq!(eng, pfifo::ENG_STATE_BUSY | p, "PGRAPH runs VM 0's channel");
+    assert_eq!(w.gpu.engine_states(), eng_states_by_register(&*w.gpu));
     assert_eq!(w.host.stats().inflight, 1);
     let next = w.host.next_event_ns().expect("a deadline");
     assert!(
@@ -110,6 +117,7 @@ fn watchdog_kills_only_the_hung_channel() {
     );
     assert_eq!(state_of(&mut vm0, &ch) & pfifo::STATE_RUNNABLE, 0);
     assert_eq!(w.gpu.read_reg(pfifo::eng_state(hm::ENGINE_PGRAPH)), 0);
+    assert_eq!(w.gpu.engine_states(), eng_states_by_register(&*w.gpu));
     let s0 = vm0.vgpu.stats();
     assert_eq!(s0.watchdog_kills, 1);
     assert_eq!(s0.aborted, 1);

@@ -869,9 +869,11 @@ impl PhysicalGpu for SimGpu {
     }
 
     fn engine_states(&self) -> [u32; gf100::pfifo::ENGINES as usize] {
-        self.with_state(|s, now| {
+        self.with_state(|s, _| {
             s.core.stats.mmio_reads += u64::from(gf100::pfifo::ENGINES);
-            std::array::from_fn(|e| s.read_reg(gf100::pfifo::eng_state(e as u32), now))
+            // What `read_reg` of each ENG_STATE answers (only PFIFO decodes those offsets),
+            // without its walk through every register block: the host asks at every service.
+            std::array::from_fn(|e| s.fifo.eng_state(e as u32))
         })
     }
 

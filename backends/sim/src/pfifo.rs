@@ -622,7 +622,7 @@ impl Fifo {
     }
 
     /// ENG_STATE\[e\]: BUSY and the channel while engine `e` runs an operation, else 0.
-    fn eng_state(&self, e: u32) -> u32 {
+    pub(crate) fn eng_state(&self, e: u32) -> u32 {
         match &self.inflight {
             Some(f) if engine_of(&f.work) == Some(e) => pfifo::ENG_STATE_BUSY | f.chid as u32,
             _ => 0,
