@@ -53,7 +53,6 @@ use vm_memory::{Bytes, GuestAddress};
 
 use crate::addr::HostVram;
 use crate::channels::cmdscan::{self, Budget, Ring};
-use crate::host::runtime::Cursor;
 use crate::host::{HostConfig, HostState};
 use crate::phys::AcquireState;
 use crate::phys::{Bar, PhysicalGpu};
@@ -557,13 +556,15 @@ fn charge_running(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
         return;
     }
     // Only channels with a submission in flight can run (their RUNNABLE is the host's), so
-    // reading just theirs is exact and keeps this per-exit step to a few counter reads; the
-    // completion charges the VM's whole range as before.
+    // reading just theirs is exact and keeps this per-exit step to one counter read per
+    // channel (both cursors charged from it, as a completion does); the completion charges the
+    // VM's whole range as before.
     let (mut acct, mut sched) = (0u64, 0u64);
     for i in 0..st.inflight.len() {
         let p = st.inflight[i].sub.phys_chid;
-        acct += st.runtime.take(phys, p..p + 1, Cursor::Acct).unwrap_or(0);
-        sched += st.runtime.take(phys, p..p + 1, Cursor::Sched).unwrap_or(0);
+        let (a, s) = st.runtime.take_both(phys, p..p + 1).unwrap_or((0, 0));
+        acct += a;
+        sched += s;
     }
     if acct > 0 {
         st.acct.charge_measured(vm, acct, now);

@@ -80,6 +80,14 @@ impl ChannelClock {
         chans: Range<u32>,
     ) -> Option<(u64, u64)> {
         self.seen.as_ref()?;
+        if chans.len() == 1 {
+            // One channel (a running VM's, charged at every service): its counter alone.
+            let busy = phys.channel_busy_ns(chans.start).map(|b| [b]);
+            let busy = busy.as_ref().map(|b| &b[..]);
+            let acct = self.take_read(busy, chans.clone(), Cursor::Acct)?;
+            let sched = self.take_read(busy, chans, Cursor::Sched)?;
+            return Some((acct, sched));
+        }
         let busy = phys.channels_busy_ns(chans.clone());
         let acct = self.take_read(busy.as_deref(), chans.clone(), Cursor::Acct)?;
         let sched = self.take_read(busy.as_deref(), chans, Cursor::Sched)?;
