@@ -62,36 +62,25 @@ impl ChannelClock {
         cursor: Cursor,
     ) -> Option<u64> {
         self.seen.as_ref()?;
-        if chans.len() == 1 {
-            // One channel (what a running VM is charged per exit): its counter alone, without
-            // the list a range read returns.
-            let busy = phys.channel_busy_ns(chans.start).map(|b| [b]);
-            return self.take_read(busy.as_ref().map(|b| &b[..]), chans, cursor);
-        }
-        let busy = phys.channels_busy_ns(chans.clone());
-        self.take_read(busy.as_deref(), chans, cursor)
+        with_counters(phys, chans.clone(), |busy| {
+            self.take_read(busy, chans, cursor)
+        })
     }
 
     /// [`ChannelClock::take`] for both cursors from one read of the channels' counters (a
-    /// completion charges the accounting and tells the scheduler at once).
+    /// completion charges the accounting and tells the scheduler at once; so does a running
+    /// VM at every service).
     pub(crate) fn take_both(
         &mut self,
         phys: &dyn PhysicalGpu,
         chans: Range<u32>,
     ) -> Option<(u64, u64)> {
         self.seen.as_ref()?;
-        if chans.len() == 1 {
-            // One channel (a running VM's, charged at every service): its counter alone.
-            let busy = phys.channel_busy_ns(chans.start).map(|b| [b]);
-            let busy = busy.as_ref().map(|b| &b[..]);
+        with_counters(phys, chans.clone(), |busy| {
             let acct = self.take_read(busy, chans.clone(), Cursor::Acct)?;
             let sched = self.take_read(busy, chans, Cursor::Sched)?;
-            return Some((acct, sched));
-        }
-        let busy = phys.channels_busy_ns(chans.clone());
-        let acct = self.take_read(busy.as_deref(), chans.clone(), Cursor::Acct)?;
-        let sched = self.take_read(busy.as_deref(), chans, Cursor::Sched)?;
-        Some((acct, sched))
+            Some((acct, sched))
+        })
     }
 
     /// Charges `cursor` what `chans` ran up to `busy` (their counters, in order; a channel
@@ -117,4 +106,19 @@ impl ChannelClock {
         }
         Some(ns)
     }
+}
+
+/// Runs `f` on the busy-time counters of `chans`, in order (`None` where the backend has none):
+/// one channel's alone — what a running VM is charged at every service — without the list a
+/// range read returns.
+fn with_counters<R>(
+    phys: &dyn PhysicalGpu,
+    chans: Range<u32>,
+    f: impl FnOnce(Option<&[u64]>) -> R,
+) -> R {
+    if chans.len() == 1 {
+        let busy = phys.channel_busy_ns(chans.start).map(|b| [b]);
+        return f(busy.as_ref().map(|b| &b[..]));
+    }
+    f(phys.channels_busy_ns(chans).as_deref())
 }

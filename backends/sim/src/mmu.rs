@@ -171,8 +171,9 @@ impl Tlb {
         }
     }
 
-    /// Drops the translation of one virtual page of one page directory (and the directory's
-    /// map if that was its last: no empty maps are kept, whatever directories come and go).
+    /// Drops the translation of one virtual page of one page directory; the directory's map
+    /// leaves the table with its last translation (to the spares, or dropped), so no empty map
+    /// stays in it, whatever directories come and go.
     pub(crate) fn flush_page(&mut self, pd: u64, target: Target, va: u64) {
         let (pd, sys, vpn) = Tlb::key((pd, target), va);
         if let Some(pages) = self.pds.get_mut(&(pd, sys)) {
