@@ -398,11 +398,21 @@ fn a_kvm_guest_spinning_without_exits_is_kicked_at_its_stall_timeout() {
     let k = &v["vms"][1]["kvm"];
     assert_eq!(k["kicked"], true, "{k}");
     let console = k["console"].as_array().unwrap();
+    // The guest named the loop it spins in; the VMM's report shows the vCPU stopped in it.
+    let at = console
+        .iter()
+        .filter_map(|l| l.as_str()?.split("spinning without exits at 0x").nth(1))
+        .find_map(|a| u64::from_str_radix(a.trim(), 16).ok())
+        .unwrap_or_else(|| panic!("no spin address on the console: {console:?}"));
+    let rip = k["final_rip"].as_u64().unwrap_or_else(|| panic!("{k}"));
     assert!(
-        console.iter().any(|l| l
-            .as_str()
-            .is_some_and(|l| l.contains("spinning without exits"))),
-        "{console:?}"
+        (at..at + 16).contains(&rip),
+        "rip {rip:#x}, loop at {at:#x}"
+    );
+    let rsp = k["final_rsp"].as_u64().unwrap();
+    assert!(
+        rsp < 0x60_0000,
+        "on the program's stack, not the interrupt stack: {rsp:#x}"
     );
 }
 

@@ -176,13 +176,12 @@ pub fn stop_mid_submission(gpu: &mut Gpu<KvmHal>, mode: u32) {
     }
     phase(1);
     if mode == abi::MODE_STOP_SPIN {
+        let at = spin_forever as fn() -> ! as usize;
         let _ = writeln!(
             Serial,
-            "hostile: doorbell rung for {iterations} iterations; spinning without exits"
+            "hostile: doorbell rung for {iterations} iterations; spinning without exits at {at:#x}"
         );
-        loop {
-            core::hint::spin_loop();
-        }
+        spin_forever();
     }
     let _ = writeln!(
         Serial,
@@ -192,4 +191,14 @@ pub fn stop_mid_submission(gpu: &mut Gpu<KvmHal>, mode: u32) {
     // guest has no handler (the VMM sees a shutdown). Nothing in memory is touched.
     unsafe { core::arch::asm!("hlt", options(nomem, nostack)) };
     let _ = writeln!(Serial, "hostile: still running after hlt");
+}
+
+/// Spins without exits for good (`MODE_STOP_SPIN`); its address is printed first, so that the
+/// VMM's `final_rip` can be checked against it. Its own function, so that the loop is the
+/// whole of it.
+#[inline(never)]
+fn spin_forever() -> ! {
+    loop {
+        core::hint::spin_loop();
+    }
 }

@@ -68,6 +68,12 @@ pub struct KvmVmInfo {
     pub irqs_seen: u64,
     /// RFLAGS when the VM ended (with interrupts: shows whether IF is still set).
     pub final_rflags: u64,
+    /// RIP and RSP when the VM ended: where a guest the VMM stopped was (a guest kicked out of
+    /// a spin shows the loop; RSP on the interrupt stack, below `abi::IST_TOP`, shows it inside its
+    /// interrupt handler). `None` if KVM would not give the registers.
+    pub final_rip: Option<u64>,
+    /// See `final_rip`.
+    pub final_rsp: Option<u64>,
     /// Local APIC state of the vGPU's vector when the VM ended (with interrupts).
     pub final_lapic: String,
     /// Exit costs, with `--calibrate`.

@@ -538,8 +538,11 @@ pub(super) fn run_vcpu(
         r.clear(&gvm.fd);
         info.remap = Some(r.stats);
     }
+    let regs = vcpu.get_regs().ok();
+    info.final_rip = regs.map(|r| r.rip);
+    info.final_rsp = regs.map(|r| r.rsp);
     if fence_irq {
-        info.final_rflags = vcpu.get_regs().map(|r| r.rflags).unwrap_or(0);
+        info.final_rflags = regs.map_or(0, |r| r.rflags);
         if let Ok(lapic) = vcpu.get_lapic() {
             let reg = |off: usize| -> u32 {
                 let b: Vec<u8> = lapic.regs[off..off + 4].iter().map(|&c| c as u8).collect();
