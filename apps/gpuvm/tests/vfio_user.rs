@@ -198,27 +198,19 @@ fn two_vmms_share_the_daemon_and_killing_one_hurts_only_its_vgpu() {
         a_args.extend(["--workload", w]);
     }
     let a = Vmm::start(&serve.socket("vm0"), "[vm0 vmm] ", &a_args);
-    // vm1: long loops (~1.2 s of GPU time each, ~4.7 s in all: a loaded machine can take over
-    // a second to kill a VMM), killed once the daemon reports one on the GPU (work dispatched
-    // and still running at two looks: a loop, not the driver's short set-up submissions).
+    // vm1: keeps the GPU busy with no gap (loop kernels of 0.5 s of GPU time, the next queued
+    // before the last ends, for up to 60 s), killed once the daemon reports work of it on the
+    // GPU (dispatched and still running at two looks: not the driver's short set-up
+    // submissions). However late a loaded machine kills the VMM (over a second seen), the kill
+    // finds a kernel of vm1 on the GPU or queued for it — 4 back-to-back workload loops left
+    // gaps (a finished loop's check, the next one's buffers) that a late kill could land in.
     let mark = line_count(&serve.lines);
     let b = Vmm::start(
         &serve.socket("vm1"),
         "[vm1 vmm] ",
-        &[
-            "--size",
-            "1024",
-            "--workload",
-            "loop",
-            "--workload",
-            "loop",
-            "--workload",
-            "loop",
-            "--workload",
-            "loop",
-        ],
+        &["--size", "32", "--stream-for", "0=60"],
     );
-    wait_line(&serve.lines, mark, "vm1's loop on the GPU", |l| {
+    wait_line(&serve.lines, mark, "vm1's kernels on the GPU", |l| {
         l.contains("[vm1] work on the GPU")
     });
     let killed_at = line_count(&serve.lines);

@@ -117,6 +117,10 @@ pub struct LockholdScenario {
     pub max_wait_ns: u64,
     /// Wall time of the scenario, ms.
     pub wall_ms: f64,
+    /// CPU time over the scenario's wall time: the whole process's (every thread: the victim's,
+    /// the neighbour's, the engine worker's) and the engine worker's own, ns. Their ratio to
+    /// `wall_ms` is how many CPUs the scenario kept busy — the load its holds met.
+    pub cpu: crate::cpu::SpanCpu,
     /// For the baseline (no GPU, no device model): the scenario whose rate of holds, mean hold
     /// and wall time it copied.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -231,6 +235,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
     }
     host.reset_lock_hold_max();
     let before = host.lock_holds();
+    let cpu0 = crate::cpu::SpanCpu::now();
     let t0 = Instant::now();
     let (mut runs, mut verified) = (0, 0);
     for round in 0..MAX_ROUNDS {
@@ -246,6 +251,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
         }
     }
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let cpu = crate::cpu::SpanCpu::now().since(&cpu0);
     let holds: LockHolds = host.lock_holds().since(&before);
     stop.store(true, Ordering::Relaxed);
     if let Some(h) = worker {
@@ -273,6 +279,7 @@ fn scenario(opts: &LockholdOptions, n: Neighbour) -> LockholdScenario {
         max_on_cpu_ns: holds.max_on_cpu_ns,
         max_wait_ns: holds.max_wait_ns,
         wall_ms,
+        cpu,
         baseline_of: None,
     }
 }
@@ -447,16 +454,19 @@ fn eager_flush_loop(vm: &mut Vm, f: &Flags) {
 
 /// Threads of the baseline that take its lock (the victim's and the neighbour's roles).
 const BASELINE_TAKERS: u32 = 2;
-/// The baseline's CPU-bound thread: one block of work, ns (a matrix block).
+/// The baseline's engine-worker thread: one block of work, ns (a matrix block).
 const BASELINE_HOG_BLOCK_NS: u64 = 100_000;
 
 /// The baseline's threads, in words (for reports).
 pub fn baseline_shape() -> String {
     format!(
         "no GPU and no device model: a plain lock timed the same way, for as long as the mmul \
-         row ran, taken by {BASELINE_TAKERS} threads that sleep between holds, at the mmul row's \
-         rate of holds and for its mean hold (busy work), beside a thread computing {} us blocks \
-         under the worker's policy — what the host's scheduler alone does to such holds",
+         row ran, taken by {BASELINE_TAKERS} threads at the mmul row's rate of holds and for its \
+         mean hold (busy work), beside a thread computing {} us blocks under the worker's \
+         policy; the takers work between holds and the block thread pauses between blocks so \
+         that each role uses the CPU the row's threads used (the engine worker's share, and the \
+         rest of the process's) — what the host's scheduler alone does to such holds under the \
+         row's load",
         BASELINE_HOG_BLOCK_NS / 1000
     )
 }
@@ -472,8 +482,41 @@ fn work_for(ns: u64) {
     }
 }
 
+/// How the baseline's threads copy a scenario's load.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct BaselineLoad {
+    /// The block thread's duty (0-1]: the engine worker's CPUs over the scenario.
+    hog_duty: f64,
+    /// Each taker's share of the time between its holds spent in busy work (0-1): the rest of
+    /// the process's CPU (the victim's and the neighbour's threads), less the holds', over the
+    /// takers.
+    taker_duty: f64,
+}
+
+impl BaselineLoad {
+    /// The load of `like`; without a CPU reading (no `/proc`), a block thread busy all along
+    /// and takers that only sleep between holds.
+    fn of(like: &LockholdScenario) -> BaselineLoad {
+        let wall_ns = like.wall_ms * 1e6;
+        if like.cpu.process_ns == 0 || wall_ns <= 0.0 {
+            return BaselineLoad {
+                hog_duty: 1.0,
+                taker_duty: 0.0,
+            };
+        }
+        let worker = like.cpu.engine_worker_ns as f64 / wall_ns;
+        let others = (like.cpu.process_ns.saturating_sub(like.cpu.engine_worker_ns) as f64
+            - like.held_ns as f64)
+            / wall_ns;
+        BaselineLoad {
+            hog_duty: worker.clamp(0.05, 1.0),
+            taker_duty: (others / f64::from(BASELINE_TAKERS)).clamp(0.0, 1.0),
+        }
+    }
+}
+
 /// The `baseline` scenario: a plain timed lock, taken at the rate and for the mean length of
-/// `like`'s holds, for as long as `like` ran (see the module's doc).
+/// `like`'s holds, under `like`'s CPU load, for as long as `like` ran (see the module's doc).
 fn baseline(opts: &LockholdOptions, like: &LockholdScenario) -> LockholdScenario {
     let lock = Arc::new(gpuvm::host::TimedMutex::new(0u64, opts.thread_usage));
     let stop = Arc::new(AtomicBool::new(false));
@@ -482,6 +525,9 @@ fn baseline(opts: &LockholdOptions, like: &LockholdScenario) -> LockholdScenario
     let gap_ns = (like.wall_ms * 1e6 * f64::from(BASELINE_TAKERS) / like.holds.max(1) as f64)
         .max(mean_hold_ns as f64) as u64
         - mean_hold_ns;
+    let load = BaselineLoad::of(like);
+    let busy_ns = (gap_ns as f64 * load.taker_duty) as u64;
+    let pause_ns = (BASELINE_HOG_BLOCK_NS as f64 * (1.0 / load.hog_duty - 1.0)) as u64;
     let policy = opts.worker_policy;
     let hog = {
         let stop = stop.clone();
@@ -490,6 +536,9 @@ fn baseline(opts: &LockholdOptions, like: &LockholdScenario) -> LockholdScenario
             let _ = policy.apply_to_this_thread();
             while !stop.load(Ordering::Relaxed) {
                 work_for(BASELINE_HOG_BLOCK_NS);
+                if pause_ns > 0 {
+                    std::thread::sleep(std::time::Duration::from_nanos(pause_ns));
+                }
             }
         })
     };
@@ -498,7 +547,8 @@ fn baseline(opts: &LockholdOptions, like: &LockholdScenario) -> LockholdScenario
             let (lock, stop) = (lock.clone(), stop.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(std::time::Duration::from_nanos(gap_ns));
+                    work_for(busy_ns);
+                    std::thread::sleep(std::time::Duration::from_nanos(gap_ns - busy_ns));
                     lock.with(|n| {
                         work_for(mean_hold_ns);
                         *n += 1;
@@ -507,9 +557,11 @@ fn baseline(opts: &LockholdOptions, like: &LockholdScenario) -> LockholdScenario
             })
         })
         .collect();
+    let cpu0 = crate::cpu::SpanCpu::now();
     let t0 = Instant::now();
     std::thread::sleep(std::time::Duration::from_secs_f64(like.wall_ms / 1e3));
     let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let cpu = crate::cpu::SpanCpu::now().since(&cpu0);
     let holds = lock.holds();
     stop.store(true, Ordering::Relaxed);
     let _ = hog.join();
@@ -531,6 +583,7 @@ fn baseline(opts: &LockholdOptions, like: &LockholdScenario) -> LockholdScenario
         max_on_cpu_ns: holds.max_on_cpu_ns,
         max_wait_ns: holds.max_wait_ns,
         wall_ms,
+        cpu,
         baseline_of: Some(like.name.clone()),
     }
 }
@@ -589,6 +642,7 @@ mod tests {
             max_on_cpu_ns: 0,
             max_wait_ns: 0,
             wall_ms: 40.0,
+            cpu: Default::default(),
             baseline_of: None,
         };
         let b = baseline(&LockholdOptions::default(), &like);
@@ -602,5 +656,54 @@ mod tests {
         // Every hold does the scenario's mean hold of busy work.
         assert!(b.max_ns >= 20_000 && b.held_ns >= b.holds * 20_000, "{b:?}");
         assert!(b.max_at.is_none() && b.workloads == 0);
+    }
+
+    #[test]
+    fn the_baseline_copies_each_roles_cpu_use() {
+        let mut like = LockholdScenario {
+            name: "mmul".into(),
+            workloads: 0,
+            verified: 0,
+            neighbour_ops: 0,
+            holds: 100,
+            held_ns: 10_000_000,
+            p50_bound_ns: 0,
+            p99_bound_ns: 0,
+            max_ns: 0,
+            max_at: None,
+            max_usage: None,
+            max_on_cpu_ns: 0,
+            max_wait_ns: 0,
+            wall_ms: 1000.0,
+            cpu: crate::cpu::SpanCpu {
+                process_ns: 1_710_000_000,
+                engine_worker_ns: 900_000_000,
+            },
+            baseline_of: None,
+        };
+        // The worker kept 0.9 of a CPU busy; the other threads 0.81, of which 0.01 holds: each
+        // of the two takers works 0.4 of the time between its holds.
+        let l = BaselineLoad::of(&like);
+        assert!((l.hog_duty - 0.9).abs() < 1e-9, "{l:?}");
+        assert!((l.taker_duty - 0.4).abs() < 1e-9, "{l:?}");
+        // More than a CPU per taker, or a worker busier than a CPU, is capped; no reading (no
+        // `/proc`) keeps a block thread busy all along beside takers that only sleep.
+        like.cpu.process_ns = 9_000_000_000;
+        like.cpu.engine_worker_ns = 1_500_000_000;
+        assert_eq!(
+            BaselineLoad::of(&like),
+            BaselineLoad {
+                hog_duty: 1.0,
+                taker_duty: 1.0
+            }
+        );
+        like.cpu = Default::default();
+        assert_eq!(
+            BaselineLoad::of(&like),
+            BaselineLoad {
+                hog_duty: 1.0,
+                taker_duty: 0.0
+            }
+        );
     }
 }

@@ -77,6 +77,7 @@ fn render(r: &LockholdReport) -> String {
         "longest wait",
         "taken at",
         "wall",
+        "CPUs (worker)",
     ]);
     for s in &r.scenarios {
         t.row([
@@ -107,6 +108,14 @@ fn render(r: &LockholdReport) -> String {
             table::ns(s.max_wait_ns),
             s.max_at.clone().unwrap_or_default(),
             format!("{:.0} ms", s.wall_ms),
+            {
+                let cpus = |ns: u64| ns as f64 / (s.wall_ms * 1e6).max(1.0);
+                format!(
+                    "{:.2} ({:.2})",
+                    cpus(s.cpu.process_ns),
+                    cpus(s.cpu.engine_worker_ns)
+                )
+            },
         ]);
     }
     format!(
@@ -116,7 +125,9 @@ fn render(r: &LockholdReport) -> String {
          runnable without one (preempted, or woken and not yet run) and asleep (the kernel's \
          schedstat); the most CPU time any hold took is the device model's own longest work \
          under the lock; the longest wait is the longest any access waited for the lock (a \
-         holder switched out while nobody wants the lock makes a long hold, not a long wait). Clock {}: the engines ran {} (worker policy {}).",
+         holder switched out while nobody wants the lock makes a long hold, not a long wait); CPUs: \
+         the process's CPU time over the wall time (the engine worker's, or the baseline's \
+         block thread's, in brackets: 0 where the thread is not the simulator's). Clock {}: the engines ran {} (worker policy {}).",
         t.render(),
         r.size,
         r.rounds,

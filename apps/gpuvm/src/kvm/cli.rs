@@ -327,6 +327,13 @@ pub struct KvmArgs {
     /// With --kvm, for tests: stop VM `I` after S seconds instead of --timeout.
     #[arg(long, value_name = "I=S", hide = true, requires = "kvm")]
     pub vm_timeout: Vec<String>,
+    /// With --kvm, for tests: VM `I` runs no workloads but keeps the GPU busy for S seconds,
+    /// with no gap — loop kernels of [`STREAM_KERNEL_NS`] of modeled GPU time, two outstanding
+    /// (the next is queued before the last ends) — so that a VM stopped, killed or torn down
+    /// during them is always caught with work on the GPU, however late a loaded machine
+    /// delivers the stop.
+    #[arg(long, value_name = "I=S", hide = true, requires = "kvm")]
+    pub stream_for: Vec<String>,
     /// With --kvm: stop VM `I` when it has not exited for S seconds (a guest wedged in a loop
     /// without exits; its vCPU is kicked out of KVM_RUN by a signal).
     #[arg(long, value_name = "I=S", requires = "kvm")]
@@ -395,6 +402,9 @@ pub fn loop_iterations(ns: u64) -> u64 {
 /// running when its VM is stopped, shorter than the host's 2 s hang watchdog.
 pub const STOP_KERNEL_NS: u64 = 1_500_000_000;
 
+/// GPU time of each kernel of `--stream-for`: a quarter of the host's 2 s hang watchdog.
+pub const STREAM_KERNEL_NS: u64 = 500_000_000;
+
 impl KvmArgs {
     /// The run options.
     #[allow(clippy::too_many_arguments)]
@@ -415,16 +425,20 @@ impl KvmArgs {
             anyhow::ensure!(i < vms, "--irq-vm {i}: there are only {vms} VMs");
             setups[i].fence_irq = Some(true);
         }
-        for (t, stall) in self
-            .vm_timeout
-            .iter()
-            .map(|t| (t, false))
-            .chain(self.stall_timeout.iter().map(|t| (t, true)))
+        #[derive(Clone, Copy)]
+        enum PerVm {
+            Timeout,
+            Stall,
+            Stream,
+        }
+        for (t, what) in (self.vm_timeout.iter().map(|t| (t, PerVm::Timeout)))
+            .chain(self.stall_timeout.iter().map(|t| (t, PerVm::Stall)))
+            .chain(self.stream_for.iter().map(|t| (t, PerVm::Stream)))
         {
-            let opt = if stall {
-                "--stall-timeout"
-            } else {
-                "--vm-timeout"
+            let opt = match what {
+                PerVm::Timeout => "--vm-timeout",
+                PerVm::Stall => "--stall-timeout",
+                PerVm::Stream => "--stream-for",
             };
             let parsed = t
                 .split_once('=')
@@ -435,10 +449,18 @@ impl KvmArgs {
             };
             anyhow::ensure!(i < vms, "{opt} '{t}': there are only {vms} VMs");
             let d = Some(std::time::Duration::from_secs_f64(secs));
-            if stall {
-                setups[i].stall = d;
-            } else {
-                setups[i].timeout = d;
+            match what {
+                PerVm::Timeout => setups[i].timeout = d,
+                PerVm::Stall => setups[i].stall = d,
+                PerVm::Stream => {
+                    setups[i].stream = Some(super::setup::StreamPlan {
+                        iterations: loop_iterations(STREAM_KERNEL_NS),
+                        outstanding: 2,
+                        start_ms: 0,
+                        run_ms: (secs * 1e3).ceil() as u32,
+                        count: 0,
+                    })
+                }
             }
         }
         for h in &self.hostile {
