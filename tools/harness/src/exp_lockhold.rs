@@ -505,7 +505,10 @@ impl BaselineLoad {
             };
         }
         let worker = like.cpu.engine_worker_ns as f64 / wall_ns;
-        let others = (like.cpu.process_ns.saturating_sub(like.cpu.engine_worker_ns) as f64
+        let others = (like
+            .cpu
+            .process_ns
+            .saturating_sub(like.cpu.engine_worker_ns) as f64
             - like.held_ns as f64)
             / wall_ns;
         BaselineLoad {
