@@ -198,12 +198,12 @@ fn two_vmms_share_the_daemon_and_killing_one_hurts_only_its_vgpu() {
         a_args.extend(["--workload", w]);
     }
     let a = Vmm::start(&serve.socket("vm0"), "[vm0 vmm] ", &a_args);
-    // vm1: keeps the GPU busy with no gap (loop kernels of 0.5 s of GPU time, the next queued
-    // before the last ends, for up to 60 s), killed once the daemon reports work of it on the
-    // GPU (dispatched and still running at two looks: not the driver's short set-up
-    // submissions). However late a loaded machine kills the VMM (over a second seen), the kill
-    // finds a kernel of vm1 on the GPU or queued for it — 4 back-to-back workload loops left
-    // gaps (a finished loop's check, the next one's buffers) that a late kill could land in.
+    // vm1: keeps the GPU busy (1.5 s loop kernels, four outstanding, for up to 60 s), killed
+    // once the daemon reports work of it on the GPU (dispatched and still running at two
+    // looks: not the driver's short set-up submissions). The daemon sees the kill only when
+    // the VMM's socket closes, once the process is gone: 1.5 s after the event on a loaded
+    // machine, long enough for two queued 0.5 s kernels to finish first; so at least 4.5 s of
+    // work stays queued.
     let mark = line_count(&serve.lines);
     let b = Vmm::start(
         &serve.socket("vm1"),

@@ -328,10 +328,10 @@ pub struct KvmArgs {
     #[arg(long, value_name = "I=S", hide = true, requires = "kvm")]
     pub vm_timeout: Vec<String>,
     /// With --kvm, for tests: VM `I` runs no workloads but keeps the GPU busy for S seconds,
-    /// with no gap — loop kernels of [`STREAM_KERNEL_NS`] of modeled GPU time, two outstanding
-    /// (the next is queued before the last ends) — so that a VM stopped, killed or torn down
-    /// during them is always caught with work on the GPU, however late a loaded machine
-    /// delivers the stop.
+    /// with no gap — loop kernels of [`STOP_KERNEL_NS`] of modeled GPU time, [`STREAM_QUEUED`]
+    /// outstanding (retired ones replaced at once) — so that a VM killed during them still has
+    /// work on the GPU when its connection or vGPU is torn down (a killed VMM's socket closes
+    /// when the process is gone: 1.5 s after the event on a loaded machine).
     #[arg(long, value_name = "I=S", hide = true, requires = "kvm")]
     pub stream_for: Vec<String>,
     /// With --kvm: stop VM `I` when it has not exited for S seconds (a guest wedged in a loop
@@ -402,8 +402,9 @@ pub fn loop_iterations(ns: u64) -> u64 {
 /// running when its VM is stopped, shorter than the host's 2 s hang watchdog.
 pub const STOP_KERNEL_NS: u64 = 1_500_000_000;
 
-/// GPU time of each kernel of `--stream-for`: a quarter of the host's 2 s hang watchdog.
-pub const STREAM_KERNEL_NS: u64 = 500_000_000;
+/// Kernels `--stream-for` keeps outstanding: with [`STOP_KERNEL_NS`] each, at least 4.5 s of
+/// GPU work queued whenever the guest has topped up.
+pub const STREAM_QUEUED: u32 = 4;
 
 impl KvmArgs {
     /// The run options.
@@ -454,8 +455,8 @@ impl KvmArgs {
                 PerVm::Stall => setups[i].stall = d,
                 PerVm::Stream => {
                     setups[i].stream = Some(super::setup::StreamPlan {
-                        iterations: loop_iterations(STREAM_KERNEL_NS),
-                        outstanding: 2,
+                        iterations: loop_iterations(STOP_KERNEL_NS),
+                        outstanding: STREAM_QUEUED,
                         start_ms: 0,
                         run_ms: (secs * 1e3).ceil() as u32,
                         count: 0,
