@@ -128,6 +128,57 @@ fn a_kvm_guest_waits_for_its_fences_by_interrupt() {
     }
 }
 
+#[test]
+fn a_kvm_guests_interrupt_handler_survives_a_delivery_nested_after_its_eoi() {
+    if !kvm_available("a_kvm_guests_interrupt_handler_survives_a_delivery_nested_after_its_eoi") {
+        return;
+    }
+    // The handler sends its vector to itself before its EOI, so the second delivery lands
+    // between that EOI and the handler's `iretq` (two close edges of the line do the same). A
+    // handler still on its interrupt stack there loops without exits (its frame overwritten by
+    // the nested one's): the stall timeout would stop it, with RSP on that stack.
+    let out = gpuvm(&[
+        "run",
+        "--kvm",
+        "--vms",
+        "1",
+        "--workload",
+        "madd",
+        "--workload",
+        "loop",
+        "--size",
+        "16",
+        "--irq",
+        "--irq-nest",
+        "--json",
+        "--stall-timeout",
+        "0=20",
+        "--timeout",
+        "300",
+    ]);
+    let v = json(&out);
+    let vm = &v["vms"][0];
+    let k = &vm["kvm"];
+    assert!(
+        out.status.success(),
+        "final_rip {} final_rsp {}, stderr: {}",
+        k["final_rip"],
+        k["final_rsp"],
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let console = k["console"].as_array().unwrap();
+    assert!(
+        console.iter().any(|l| l
+            .as_str()
+            .is_some_and(|l| l.starts_with("irq nest: 2 interrupt(s) handled"))),
+        "{console:?}"
+    );
+    // And the guest went on taking its fences by interrupt, every workload verified.
+    assert_vm_verified(vm, &["madd", "loop"]);
+    assert_eq!(k["fence_irq"], true, "{k}");
+    assert!(k["irqs_seen"].as_u64().unwrap() >= 3, "{k}");
+}
+
 /// `gpuvm run --kvm` with `extra`: two VMs run madd and loop at size 16, VM 1 takes its fences
 /// by interrupt; the run must succeed. Returns its JSON.
 fn two_vms_madd_and_loop_vm1_by_irq(extra: &[&str]) -> Value {

@@ -129,6 +129,10 @@ pub const BP_ECAM: u64 = 0x80;
 /// u32: 1 = the vGPU's interrupt is MSI (the guest programs the device's MSI capability with
 /// [`BP_IRQ_VECTOR`]) instead of INTx on [`BP_IRQ_GSI`].
 pub const BP_IRQ_MSI: u64 = 0x88;
+/// u32: 1 = once interrupts are enabled, a self-test of the handler: the guest sends its own
+/// vector to itself (local APIC ICR) and the handler sends it once more before its EOI, so
+/// that the second delivery nests right after that EOI — what two close edges of the line do.
+pub const BP_IRQ_NEST: u64 = 0x8c;
 /// End of the boot-parameter block.
 pub const BP_END: u64 = 0x90;
 /// [`BP_IRQ_GSI`] value: INTx may arrive on any IOAPIC pin from [`IRQ_GSI_FIRST`] up (a PVH

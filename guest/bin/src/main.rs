@@ -25,7 +25,7 @@ extern crate alloc;
 use core::alloc::{GlobalAlloc, Layout};
 use core::arch::{asm, global_asm};
 use core::fmt::{self, Write};
-use core::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use core::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use gpuvm_guest::hal::{Bar, Dma, Mmio, Platform};
 use gpuvm_guest::workloads::{self, Workload};
@@ -274,25 +274,77 @@ fn panic(info: &core::panic::PanicInfo) -> ! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Interrupts: the vGPU's vector is a gate with DPL 3 into this ring-3 handler (IST1 stack, so
-// the red zone of the interrupted code is safe). It counts, sends the local APIC an EOI and
-// returns. A *trap* gate, not an interrupt gate: under PVM an interrupt gate clears the
-// virtual RFLAGS.IF on delivery and the `iretq` (run natively in ring 3, where the hardware
-// IOPL is 0) cannot set it again, so only the first interrupt would ever arrive. The local
-// APIC keeps the handler from nesting: the vector stays in service until the EOI.
+// Interrupts: the vGPU's vector is a gate with DPL 3 into this ring-3 handler. It counts, sends
+// the local APIC an EOI and returns. A *trap* gate, not an interrupt gate: under PVM an
+// interrupt gate clears the virtual RFLAGS.IF on delivery and the `iretq` (run natively in ring
+// 3, where the hardware IOPL is 0) cannot set it again, so only the first interrupt would ever
+// arrive. With IF set in the handler, the local APIC alone keeps it from nesting — and only
+// until the EOI: a second edge that arrived meanwhile is delivered right after the EOI, before
+// the handler's `iretq`.
+//
+// Delivery is on IST1 (the interrupted code's red zone must not be overwritten), and IST1's
+// stack pointer is reset at every delivery: a delivery nested after the EOI would write its
+// frame over the first one's, and the first handler would then return into itself for good
+// (`pop`/`iretq` on the nested frame, no exit ever again). So the handler leaves IST1 before
+// its EOI: it copies its frame and the two registers it uses to the interrupted stack, below
+// that code's 128-byte red zone, and runs on from there; a nested delivery finds IST1 unused
+// and nests on the interrupted stack as on any other.
+//
+// `IRQ_NEST` (`abi::BP_IRQ_NEST`'s self-test): when set, the handler clears it and sends its
+// own vector to itself before its EOI, so that the second delivery is nested in exactly that
+// window.
 
 static IRQS: AtomicU64 = AtomicU64::new(0);
+/// The self-test's request (see above): 1 = send the vector once more before the EOI.
+static IRQ_NEST: AtomicU32 = AtomicU32::new(0);
+/// The vGPU's vector (what the self-test sends).
+static IRQ_VECTOR: AtomicU32 = AtomicU32::new(0);
 
 global_asm!(
     ".global gpuvm_irq_entry",
     "gpuvm_irq_entry:",
+    // On IST1: [rsp] = RIP, CS, RFLAGS, RSP, SS of the interrupted code.
     "push rax",
+    "push rbx",
+    // The interrupted RSP, past its red zone and room for 7 words, 16-byte aligned.
+    "mov rax, [rsp + 40]",
+    "sub rax, 192",
+    "and rax, -16",
+    // rbx, rax, RIP, CS, RFLAGS, RSP, SS, in that order, there.
+    "mov rbx, [rsp]",
+    "mov [rax], rbx",
+    "mov rbx, [rsp + 8]",
+    "mov [rax + 8], rbx",
+    "mov rbx, [rsp + 16]",
+    "mov [rax + 16], rbx",
+    "mov rbx, [rsp + 24]",
+    "mov [rax + 24], rbx",
+    "mov rbx, [rsp + 32]",
+    "mov [rax + 32], rbx",
+    "mov rbx, [rsp + 40]",
+    "mov [rax + 40], rbx",
+    "mov rbx, [rsp + 48]",
+    "mov [rax + 48], rbx",
+    "mov rsp, rax",
+    // Off IST1.
     "lock inc qword ptr [rip + {irqs}]",
+    "cmp dword ptr [rip + {nest}], 0",
+    "je 2f",
+    "mov dword ptr [rip + {nest}], 0",
+    // Local APIC ICR low: the vector, fixed delivery, destination shorthand "self".
+    "mov ebx, dword ptr [rip + {vector}]",
+    "or ebx, 0x40000",
+    "mov rax, 0xfee00300",
+    "mov dword ptr [rax], ebx",
+    "2:",
     "mov rax, 0xfee000b0",
     "mov dword ptr [rax], 0",
+    "pop rbx",
     "pop rax",
     "iretq",
     irqs = sym IRQS,
+    nest = sym IRQ_NEST,
+    vector = sym IRQ_VECTOR,
 );
 
 extern "C" {
@@ -313,6 +365,7 @@ fn enable_interrupts(dev: u8, gsi: u32, vector: u32, msi: bool) -> bool {
         | ((handler >> 16) & 0xffff) << 48;
     wr64(gate, lo);
     wr64(gate + 8, handler >> 32);
+    IRQ_VECTOR.store(vector & 0xff, Ordering::SeqCst);
     // Local APIC: software enable (SVR bit 8, spurious vector 0xff), task priority 0.
     wr32(abi::LAPIC_BASE + 0xf0, 0x1ff);
     wr32(abi::LAPIC_BASE + 0x80, 0);
@@ -334,6 +387,26 @@ fn enable_interrupts(dev: u8, gsi: u32, vector: u32, msi: bool) -> bool {
     // RFLAGS.IF was set by the VMM (or the PVH stub's `iretq`): `sti` needs IOPL 3, which PVM
     // does not give ring 3.
     true
+}
+
+/// `abi::BP_IRQ_NEST`: sends the vGPU's vector to itself; the handler sends it once more
+/// before its EOI, so that the second delivery nests in the first handler right after its EOI.
+/// Waits (up to a second) for both and prints how many the handler counted. A handler that
+/// nested on its own interrupt stack would never return here.
+fn irq_nest_test(tsc_khz: u64) {
+    let before = IRQS.load(Ordering::SeqCst);
+    IRQ_NEST.store(1, Ordering::SeqCst);
+    // ICR low: the vector, fixed delivery, destination shorthand "self".
+    wr32(
+        abi::LAPIC_BASE + 0x300,
+        IRQ_VECTOR.load(Ordering::SeqCst) | 0x4_0000,
+    );
+    let t = rdtsc();
+    while IRQS.load(Ordering::SeqCst) < before + 2 && rdtsc().wrapping_sub(t) < 1000 * tsc_khz {
+        core::hint::spin_loop();
+    }
+    let n = IRQS.load(Ordering::SeqCst) - before;
+    println!("irq nest: {n} interrupt(s) handled, the second sent by the first before its EOI");
 }
 
 /// PCI capability ID of MSI.
@@ -394,6 +467,7 @@ struct Boot {
     irq_msi: bool,
     calibrate: u32,
     gate: bool,
+    irq_nest: bool,
 }
 
 fn bp32(off: u64) -> u32 {
@@ -437,6 +511,7 @@ fn read_boot() -> Boot {
         irq_msi: bp32(abi::BP_IRQ_MSI) == 1,
         calibrate: bp32(abi::BP_CALIBRATE),
         gate: bp32(abi::BP_GATE) == 1,
+        irq_nest: bp32(abi::BP_IRQ_NEST) == 1,
     }
 }
 
@@ -869,6 +944,9 @@ fn run(boot: &Boot) -> u32 {
     }
     let fence_irq =
         boot.fence_irq && enable_interrupts(dev, boot.irq_gsi, boot.irq_vector, boot.irq_msi);
+    if fence_irq && boot.irq_nest {
+        irq_nest_test(boot.tsc_khz);
+    }
     let hal = KvmHal {
         bars,
         dma_base: boot.dma_base,

@@ -342,6 +342,12 @@ pub struct KvmArgs {
     /// memory-mapped ECAM window at 0xE0000000 (MMIO exits) instead of ports 0xCF8/0xCFC.
     #[arg(long, requires = "kvm")]
     pub ecam: bool,
+    /// With --kvm, for tests: each guest that waits by interrupt first sends its vector to
+    /// itself, and its handler sends it once more before its EOI — a delivery nested right
+    /// after the EOI, as two close edges of the line cause; the console says how many the
+    /// handler counted.
+    #[arg(long, hide = true, requires = "kvm")]
+    pub irq_nest: bool,
     /// With --kvm: run one VM (--vms does not apply) whose vGPU is served by `gpuvm serve` on
     /// the vfio-user socket SOCKET instead of in this process; guest RAM is shared with the
     /// daemon (a sealed memfd), the interrupt arrives through an irqfd the daemon signals.
@@ -508,6 +514,7 @@ impl KvmArgs {
             timeout: std::time::Duration::from_secs(self.timeout),
             setups,
             ecam: self.ecam,
+            irq_nest: self.irq_nest,
             vfio_user: self.vfio_user.clone(),
             pvh: self.pvh,
             outgoing: match (&self.snapshot_to, &self.migrate_to) {

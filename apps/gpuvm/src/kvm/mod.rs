@@ -573,6 +573,7 @@ fn write_boot_params(
     gvm.write_u32(bp(abi::BP_NWORKLOADS), workloads.len() as u32)?;
     gvm.write_u32(bp(abi::BP_GATE), setup.gate as u32)?;
     gvm.write_u64(bp(abi::BP_ECAM), if opts.ecam { abi::ECAM_BASE } else { 0 })?;
+    gvm.write_u32(bp(abi::BP_IRQ_NEST), opts.irq_nest as u32)?;
     if let Some(st) = setup.stream {
         gvm.write_u64(bp(abi::BP_STREAM_ITERS), st.iterations)?;
         gvm.write_u32(bp(abi::BP_STREAM_OUTSTANDING), st.outstanding)?;

@@ -51,6 +51,9 @@ pub struct KvmOptions {
     /// The guests enumerate PCI through the ECAM window instead of ports 0xCF8/0xCFC (the VMM
     /// decodes both either way).
     pub ecam: bool,
+    /// Interrupt-driven guests first test their handler with a delivery nested right after its
+    /// EOI (`abi::BP_IRQ_NEST`).
+    pub irq_nest: bool,
     /// Record each VM's MMIO trace into this directory (`record`): the host then runs on a
     /// simulated clock stepped to wall time at each access, with the default scheduler.
     pub record: Option<std::path::PathBuf>,
@@ -129,6 +132,7 @@ impl Default for KvmOptions {
             setups: Vec::new(),
             sample_every: None,
             ecam: false,
+            irq_nest: false,
             record: None,
             scheme: None,
             vfio_user: None,
