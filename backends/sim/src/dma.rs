@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap};
+use vm_memory::{Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, VolatileSlice};
 
 use gpuvm_phys::addr::{Gpa, Iova};
 use gpuvm_phys::DmaError;
@@ -80,6 +80,15 @@ impl DmaWindows {
                 .max(1),
             None => rest,
         }
+    }
+
+    /// `[iova, iova + len)` in place, if one window holds all of it.
+    pub(crate) fn slice(&self, iova: u64, len: usize) -> Option<VolatileSlice<'_>> {
+        let (w, off) = self.lookup(iova)?;
+        if (len as u64) > w.len - off {
+            return None;
+        }
+        w.mem.get_slice(GuestAddress(w.gpa + off), len).ok()
     }
 
     /// Reads `buf.len()` bytes at `iova`. Bytes outside every window read as 0xff; returns false

@@ -260,15 +260,13 @@ impl Job {
         match self {
             Job::Copy(_) => {
                 let (src, n) = r[0];
-                // Reused, not zeroed, so it holds the last copy's bytes — possibly another VM's:
-                // `read_va` writes every byte of it when it succeeds (memory, or zeros or all-ones
-                // where nothing answers: `Memory::read_raw`, `Vram::read`, `DmaWindows::read`),
-                // and a copy that faults writes nothing from it.
+                // The staging is reused, not zeroed, so it holds the last copy's bytes —
+                // possibly another VM's: where `copy_va` goes through it, it first reads every
+                // source byte into it (memory, or zeros or all-ones where nothing answers:
+                // `Memory::read_raw`, `Vram::read`, `DmaWindows::read`), and a copy whose
+                // source faults writes nothing.
                 let mut stage = std::mem::take(&mut core.stage);
-                stage.resize(n as usize, 0);
-                let copied = core
-                    .read_va(vs, src, &mut stage)
-                    .and_then(|()| core.write_va(vs, r[1].0, &stage));
+                let copied = core.copy_va(vs, src, r[1].0, n as usize, &mut stage);
                 core.stage = stage;
                 copied
             }

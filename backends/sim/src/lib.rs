@@ -210,6 +210,9 @@ pub(crate) struct Core {
     /// Bytes a copy's piece reads into before it writes them (64 KiB), kept between pieces:
     /// no allocation or zeroing per piece.
     pub stage: Vec<u8>,
+    /// A copy's source and destination pages as translated (`Core::copy_va`), kept between
+    /// pieces like `stage`.
+    pub copy_runs: (Vec<mmu::Run>, Vec<mmu::Run>),
 }
 
 impl Core {
@@ -223,6 +226,7 @@ impl Core {
             flush_epoch: 0,
             matmul_stage: Vec::new(),
             stage: Vec::new(),
+            copy_runs: Default::default(),
         }
     }
 

@@ -63,6 +63,62 @@ impl Memory {
         ok
     }
 
+    /// Whether [`Memory::copy_direct`] can read (`write` false) or write `[addr, addr + len)`
+    /// of `target` in place: VRAM within one written chunk (read) or one chunk (write), system
+    /// memory within one DMA window. Where it cannot, the access would miss (an error) or read
+    /// a VRAM chunk the simulator never wrote (through `pread`).
+    pub(crate) fn in_place(&self, target: Target, addr: u64, len: usize, write: bool) -> bool {
+        match (target, write) {
+            (Target::Vram, false) => self.vram.read_slice(addr, len).is_some(),
+            // Not `write_slice`: that would mark the chunk written before anything is.
+            (Target::Vram, true) => self.vram.in_one_chunk(addr, len),
+            (Target::SysCoherent | Target::SysNonCoherent, _) => {
+                self.dma.slice(addr, len).is_some()
+            }
+        }
+    }
+
+    /// Copies `len` bytes from `src` to `dst` memory to memory, counted as the read and the
+    /// write they are. Only for ranges [`Memory::in_place`] accepts, one of them in VRAM (two
+    /// DMA windows may map the same guest RAM) and not overlapping; returns false, with
+    /// nothing done, otherwise.
+    pub(crate) fn copy_direct(
+        &mut self,
+        src: (Target, u64),
+        dst: (Target, u64),
+        len: usize,
+    ) -> bool {
+        let sys = |t| matches!(t, Target::SysCoherent | Target::SysNonCoherent);
+        let overlap = src.0 == dst.0 && src.1 < dst.1 + len as u64 && dst.1 < src.1 + len as u64;
+        if (sys(src.0) && sys(dst.0)) || overlap {
+            return false;
+        }
+        let from = match src.0 {
+            Target::Vram => self.vram.read_slice(src.1, len),
+            _ => self.dma.slice(src.1, len),
+        };
+        let Some(from) = from else {
+            return false;
+        };
+        let to = match dst.0 {
+            Target::Vram => self.vram.write_slice(dst.1, len),
+            _ => self.dma.slice(dst.1, len),
+        };
+        let Some(to) = to else {
+            return false;
+        };
+        from.copy_to_volatile_slice(to);
+        self.count(src.0, len);
+        self.count(dst.0, len);
+        true
+    }
+
+    /// Counts `len` bytes of `target` as read, without reading them: what a staged copy read
+    /// of a source that [`Memory::copy_direct`] did not need (its destination faulted).
+    pub(crate) fn count_read(&mut self, target: Target, len: usize) {
+        self.count(target, len);
+    }
+
     /// Reads control structures (page tables, instance blocks, USERD, runlists): like
     /// [`Memory::read`] but not counted as data traffic.
     pub(crate) fn read_raw(&mut self, target: Target, addr: u64, buf: &mut [u8]) -> bool {

@@ -21,7 +21,7 @@ use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::mman::{MapFlags, ProtFlags};
 use nix::unistd::{lseek, Whence};
 use vm_memory::mmap::MmapRegion;
-use vm_memory::{FileOffset, VolatileMemory};
+use vm_memory::{FileOffset, VolatileMemory, VolatileSlice};
 
 /// Size of the unit the simulator tracks its own writes in.
 const CHUNK_SIZE: u64 = 64 * 1024;
@@ -197,6 +197,37 @@ impl Vram {
             done += n;
         }
         true
+    }
+
+    /// `[addr, addr + len)` in place for a read, if it lies within one chunk (a page does)
+    /// that the simulator has written through the mapping: other chunks are read with `pread`
+    /// ([`Vram::read`]), so that reading them allocates nothing.
+    pub(crate) fn read_slice(&self, addr: u64, len: usize) -> Option<VolatileSlice<'_>> {
+        let written = self.written.get(split(addr).0)?.load(Ordering::Acquire);
+        (self.in_one_chunk(addr, len) && written)
+            .then(|| self.map.get_slice(addr as usize, len).ok())
+            .flatten()
+    }
+
+    /// `[addr, addr + len)` in place for a write, if it lies within one chunk and VRAM; the
+    /// chunk counts as written from then on ([`Vram::write`]).
+    pub(crate) fn write_slice(&self, addr: u64, len: usize) -> Option<VolatileSlice<'_>> {
+        let slice = self
+            .in_one_chunk(addr, len)
+            .then(|| self.map.get_slice(addr as usize, len).ok())
+            .flatten()?;
+        self.written
+            .get(split(addr).0)?
+            .store(true, Ordering::Release);
+        Some(slice)
+    }
+
+    /// Whether `[addr, addr + len)` (`len` > 0) lies within VRAM and one 64 KiB chunk.
+    pub(crate) fn in_one_chunk(&self, addr: u64, len: usize) -> bool {
+        let (_, off) = split(addr);
+        len > 0
+            && addr.checked_add(len as u64).is_some_and(|e| e <= self.size)
+            && off + len <= CHUNK_SIZE as usize
     }
 
     /// Fills `len` bytes from `addr` with `byte`; bytes beyond the end of VRAM are dropped.
