@@ -89,7 +89,8 @@ impl Memory {
         len: usize,
     ) -> bool {
         let sys = |t| matches!(t, Target::SysCoherent | Target::SysNonCoherent);
-        let overlap = src.0 == dst.0 && src.1 < dst.1 + len as u64 && dst.1 < src.1 + len as u64;
+        let end = |a: u64| a.saturating_add(len as u64);
+        let overlap = src.0 == dst.0 && src.1 < end(dst.1) && dst.1 < end(src.1);
         if (sys(src.0) && sys(dst.0)) || overlap {
             return false;
         }

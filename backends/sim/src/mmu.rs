@@ -426,12 +426,18 @@ impl Core {
             while i < from.len() && j < to.len() {
                 let (a, b) = (from[i], to[j]);
                 let len = (a.len - ai).min(b.len - bj);
-                let moved = self.mem.copy_direct(
-                    (a.target, a.addr + ai as u64),
-                    (b.target, b.addr + bj as u64),
-                    len,
-                );
-                debug_assert!(moved, "checked in place and apart above");
+                let (from_at, to_at) = (a.addr + ai as u64, b.addr + bj as u64);
+                if !self
+                    .mem
+                    .copy_direct((a.target, from_at), (b.target, to_at), len)
+                {
+                    // In place a moment ago, no longer: a VRAM chunk scrubbed beside the
+                    // simulator's lock (`Vram::fill`) reads through `pread` again. This piece
+                    // through the staging.
+                    stage.resize(len, 0);
+                    self.mem.read(a.target, from_at, &mut stage[..len]);
+                    self.mem.write(b.target, to_at, &stage[..len]);
+                }
                 ai += len;
                 bj += len;
                 if ai == a.len {
@@ -483,8 +489,8 @@ impl Run {
             return true;
         }
         self.target == other.target
-            && self.addr < other.addr + other.len as u64
-            && other.addr < self.addr + self.len as u64
+            && self.addr < other.addr.saturating_add(other.len as u64)
+            && other.addr < self.addr.saturating_add(self.len as u64)
     }
 }
 
