@@ -456,6 +456,8 @@ fn eager_flush_loop(vm: &mut Vm, f: &Flags) {
 const BASELINE_TAKERS: u32 = 2;
 /// The baseline's engine-worker thread: one block of work, ns (a matrix block).
 const BASELINE_HOG_BLOCK_NS: u64 = 100_000;
+/// The shortest pause the baseline's block thread takes to keep to its duty.
+const BASELINE_MIN_PAUSE: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The baseline's threads, in words (for reports).
 pub fn baseline_shape() -> String {
@@ -530,17 +532,23 @@ fn baseline(opts: &LockholdOptions, like: &LockholdScenario) -> LockholdScenario
         - mean_hold_ns;
     let load = BaselineLoad::of(like);
     let busy_ns = (gap_ns as f64 * load.taker_duty) as u64;
-    let pause_ns = (BASELINE_HOG_BLOCK_NS as f64 * (1.0 / load.hog_duty - 1.0)) as u64;
     let policy = opts.worker_policy;
     let hog = {
         let stop = stop.clone();
         std::thread::spawn(move || {
             // Refused: the thread runs under the default policy, as the worker would.
             let _ = policy.apply_to_this_thread();
+            // Blocks back to back, pausing whenever the work done is more than a pause ahead
+            // of its duty: a sleep lasts a timer slack longer than asked (~60 us here), so
+            // pausing after every block would keep it well under its share.
+            let (t0, mut busy_ns) = (Instant::now(), 0u64);
             while !stop.load(Ordering::Relaxed) {
                 work_for(BASELINE_HOG_BLOCK_NS);
-                if pause_ns > 0 {
-                    std::thread::sleep(std::time::Duration::from_nanos(pause_ns));
+                busy_ns += BASELINE_HOG_BLOCK_NS;
+                let due = std::time::Duration::from_nanos((busy_ns as f64 / load.hog_duty) as u64);
+                let ahead = due.saturating_sub(t0.elapsed());
+                if ahead >= BASELINE_MIN_PAUSE {
+                    std::thread::sleep(ahead);
                 }
             }
         })
