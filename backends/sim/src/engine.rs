@@ -260,14 +260,13 @@ impl Job {
         match self {
             Job::Copy(_) => {
                 let (src, n) = r[0];
-                // The staging is reused, not zeroed, so it holds the last copy's bytes —
-                // possibly another VM's: where `copy_va` goes through it, it first reads every
-                // source byte into it (memory, or zeros or all-ones where nothing answers:
-                // `Memory::read_raw`, `Vram::read`, `DmaWindows::read`), and a copy whose
-                // source faults writes nothing.
-                let mut stage = std::mem::take(&mut core.stage);
-                let copied = core.copy_va(vs, src, r[1].0, n as usize, &mut stage);
-                core.stage = stage;
+                // The scratch's staging holds the last copy's bytes, possibly another VM's;
+                // `copy_va` reads the whole source into it before writing any of it (memory,
+                // or zeros or all-ones where nothing answers), and a source fault writes
+                // nothing.
+                let mut scratch = std::mem::take(&mut core.copy_scratch);
+                let copied = core.copy_va(vs, src, r[1].0, n as usize, &mut scratch);
+                core.copy_scratch = scratch;
                 copied
             }
             Job::Memset { value, .. } => {

@@ -207,12 +207,9 @@ pub(crate) struct Core {
     /// (1-15 us a fault on this project's 2-core host: holds of up to 0.5 ms per 64 KiB load,
     /// `gpuvm exp lockhold`).
     pub matmul_stage: Vec<u32>,
-    /// Bytes a copy's piece reads into before it writes them (64 KiB), kept between pieces:
-    /// no allocation or zeroing per piece.
-    pub stage: Vec<u8>,
-    /// A copy's source and destination pages as translated (`Core::copy_va`), kept between
-    /// pieces like `stage`.
-    pub copy_runs: (Vec<mmu::Run>, Vec<mmu::Run>),
+    /// What a copy's piece works in (`Core::copy_va`), kept between pieces: no allocation or
+    /// zeroing per piece.
+    pub copy_scratch: mmu::CopyScratch,
 }
 
 impl Core {
@@ -225,8 +222,7 @@ impl Core {
             cost,
             flush_epoch: 0,
             matmul_stage: Vec::new(),
-            stage: Vec::new(),
-            copy_runs: Default::default(),
+            copy_scratch: Default::default(),
         }
     }
 

@@ -355,37 +355,21 @@ impl Core {
     }
 
     /// Copies `n` bytes from `src` to `dst` in `vs` for a channel, with the effect of
-    /// [`Core::read_va`] of the source into `stage` and then [`Core::write_va`] of it to the
-    /// destination — the same translations in the same order, the same fault (a source fault
-    /// writes nothing; a destination fault stops the copy there), the same traffic — but memory
-    /// to memory where it can ([`Memory::copy_direct`]): every page of both sides reachable in
-    /// place and no page of the source overlapping one of the destination. Otherwise it goes
-    /// through `stage` as the two calls would.
+    /// [`Core::read_va`] of the source into a staging buffer and then [`Core::write_va`] of it
+    /// to the destination — the same translations in the same order, the same fault (a source
+    /// fault writes nothing; a destination fault stops the copy there), the same traffic — but
+    /// memory to memory where it can ([`Memory::copy_direct`]): every page of both sides
+    /// reachable in place and no page of the source overlapping one of the destination.
+    /// Otherwise it goes through `scratch.stage` as the two calls would.
     pub(crate) fn copy_va(
         &mut self,
         vs: &Vspace,
         src: u64,
         dst: u64,
         n: usize,
-        stage: &mut Vec<u8>,
+        scratch: &mut CopyScratch,
     ) -> Result<(), VaFault> {
-        let (mut from, mut to) = std::mem::take(&mut self.copy_runs);
-        let r = self.copy_runs_va(vs, src, dst, n, stage, &mut from, &mut to);
-        self.copy_runs = (from, to);
-        r
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn copy_runs_va(
-        &mut self,
-        vs: &Vspace,
-        src: u64,
-        dst: u64,
-        n: usize,
-        stage: &mut Vec<u8>,
-        from: &mut Vec<Run>,
-        to: &mut Vec<Run>,
-    ) -> Result<(), VaFault> {
+        let CopyScratch { stage, from, to } = scratch;
         let runs = |core: &mut Core, va: u64, write: bool, out: &mut Vec<Run>| {
             out.clear();
             let mut done = 0usize;
@@ -471,9 +455,22 @@ impl Core {
     }
 }
 
+/// What a copy works in, kept between its pieces ([`Core::copy_va`]).
+#[derive(Debug, Default)]
+pub(crate) struct CopyScratch {
+    /// Bytes read before they are written, where the copy cannot move them in place. Reused,
+    /// not zeroed: it holds the last copy's bytes, possibly another VM's, and every use reads
+    /// the whole source into it first.
+    stage: Vec<u8>,
+    /// The source's pages as translated.
+    from: Vec<Run>,
+    /// The destination's pages as translated, up to its first fault.
+    to: Vec<Run>,
+}
+
 /// A piece of a copy's source or destination within one page: where it is in memory.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Run {
+struct Run {
     addr: u64,
     target: Target,
     len: usize,
@@ -875,8 +872,8 @@ mod tests {
         ) {
             let mut a = copy_core(&pages, &written, seed);
             let mut b = copy_core(&pages, &written, seed);
-            let mut stage = vec![0xab; 3];
-            let got = a.copy_va(&vs(), src, dst, n, &mut stage);
+            let mut scratch = CopyScratch { stage: vec![0xab; 3], ..CopyScratch::default() };
+            let got = a.copy_va(&vs(), src, dst, n, &mut scratch);
             let mut buf = vec![0u8; n];
             let want = b
                 .read_va(&vs(), src, &mut buf)
@@ -897,22 +894,22 @@ mod tests {
             Page::Vram(0, false),
         ];
         let mut c = copy_core(&pages, &[true, true], 7);
-        let mut stage = Vec::new();
+        let mut scratch = CopyScratch::default();
         for (src, dst) in [(0, 0x1000), (0x10, 0x2000), (0x2000, 0x1000)] {
             let mut want = vec![0; 0x800];
             c.read_va(&vs(), src, &mut want).unwrap();
-            c.copy_va(&vs(), src, dst, 0x800, &mut stage).unwrap();
+            c.copy_va(&vs(), src, dst, 0x800, &mut scratch).unwrap();
             let mut got = vec![0; 0x800];
             c.read_va(&vs(), dst, &mut got).unwrap();
             assert_eq!(got, want);
             assert!(
-                stage.is_empty(),
+                scratch.stage.is_empty(),
                 "{src:#x} -> {dst:#x} went through the staging"
             );
         }
-        c.copy_va(&vs(), 0, 0x3000, 0x800, &mut stage).unwrap();
+        c.copy_va(&vs(), 0, 0x3000, 0x800, &mut scratch).unwrap();
         assert_eq!(
-            stage.len(),
+            scratch.stage.len(),
             0x800,
             "page 0 onto itself (VA 3 maps it too): staged"
         );

@@ -636,15 +636,20 @@ pub fn run_lockhold(opts: &LockholdOptions) -> LockholdReport {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_baseline_takes_a_plain_lock_like_the_scenario_it_copies() {
-        let like = LockholdScenario {
+    /// An `mmul` row with these holds, wall time and CPU use (the rest zero).
+    fn mmul_row(
+        holds: u64,
+        held_ns: u64,
+        wall_ms: f64,
+        cpu: crate::cpu::SpanCpu,
+    ) -> LockholdScenario {
+        LockholdScenario {
             name: "mmul".into(),
-            workloads: 14,
-            verified: 14,
-            neighbour_ops: 3,
-            holds: 40,
-            held_ns: 40 * 20_000,
+            workloads: 0,
+            verified: 0,
+            neighbour_ops: 0,
+            holds,
+            held_ns,
             p50_bound_ns: 0,
             p99_bound_ns: 0,
             max_ns: 0,
@@ -652,10 +657,15 @@ mod tests {
             max_usage: None,
             max_on_cpu_ns: 0,
             max_wait_ns: 0,
-            wall_ms: 40.0,
-            cpu: Default::default(),
+            wall_ms,
+            cpu,
             baseline_of: None,
-        };
+        }
+    }
+
+    #[test]
+    fn the_baseline_takes_a_plain_lock_like_the_scenario_it_copies() {
+        let like = mmul_row(40, 40 * 20_000, 40.0, Default::default());
         let b = baseline(&LockholdOptions::default(), &like);
         assert_eq!(b.name, "baseline");
         assert_eq!(b.baseline_of.as_deref(), Some("mmul"));
@@ -671,27 +681,11 @@ mod tests {
 
     #[test]
     fn the_baseline_copies_each_roles_cpu_use() {
-        let mut like = LockholdScenario {
-            name: "mmul".into(),
-            workloads: 0,
-            verified: 0,
-            neighbour_ops: 0,
-            holds: 100,
-            held_ns: 10_000_000,
-            p50_bound_ns: 0,
-            p99_bound_ns: 0,
-            max_ns: 0,
-            max_at: None,
-            max_usage: None,
-            max_on_cpu_ns: 0,
-            max_wait_ns: 0,
-            wall_ms: 1000.0,
-            cpu: crate::cpu::SpanCpu {
-                process_ns: 1_710_000_000,
-                engine_worker_ns: 900_000_000,
-            },
-            baseline_of: None,
+        let cpu = crate::cpu::SpanCpu {
+            process_ns: 1_710_000_000,
+            engine_worker_ns: 900_000_000,
         };
+        let mut like = mmul_row(100, 10_000_000, 1000.0, cpu);
         // The worker kept 0.9 of a CPU busy; the other threads 0.81, of which 0.01 holds: each
         // of the two takers works 0.4 of the time between its holds.
         let l = BaselineLoad::of(&like);
