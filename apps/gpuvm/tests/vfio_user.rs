@@ -203,7 +203,9 @@ fn two_vmms_share_the_daemon_and_killing_one_hurts_only_its_vgpu() {
     // looks: not the driver's short set-up submissions). The daemon sees the kill only when
     // the VMM's socket closes, once the process is gone: 1.5 s after the event on a loaded
     // machine, long enough for two queued 0.5 s kernels to finish first; so at least 4.5 s of
-    // work stays queued.
+    // work stays queued. (Had the kill come later still, the host's 2 s watchdog would have
+    // killed vm1's channel — kernels queued together run as one dispatch — which aborts vm1's
+    // work too, and only vm1's: 329 runs side by side saw the teardown do it every time.)
     let mark = line_count(&serve.lines);
     let b = Vmm::start(
         &serve.socket("vm1"),

@@ -331,7 +331,10 @@ pub struct KvmArgs {
     /// with no gap — loop kernels of [`STOP_KERNEL_NS`] of modeled GPU time, [`STREAM_QUEUED`]
     /// outstanding (retired ones replaced at once) — so that a VM killed during them still has
     /// work on the GPU when its connection or vGPU is torn down (a killed VMM's socket closes
-    /// when the process is gone: 1.5 s after the event on a loaded machine).
+    /// when the process is gone: 1.5 s after the event on a loaded machine). For VMs stopped
+    /// mid-stream only: kernels queued while the channel is idle are dispatched together, and
+    /// such a dispatch outlasts the host's 2 s hang watchdog, which then kills the channel (a
+    /// run left to finish fails that way); either end aborts the VM's work and nobody else's.
     #[arg(long, value_name = "I=S", hide = true, requires = "kvm")]
     pub stream_for: Vec<String>,
     /// With --kvm: stop VM `I` when it has not exited for S seconds (a guest wedged in a loop
