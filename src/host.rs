@@ -103,8 +103,10 @@ pub struct HostConfig {
     /// next to the others', so no VM can starve another of shadow memory. Default 8 MiB: 32
     /// small-page tables, i.e. 4 GiB of GPU VA mapped in 4 KiB pages (plus large-page tables).
     pub shadow_vram_per_vm: u64,
-    /// The hang watchdog, in ns of GPU time (the host's clock): a submission still not
-    /// complete this long after its dispatch is taken to be hung. The host then resets the
+    /// The hang watchdog, in ns of GPU time (the host's clock): a submission that has run
+    /// half this long since its dispatch is asked off the GPU (its engine operation ends, the
+    /// rest is queued again); still on it this long after its dispatch and half this long after
+    /// it was asked, it is taken to be hung. The host then resets the
     /// engine running it (PMC ENABLE bit toggle, which aborts the operation), kills the guest
     /// channel (STATE RUNNABLE cleared and kept clear until the guest unbinds it; the guest
     /// sees PFIFO SCHED_ERROR 0x0a CTXSW_TIMEOUT, PFIFO INTR bit 8), drops the channel's queued

@@ -179,3 +179,61 @@ fn watchdog_off_leaves_the_kernel_running() {
     assert_eq!(hs.inflight, 1);
     assert!(w.host.next_event_ns().unwrap() > w.clock.now_ns() + 1_000_000_000);
 }
+
+/// Launches a loop kernel of `ns` of modeled GPU time on `ch` (without waiting).
+fn launch_for(vm: &mut Vm, ch: &mut Channel, out: u64, ns: u64) -> gpuvm_guest::Fence {
+    let cost = gpuvm_sim::CostModel::default();
+    let iterations = (ns - cost.kernel_launch_ns) * 1000 / cost.loop_iteration_ps;
+    let mut pb = PushBuf::new();
+    pb.kernel(&Kernel::Loop {
+        dst: out,
+        iterations,
+        seed: 3,
+    });
+    vm.drv.submit(ch, &pb).expect("submit")
+}
+
+#[test]
+fn kernels_rung_back_to_back_are_no_hang_however_long_together() {
+    // Six kernels of 0.4 watchdog each, rung one after another on one channel: the last five
+    // merge into one dispatch (a doorbell rung while the channel is busy joins its queued
+    // submission) that runs 2 watchdogs, no kernel near one. At the dispatch's deadline the
+    // host asks the channel off the GPU; the kernel running ends within the grace and the rest
+    // is queued again: all complete, nothing is killed.
+    let w = world(WATCHDOG_NS);
+    let mut vm = w.vm("back-to-back");
+    let mut ch = vm.drv.channel_new().expect("channel");
+    let out = vm
+        .drv
+        .buffer_new(ch.vm_mut(), 4096, MemLocation::Vram, true)
+        .expect("buffer")
+        .va();
+    let t0 = w.clock.now_ns();
+    let f: Vec<_> = (0..6)
+        .map(|_| launch_for(&mut vm, &mut ch, out, WATCHDOG_NS * 4 / 10))
+        .collect();
+    vm.drv.fence_wait(&mut ch, f[5]).expect("all six complete");
+    assert!(w.clock.now_ns() - t0 >= WATCHDOG_NS * 24 / 10);
+    assert_eq!(vm.vgpu.stats().watchdog_kills, 0);
+    assert_eq!(w.host.stats().watchdog_kills, 0);
+
+    // A hung kernel behind a short one, rung together: still killed, at the end of the grace
+    // after its dispatch's deadline — 1.5 watchdogs after that dispatch, which is the short
+    // kernel's (merged) or follows it (0.25 watchdog later).
+    let t1 = w.clock.now_ns();
+    launch_for(&mut vm, &mut ch, out, WATCHDOG_NS / 4);
+    let mut pb = PushBuf::new();
+    pb.kernel(&Kernel::Loop {
+        dst: out,
+        iterations: HUNG_ITERATIONS,
+        seed: 7,
+    });
+    let hung = vm.drv.submit(&mut ch, &pb).expect("submit");
+    expect_ctxsw_timeout(vm.drv.fence_wait(&mut ch, hung));
+    let waited = w.clock.now_ns() - t1;
+    assert!(
+        (WATCHDOG_NS..=WATCHDOG_NS * 2 + WATCHDOG_NS / 4).contains(&waited),
+        "killed {waited} ns after the two were rung"
+    );
+    assert_eq!(vm.vgpu.stats().watchdog_kills, 1);
+}

@@ -42,11 +42,17 @@
 //! channels ran (`Scheduler::charge`), so budgets and caps are paid while running, not at
 //! completions that may come late.
 //!
-//! **Watchdog.** A submission still running `HostConfig::watchdog_ns` after dispatch (or an
-//! engine busy that long with a channel with nothing in flight) is hung: the host resets the
+//! **Watchdog.** A submission that has run half of `HostConfig::watchdog_ns` since dispatch is
+//! asked off the GPU, as a time slice asks (the engine operation in flight ends, the rest of
+//! its work is queued again with a fresh deadline); one still on the GPU a whole watchdog after
+//! dispatch and half a watchdog after it was asked off — a context switch not honoured, the
+//! hardware's own test — is hung, and so is an engine busy a watchdog with a channel with
+//! nothing in flight: the host resets the
 //! engine (PMC ENABLE toggle, found through ENG_STATE), kills the guest channel (STATE RUNNABLE
 //! cleared and kept clear until unbound; SCHED_ERROR CTXSW_TIMEOUT to the guest), drops its
-//! work, charges the VM and goes on with the others.
+//! work, charges the VM and goes on with the others. A dispatch may hold many kernels (doorbells
+//! rung while the channel is busy merge), so its length says nothing about a hang; whether its
+//! operation in flight ends does.
 
 use gf100::{pfifo, ptimer, userd, Target};
 use vm_memory::{Bytes, GuestAddress};
@@ -78,6 +84,10 @@ pub(crate) struct InFlight {
     /// The host is taking it off the GPU (its channel is disabled and switched out); it leaves
     /// once no engine runs it.
     pub preempting: bool,
+    /// When the host first asked it off the GPU (a time slice, a cap, or the watchdog at half
+    /// a watchdog of running): it is hung only if still on the GPU half a watchdog after that
+    /// ([`watch`]).
+    pub asked_off_ns: Option<u64>,
 }
 
 impl InFlight {
@@ -198,8 +208,32 @@ pub(crate) fn progress(st: &mut HostState, phys: &dyn PhysicalGpu, cfg: &HostCon
 /// that a host timed by PTIMER reads the deadline exactly when the clock reaches it.
 const WATCHDOG_GRANULE_NS: u64 = 32;
 
-/// When the watchdog next fires: `watchdog_ns` after the dispatch of the oldest submission in
-/// flight (rounded up to PTIMER's 32 ns); `None` when off or nothing is in flight.
+/// Half the watchdog: a submission that has run this long since its dispatch is asked off the
+/// GPU (unless a time slice or a cap already did), and one asked off is hung only if it is still
+/// on the GPU this long after it was asked and a whole watchdog after its dispatch. The
+/// operation in flight ends, the rest of the work is queued again with a fresh deadline: work
+/// made of operations of up to half a watchdog is never taken for a hang, however much of it
+/// one dispatch holds (doorbells rung while the channel is busy merge into one queued
+/// submission, `sched/list.rs`), while a hung operation is killed a watchdog after its
+/// dispatch, as before.
+fn watchdog_half(watchdog_ns: u64) -> u64 {
+    watchdog_ns / 2
+}
+
+impl InFlight {
+    /// When the watchdog must look at it next, `to_half` and `to_whole` being when it will have
+    /// run half and all of a watchdog: to ask it off, or once asked, to see whether it left.
+    fn next_look(&self, to_half: u64, to_whole: u64, watchdog_ns: u64) -> u64 {
+        match self.asked_off_ns {
+            Some(t) => to_whole.max(t.saturating_add(watchdog_half(watchdog_ns))),
+            None => to_half,
+        }
+    }
+}
+
+/// When the watchdog next looks (rounded up to PTIMER's 32 ns): when the oldest submission in
+/// flight will have run half a watchdog (to ask it off the GPU), or for one asked off, when it
+/// may be killed; `None` when off or nothing is in flight.
 pub(crate) fn watchdog_deadline(
     st: &HostState,
     phys: &dyn PhysicalGpu,
@@ -208,51 +242,97 @@ pub(crate) fn watchdog_deadline(
     if watchdog_ns == 0 {
         return None;
     }
+    let half = watchdog_half(watchdog_ns);
+    let granule = |t: u64| t.next_multiple_of(WATCHDOG_GRANULE_NS);
     if st.runtime.measured() {
-        // The earliest time a channel could have run `watchdog_ns` (each runs at most as fast
-        // as the clock): the host looks again then, and kills only what really ran that long.
+        // The earliest time a channel could have run half a watchdog (each runs at most as
+        // fast as the clock): the host looks again then, and acts only on what really ran.
         let now = st.now(phys);
-        // Without asking the GPU: none can before `watchdog_ns` after its dispatch. A
+        // Without asking the GPU: none can before half a watchdog after its dispatch. A
         // per-channel read is a call into the GPU for every submission in flight, at every
         // service and quiet-date computation; only past that bound is it needed. The bound is
-        // never later than the exact deadline with the host's clock (`GpuHost::set_clock`);
-        // a host that reads PTIMER instead sees time in 32 ns steps and may look that late.
+        // never later than the exact time with the host's clock (`GpuHost::set_clock`); a host
+        // that reads PTIMER instead sees time in 32 ns steps and may look that late.
         let bound = st
             .inflight
             .iter()
             .filter(|f| f.ran_at.is_some())
-            .map(|f| f.dispatched_ns.saturating_add(watchdog_ns))
+            .map(|f| f.dispatched_ns.saturating_add(half))
             .min();
         if st.engine_watch.is_none() && bound.is_some_and(|t| t > now) {
-            return bound.map(|t| t.next_multiple_of(WATCHDOG_GRANULE_NS));
+            return bound.map(granule);
         }
-        let ran = st
+        let after = |ran: u64, ns: u64| now.saturating_add(ns.saturating_sub(ran));
+        return st
             .inflight
             .iter()
-            .filter_map(|f| f.ran(st, phys))
+            .filter_map(|f| {
+                f.ran(st, phys)
+                    .map(|r| f.next_look(after(r, half), after(r, watchdog_ns), watchdog_ns))
+            })
             .chain(
                 st.engine_watch
-                    .and_then(|(p, mark)| st.runtime.ran(phys, p).map(|r| r.saturating_sub(mark))),
+                    .and_then(|(p, mark)| st.runtime.ran(phys, p).map(|r| r.saturating_sub(mark)))
+                    .map(|r| after(r, watchdog_ns)),
             )
-            .max()?;
-        return Some(
-            now.saturating_add(watchdog_ns.saturating_sub(ran))
-                .next_multiple_of(WATCHDOG_GRANULE_NS),
-        );
+            .min()
+            .map(granule);
     }
     st.inflight
         .iter()
-        .map(|f| f.start_ns)
-        .chain(st.engine_watch.map(|(_, since)| since))
-        .map(|t| {
-            t.saturating_add(watchdog_ns)
-                .next_multiple_of(WATCHDOG_GRANULE_NS)
+        .map(|f| {
+            f.next_look(
+                f.start_ns.saturating_add(half),
+                f.start_ns.saturating_add(watchdog_ns),
+                watchdog_ns,
+            )
         })
+        .chain(
+            st.engine_watch
+                .map(|(_, since)| since.saturating_add(watchdog_ns)),
+        )
+        .map(granule)
         .min()
 }
 
+/// Submission `f` has run `ran` since its dispatch (its channel's time, or the clock's where
+/// that is not measured) at `now`: hung (true) if it has run a whole watchdog and was asked
+/// off the GPU at least half a watchdog ago; asked off now if it has run half a watchdog and
+/// nobody asked yet — its engine operation ends, the rest of its work is queued again. A hung
+/// kernel never leaves and is killed a watchdog after its dispatch; work of many operations
+/// leaves at the next one's end. GP_GET plays no part: a guest can make it move behind a hung
+/// kernel (semaphore acquires it releases from its CPU).
+fn watch(
+    st: &mut HostState,
+    phys: &dyn PhysicalGpu,
+    f: &InFlight,
+    ran: u64,
+    now: u64,
+    watchdog_ns: u64,
+) -> bool {
+    let half = watchdog_half(watchdog_ns);
+    if ran < half {
+        return false;
+    }
+    if let Some(t) = f.asked_off_ns {
+        let left_by = t.saturating_add(half).next_multiple_of(WATCHDOG_GRANULE_NS);
+        return ran >= watchdog_ns && left_by <= now;
+    }
+    if let Some(i) = st.inflight.iter().position(|o| o.sub == f.sub) {
+        log::debug!(
+            "{}: channel {} ran half the watchdog in one dispatch: asked off the GPU",
+            f.sub.vm,
+            f.sub.guest_chid
+        );
+        switch_out(st, phys, i, now);
+    }
+    false
+}
+
 /// The hang watchdog (MxGPU-style hang detection, nouveau-style recovery): every submission
-/// still running `watchdog_ns` after its dispatch has its channel killed.
+/// that has run half of `watchdog_ns` since its dispatch is asked off the GPU, and has its
+/// channel killed if it is still on it a whole `watchdog_ns` after dispatch and half of one
+/// after it was asked ([`watch`]).
 fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u64) {
     if watchdog_ns == 0 {
         st.engine_watch = None;
@@ -270,16 +350,26 @@ fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u
     let mut unaccounted = unaccounted_busy_channel(st, phys);
     if unaccounted.is_none() {
         let mut killed = false;
-        while let Some(f) = st.inflight.iter().copied().min_by_key(|f| f.start_ns) {
-            let d = f
-                .start_ns
-                .saturating_add(watchdog_ns)
-                .next_multiple_of(WATCHDOG_GRANULE_NS);
-            if d > now {
-                break;
+        // What each ran, by the clock (the looks come at times rounded up to PTIMER's 32 ns,
+        // never earlier than these thresholds).
+        let ran = |f: &InFlight| now.saturating_sub(f.start_ns);
+        let mut due: Vec<InFlight> = st
+            .inflight
+            .iter()
+            .copied()
+            .filter(|f| ran(f) >= watchdog_half(watchdog_ns))
+            .collect();
+        due.sort_by_key(|f| f.start_ns);
+        for f in due {
+            // A kill restarts the timers of the others (they waited behind it): each is taken
+            // as it stands now.
+            let Some(f) = st.inflight.iter().copied().find(|o| o.sub == f.sub) else {
+                continue;
+            };
+            if watch(st, phys, &f, ran(&f), now, watchdog_ns) {
+                kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
+                killed = true;
             }
-            kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
-            killed = true;
         }
         if killed {
             unaccounted = unaccounted_busy_channel(st, phys);
@@ -293,16 +383,19 @@ fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u
 /// engine with nothing in flight (work started outside the scheduler). Waiting behind others
 /// costs nothing, so no deadline needs restarting.
 fn watchdog_measured(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u64) {
-    let hung: Vec<InFlight> = st
+    let half = watchdog_half(watchdog_ns);
+    let due: Vec<(InFlight, u64)> = st
         .inflight
         .iter()
         .copied()
-        .filter(|f| {
-            f.may_have_run(now, watchdog_ns) && f.ran(st, phys).is_some_and(|r| r >= watchdog_ns)
-        })
+        .filter(|f| f.may_have_run(now, half))
+        .filter_map(|f| f.ran(st, phys).map(|r| (f, r)))
+        .filter(|&(_, r)| r >= half)
         .collect();
-    for f in hung {
-        kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
+    for (f, ran) in due {
+        if watch(st, phys, &f, ran, now, watchdog_ns) {
+            kill(st, phys, f.sub.vm, f.sub.guest_chid, f.start_ns, now);
+        }
     }
     let Some(p) = unaccounted_busy_channel(st, phys) else {
         st.engine_watch = None;
@@ -457,7 +550,7 @@ fn status(phys: &dyn PhysicalGpu, st: &HostState, f: &InFlight) -> Status {
 /// operation ends, and the channel reloads its context from the shadow instance block before
 /// it runs again). If the GPU had stopped the channel itself (a fault or PBDMA error cleared
 /// RUNNABLE), the guest sees it stopped too.
-fn switch_out(st: &mut HostState, phys: &dyn PhysicalGpu, i: usize) {
+fn switch_out(st: &mut HostState, phys: &dyn PhysicalGpu, i: usize, now: u64) {
     let f = st.inflight[i];
     let p = f.sub.phys_chid;
     let state = phys.read_reg(pfifo::chan_state(p));
@@ -471,6 +564,7 @@ fn switch_out(st: &mut HostState, phys: &dyn PhysicalGpu, i: usize) {
     phys.write_reg(pfifo::chan_state(p), state & pfifo::STATE_ENGINE_MASK);
     phys.write_reg(pfifo::KICK, p);
     st.inflight[i].preempting = true;
+    st.inflight[i].asked_off_ns.get_or_insert(now);
 }
 
 /// The host's RUNNABLE of physical channel `p` off (the engine field stays): the channel may not
@@ -500,7 +594,7 @@ fn check_completions(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64) {
             }
             Status::Ended => {
                 if !st.inflight[i].preempting {
-                    switch_out(st, phys, i);
+                    switch_out(st, phys, i, now);
                 }
                 if !off_engines(phys, st.inflight[i].sub.phys_chid) {
                     // Still on an engine: it holds the GPU for its VM until it is off.
@@ -604,7 +698,7 @@ fn end_slice(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, timeslice_ns:
     }
     let n = st.inflight.len();
     for i in 0..n {
-        switch_out(st, phys, i);
+        switch_out(st, phys, i, now);
     }
     st.counters.preemptions += n as u64;
     if let Some(mut v) = st.vms.get_mut(&vm) {
@@ -860,6 +954,7 @@ fn dispatch(st: &mut HostState, phys: &dyn PhysicalGpu, s: Submission, now: u64)
             ran_at,
             dispatched_ns: now,
             preempting: false,
+            asked_off_ns: None,
         });
         st.acct.dispatched(s.vm, now);
         st.nonstall.insert(s.vm);

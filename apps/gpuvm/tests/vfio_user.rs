@@ -198,14 +198,12 @@ fn two_vmms_share_the_daemon_and_killing_one_hurts_only_its_vgpu() {
         a_args.extend(["--workload", w]);
     }
     let a = Vmm::start(&serve.socket("vm0"), "[vm0 vmm] ", &a_args);
-    // vm1: keeps the GPU busy (1.5 s loop kernels, four outstanding, for up to 60 s), killed
+    // vm1: keeps the GPU busy (0.9 s loop kernels, four outstanding, for up to 60 s), killed
     // once the daemon reports work of it on the GPU (dispatched and still running at two
     // looks: not the driver's short set-up submissions). The daemon sees the kill only when
     // the VMM's socket closes, once the process is gone: 1.5 s after the event on a loaded
-    // machine, long enough for two queued 0.5 s kernels to finish first; so at least 4.5 s of
-    // work stays queued. (Had the kill come later still, the host's 2 s watchdog would have
-    // killed vm1's channel — kernels queued together run as one dispatch — which aborts vm1's
-    // work too, and only vm1's: 329 runs side by side saw the teardown do it every time.)
+    // machine, long enough for two queued 0.5 s kernels to finish first; so at least 2.7 s of
+    // work stays queued.
     let mark = line_count(&serve.lines);
     let b = Vmm::start(
         &serve.socket("vm1"),

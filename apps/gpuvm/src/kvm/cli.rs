@@ -328,13 +328,10 @@ pub struct KvmArgs {
     #[arg(long, value_name = "I=S", hide = true, requires = "kvm")]
     pub vm_timeout: Vec<String>,
     /// With --kvm, for tests: VM `I` runs no workloads but keeps the GPU busy for S seconds,
-    /// with no gap — loop kernels of [`STOP_KERNEL_NS`] of modeled GPU time, [`STREAM_QUEUED`]
+    /// with no gap — loop kernels of [`STREAM_KERNEL_NS`] of modeled GPU time, [`STREAM_QUEUED`]
     /// outstanding (retired ones replaced at once) — so that a VM killed during them still has
     /// work on the GPU when its connection or vGPU is torn down (a killed VMM's socket closes
-    /// when the process is gone: 1.5 s after the event on a loaded machine). For VMs stopped
-    /// mid-stream only: kernels queued while the channel is idle are dispatched together, and
-    /// such a dispatch outlasts the host's 2 s hang watchdog, which then kills the channel (a
-    /// run left to finish fails that way); either end aborts the VM's work and nobody else's.
+    /// when the process is gone: 1.5 s after the event on a loaded machine).
     #[arg(long, value_name = "I=S", hide = true, requires = "kvm")]
     pub stream_for: Vec<String>,
     /// With --kvm: stop VM `I` when it has not exited for S seconds (a guest wedged in a loop
@@ -411,8 +408,13 @@ pub fn loop_iterations(ns: u64) -> u64 {
 /// running when its VM is stopped, shorter than the host's 2 s hang watchdog.
 pub const STOP_KERNEL_NS: u64 = 1_500_000_000;
 
-/// Kernels `--stream-for` keeps outstanding: with [`STOP_KERNEL_NS`] each, at least 4.5 s of
-/// GPU work queued whenever the guest has topped up.
+/// GPU time of each kernel of `--stream-for`: under half the host's 2 s hang watchdog, the
+/// longest an operation may take to leave the GPU once the watchdog asks it off (kernels rung
+/// together run as one dispatch, which is asked off after running half a watchdog).
+pub const STREAM_KERNEL_NS: u64 = 900_000_000;
+
+/// Kernels `--stream-for` keeps outstanding: at least 2.7 s of GPU work queued whenever the
+/// guest has topped up.
 pub const STREAM_QUEUED: u32 = 4;
 
 impl KvmArgs {
@@ -464,7 +466,7 @@ impl KvmArgs {
                 PerVm::Stall => setups[i].stall = d,
                 PerVm::Stream => {
                     setups[i].stream = Some(super::setup::StreamPlan {
-                        iterations: loop_iterations(STOP_KERNEL_NS),
+                        iterations: loop_iterations(STREAM_KERNEL_NS),
                         outstanding: STREAM_QUEUED,
                         start_ms: 0,
                         run_ms: (secs * 1e3).ceil() as u32,
