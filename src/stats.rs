@@ -219,8 +219,9 @@ pub struct VgpuStats {
     pub submissions: u64,
     /// Submissions the GPU finished (GP_GET reached PUT).
     pub completions: u64,
-    /// Submissions that ended otherwise (channel stopped by an error, unbound, or parked on a
-    /// semaphore acquire).
+    /// Submissions that ended otherwise (channel stopped by an error, unbound, parked on a
+    /// semaphore acquire, or taken off the GPU by a time slice, a cap or the watchdog with work
+    /// left, which is queued again).
     pub aborted: u64,
     /// Submissions held back because their channel was not runnable or not on the runlist
     /// when the scheduler picked them (queued again when the guest enables or lists it).

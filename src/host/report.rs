@@ -37,8 +37,9 @@ pub struct HostStats {
     pub dispatched: u64,
     /// Submissions the GPU finished.
     pub completed: u64,
-    /// Submissions that ended without finishing (error, unbind, parked, VM destroyed,
-    /// watchdog).
+    /// Submissions that ended without finishing (error, unbind, parked, taken off the GPU by
+    /// a time slice, a cap or the watchdog's ask with the rest queued again, VM destroyed,
+    /// watchdog kill).
     pub aborted: u64,
     /// Channels killed by the hang watchdog ([`HostConfig::watchdog_ns`]).
     pub watchdog_kills: u64,
