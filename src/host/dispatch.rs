@@ -74,8 +74,8 @@ pub(crate) struct InFlight {
     /// watchdog's reference where the backend cannot measure per-channel time.
     pub start_ns: u64,
     /// What the channel had run when the submission was dispatched (measured mode): the
-    /// watchdog's reference — a submission is hung when its channel has *run* `watchdog_ns`
-    /// since, however long it waited behind others.
+    /// watchdog's reference — what counts is what its channel has *run* since, however long
+    /// it waited behind others ([`watch`]).
     pub ran_at: Option<u64>,
     /// Clock time of dispatch, never restarted: a channel runs at most as fast as the clock, so
     /// by clock time `t` it cannot have run more than `t - dispatched_ns` since `ran_at` was
@@ -379,9 +379,10 @@ fn watchdog(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u
 }
 
 /// The watchdog where per-channel GPU time is measured: a submission whose channel has run
-/// `watchdog_ns` since its dispatch is hung, and so is a channel that ran that long on an
-/// engine with nothing in flight (work started outside the scheduler). Waiting behind others
-/// costs nothing, so no deadline needs restarting.
+/// half of `watchdog_ns` since its dispatch is asked off the GPU and, still on it once it has
+/// run a whole one and half a one has passed since the ask, is hung ([`watch`]); so is a
+/// channel that ran a watchdog on an engine with nothing in flight (work started outside the
+/// scheduler). Waiting behind others costs nothing, so no deadline needs restarting.
 fn watchdog_measured(st: &mut HostState, phys: &dyn PhysicalGpu, now: u64, watchdog_ns: u64) {
     let half = watchdog_half(watchdog_ns);
     let due: Vec<(InFlight, u64)> = st

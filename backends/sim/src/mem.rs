@@ -88,10 +88,9 @@ impl Memory {
         dst: (Target, u64),
         len: usize,
     ) -> bool {
-        let sys = |t| matches!(t, Target::SysCoherent | Target::SysNonCoherent);
         let end = |a: u64| a.saturating_add(len as u64);
         let overlap = src.0 == dst.0 && src.1 < end(dst.1) && dst.1 < end(src.1);
-        if (sys(src.0) && sys(dst.0)) || overlap {
+        if (src.0.is_sysram() && dst.0.is_sysram()) || overlap {
             return false;
         }
         let from = match src.0 {

@@ -481,8 +481,7 @@ impl Run {
     /// system-memory runs count as overlapping each other ([`Memory::copy_direct`] refuses
     /// such a pair anyway).
     fn overlaps(&self, other: &Run) -> bool {
-        let sys = |t| matches!(t, Target::SysCoherent | Target::SysNonCoherent);
-        if sys(self.target) && sys(other.target) {
+        if self.target.is_sysram() && other.target.is_sysram() {
             return true;
         }
         self.target == other.target
