@@ -10,14 +10,16 @@
 # `incremental`, i.e. `fv`; also `lazy`, `eager`, `pv`), the binary runs the workload N1 and
 # then N2 times after one bring-up (`gpuvm native` / `gpuvm run --vms 1`, simulated clock) under
 # callgrind; (Ir(N2) - Ir(N1)) / (N2 - N1) is one run's instructions with bring-up, start-up
-# and exit cancelled out. SIZE (64), N1 (20), N2 (120) and WORKLOADS (all seven) can be set in
-# the environment. Prints one JSON object (`results[]`: workload, scheme, instructions_per_run,
-# relative_to_native) and a table on stderr. A run's count includes what the harness does per
-# run in both schemes (its GPU-time snapshots and the run's table row, a few thousand
-# instructions), which the wall-time figures leave out; fv's snapshots (a call into the
-# simulator for its channels' busy time) cost ~2 K more than native's meter, so a copy's ratio
-# reads ~0.01 high. Instructions are not time: memory
-# stalls, lock waits and page faults cost time they do not count. Installs valgrind with apt-get if it is
+# and exit cancelled out. Only instructions inside `gpuvm_guest::workloads::run` are counted
+# (callgrind's --toggle-collect): one workload run with all it calls — the driver, the device
+# model, the simulator, all on the run's thread with the simulated clock; the harness's per-run work outside it — the table row each
+# run adds to the output (~16 K instructions) and the parsing of one more `--workload`
+# argument (~4-5 K) — is not part of a run, and wall-time figures leave it out too (until
+# 2026-11-29 it was counted, which read every ratio low: a size-16 copy 1.43 instead of 1.54).
+# SIZE (64), N1 (20), N2 (120) and WORKLOADS (all seven) can be set in the environment.
+# Prints one JSON object (`results[]`: workload, scheme, instructions_per_run,
+# relative_to_native) and a table on stderr. Instructions are not time: memory stalls, lock
+# waits and page faults cost time they do not count. Installs valgrind with apt-get if it is
 # missing (root).
 set -euo pipefail
 bin=${1:-target/release/gpuvm}
@@ -37,7 +39,8 @@ ir() { # scheme workload n
     for _ in $(seq "$n"); do args+=(--workload "$w"); done
     local cmd=(native --size "$size" --clock sim)
     [ "$scheme" = native ] || cmd=(run --vms 1 --shadow "$scheme" --size "$size" --clock sim)
-    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "${cmd[@]}" "${args[@]}" \
+    valgrind --tool=callgrind --toggle-collect='gpuvm_guest::workloads::run' \
+        --callgrind-out-file=/dev/null "$bin" "${cmd[@]}" "${args[@]}" \
         2>&1 >/dev/null | awk '/Collected :/ {print $NF}'
 }
 rows=()
