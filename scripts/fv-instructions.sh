@@ -12,10 +12,11 @@
 # callgrind; (Ir(N2) - Ir(N1)) / (N2 - N1) is one run's instructions with bring-up, start-up
 # and exit cancelled out. Only instructions inside `gpuvm_guest::workloads::run` are counted
 # (callgrind's --toggle-collect): one workload run with all it calls — the driver, the device
-# model, the simulator, all on the run's thread with the simulated clock; the harness's per-run work outside it — the table row each
-# run adds to the output (~16 K instructions) and the parsing of one more `--workload`
-# argument (~4-5 K) — is not part of a run, and wall-time figures leave it out too (until
-# 2026-11-29 it was counted, which read every ratio low: a size-16 copy 1.43 instead of 1.54).
+# model, the simulator, all on the run's thread with the simulated clock. The harness's per-run
+# work outside it — the table row each run adds to the output (~16 K instructions) and the
+# parsing of one more `--workload` argument (~4-5 K) — is not part of a run, and wall-time
+# figures leave it out too (until 2026-11-29 it was counted, which read every ratio low: a
+# size-16 copy 1.43 instead of 1.54).
 # SIZE (64), N1 (20), N2 (120) and WORKLOADS (all seven) can be set in the environment.
 # Prints one JSON object (`results[]`: workload, scheme, instructions_per_run,
 # relative_to_native) and a table on stderr. Instructions are not time: memory stalls, lock
