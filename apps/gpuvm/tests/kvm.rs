@@ -47,6 +47,17 @@ fn assert_vm_verified(vm: &Value, workloads: &[&str]) {
     );
 }
 
+/// Checks that VM `vm`'s guest printed a line starting with `prefix` on its console.
+fn assert_console_line(vm: &Value, prefix: &str) {
+    let console = vm["kvm"]["console"].as_array().expect("console");
+    assert!(
+        console
+            .iter()
+            .any(|l| l.as_str().is_some_and(|l| l.starts_with(prefix))),
+        "no console line starting with {prefix:?}: {console:?}"
+    );
+}
+
 #[test]
 fn two_kvm_vms_run_a_workload_each_through_real_mmio_exits() {
     if !kvm_available("two_kvm_vms_run_a_workload_each_through_real_mmio_exits") {
@@ -141,13 +152,7 @@ fn a_kvm_guests_interrupt_handler_survives_a_delivery_nested_after_its_eoi() {
     let v = two_vms_madd_and_loop_vm1_by_irq(&["--irq-nest", "--stall-timeout", "1=20"]);
     let vm = &v["vms"][1];
     let k = &vm["kvm"];
-    let console = k["console"].as_array().unwrap();
-    assert!(
-        console.iter().any(|l| l
-            .as_str()
-            .is_some_and(|l| l.starts_with("irq nest: 2 interrupt(s) handled"))),
-        "{console:?}"
-    );
+    assert_console_line(vm, "irq nest: 2 interrupt(s) handled");
     // And the guest went on taking its fences by interrupt, every workload verified.
     assert_vm_verified(vm, &["madd", "loop"]);
     assert_eq!(k["fence_irq"], true, "{k}");
@@ -197,13 +202,7 @@ fn the_pvh_entry_switches_to_ring_3_by_itself_and_verifies() {
     assert_eq!(vms.len(), 2);
     for (i, vm) in vms.iter().enumerate() {
         assert_vm_verified(vm, &["madd", "loop"]);
-        let console = vm["kvm"]["console"].as_array().unwrap();
-        assert!(
-            console.iter().any(|l| l
-                .as_str()
-                .is_some_and(|l| l.starts_with("gpuvm guest: PVH boot, now in ring 3"))),
-            "{console:?}"
-        );
+        assert_console_line(vm, "gpuvm guest: PVH boot, now in ring 3");
         let k = &vm["kvm"];
         assert_eq!(k["fence_irq"], i == 1, "{k}");
         if i == 1 {
@@ -375,13 +374,7 @@ fn stopped_mid_submission_is_contained(mode: &str, extra: &[&str], expect: &str)
         "{:#}",
         vms[1]
     );
-    let console = k["console"].as_array().unwrap();
-    assert!(
-        console.iter().any(|l| l
-            .as_str()
-            .is_some_and(|l| l.starts_with("hostile: doorbell rung"))),
-        "{console:?}"
-    );
+    assert_console_line(&vms[1], "hostile: doorbell rung");
     // Nothing leaked: every VM is gone with its channels, VRAM and shadow memory, and every
     // submission either completed or was aborted with its VM.
     let h = &v["host"];
