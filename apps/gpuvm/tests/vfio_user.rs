@@ -21,9 +21,10 @@ use support::kvm_available;
 
 /// The tests that run KVM guests take turns (each holds this while it runs). Two at once on a
 /// 2-core machine — daemons, VMMs and guests of both — slowed the live migration's pre-copy,
-/// which runs beside its guest, seven-fold (0.66 s against ~0.1 s alone) while the guest's own
-/// work barely slowed, so the guest once finished before it could be paused and the migration
-/// was refused. A test that failed leaves the lock poisoned; the next one takes it anyway.
+/// which runs beside its guest, three- to seven-fold (0.66 s against 0.1-0.2 s alone) while
+/// the guest's own work barely slowed, so the guest once finished before it could be paused
+/// and the migration was refused. A test that failed leaves the lock poisoned; the next one
+/// takes it anyway.
 static KVM_GUESTS: Mutex<()> = Mutex::new(());
 
 fn kvm_guests_take_turns() -> MutexGuard<'static, ()> {
